@@ -1,0 +1,13 @@
+"""fusegen: one elementwise expression in, a fused differentiable PyTorch op out.
+
+    import fusegen
+    fma = fusegen.fuse("a*b+c", name="fma")      # torch.ops.fusegen.fma
+    y = fma(a, b, c)                             # forward and backward are fused kernels
+"""
+
+from .errors import FusegenError
+from .api import FusedOp, fuse
+from .decorator import fused
+
+__all__ = ["fuse", "fused", "FusedOp", "FusegenError"]
+__version__ = "0.1.0"

@@ -1,0 +1,372 @@
+"""The only reader of user text.
+
+An expression is parsed with `ast.parse(mode="eval")` and walked against an allowlist
+of node types and function names (see functions.py). Nothing the user wrote is ever
+evaluated: no eval, exec, sympify or parse_expr. Names become real sympy symbols.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import keyword
+import re
+from dataclasses import dataclass
+
+import sympy
+
+from . import functions as fn
+from .errors import ParseError, SpecError
+
+MAX_LENGTH = 4000      # characters of expression text
+MAX_DEPTH = 48         # nesting depth of the syntax tree
+MAX_NODES = 2000       # syntax nodes in one expression
+MAX_INT = 2 ** 53      # integer literals beyond this are not exact in double anyway
+
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.Pow: None,  # handled by _pow: constant folding needs a guard
+}
+_BINOP_SPELLING = {ast.Mod: "%", ast.FloorDiv: "//", ast.MatMult: "@", ast.LShift: "<<",
+                   ast.RShift: ">>", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
+_COMPARE = {ast.Lt: sympy.Lt, ast.LtE: sympy.Le, ast.Gt: sympy.Gt, ast.GtE: sympy.Ge,
+            ast.Eq: sympy.Eq, ast.NotEq: sympy.Ne}
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What the parser hands on: the sympy tree and the ordered names it uses."""
+
+    text: str
+    tree: sympy.Expr
+    inputs: tuple[str, ...]
+    scalars: tuple[str, ...]
+
+
+def symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, real=True)
+
+
+def check_identifier(name: object, what: str, op: str | None = None) -> str:
+    """A name that lands in C++ must be a plain identifier we do not use ourselves."""
+    where = f"fusegen op '{op}': " if op else ""
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise SpecError(f"{where}{what} must be a C identifier ([A-Za-z_][A-Za-z0-9_]*), got {name!r}")
+    if name.startswith("__"):
+        raise SpecError(f"{where}{what} must not start with '__' (reserved in C++), got {name!r}")
+    if name in fn.RESERVED or keyword.iskeyword(name) or re.match(r"^t\d+$", name):
+        raise SpecError(f"{where}{what} {name!r} is reserved (a function, keyword or generated name); "
+                        "pick another name")
+    return name
+
+
+def check_op_name(name: object) -> str:
+    check_identifier(name, "name")
+    if name.endswith("_backward"):
+        raise SpecError(f"name must not end in '_backward' (fusegen registers <name>_backward itself), "
+                        f"got {name!r}")
+    return name
+
+
+class _Converter:
+    """Walks an allowlisted ast and builds sympy. `source` is the text columns refer to."""
+
+    def __init__(self, source: str, bindings: dict[str, sympy.Expr] | None = None,
+                 line_offset: int = 0):
+        self.lines = source.splitlines() or [source]
+        self.bindings = dict(bindings or {})
+        self.line_offset = line_offset
+        self.seen: list[str] = []  # input names in order of first appearance
+
+    # -- errors ---------------------------------------------------------------
+    def fail(self, node: ast.AST | None, message: str, hint: str | None = None):
+        if node is None or not hasattr(node, "lineno"):
+            raise ParseError(message, self.lines[0], None, hint)
+        line = self.lines[min(node.lineno - 1 - self.line_offset, len(self.lines) - 1)]
+        raise ParseError(message, line, node.col_offset, hint)
+
+    # -- dispatch ---------------------------------------------------------------
+    def convert(self, node: ast.AST) -> sympy.Expr:
+        method = getattr(self, "_" + type(node).__name__, None)
+        if method is None:
+            self.fail(node, f"unsupported syntax: {type(node).__name__}",
+                      "expected numbers, names, + - * / **, comparisons and function calls")
+        return method(node)
+
+    def _Expression(self, node):
+        return self.convert(node.body)
+
+    def _Constant(self, node):
+        value = node.value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(node, f"unsupported constant {value!r}", "expected an int or float literal")
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            self.fail(node, f"integer literal too large (limit 2**53), got {value}")
+        if not fn.literal_ok(float(value)):
+            self.fail(node, f"literal {value!r} is outside the float32 range")
+        return _number(float(value))
+
+    def _Name(self, node):
+        name = node.id
+        if name in self.bindings:
+            return self.bindings[name]
+        if name in ("pi", "e", "inf"):
+            self.fail(node, f"bare name '{name}' is ambiguous", f"write math.{name}")
+        if fn.resolve(name):
+            self.fail(node, f"'{name}' is a function", f"call it: {name}(...)")
+        check = _ident_problem(name)
+        if check:
+            self.fail(node, f"input name '{name}' {check}")
+        if name not in self.seen:
+            self.seen.append(name)
+        return symbol(name)
+
+    def _Attribute(self, node):
+        dotted = _dotted(node)
+        if dotted in fn.CONSTANTS:
+            return fn.CONSTANTS[dotted]
+        self.fail(node, f"unknown name '{dotted}'",
+                  "expected an input name, math.pi or math.e")
+
+    def _UnaryOp(self, node):
+        operand = self.convert(node.operand)
+        if isinstance(node.op, ast.USub):
+            return -operand
+        if isinstance(node.op, ast.UAdd):
+            return operand
+        self.fail(node, f"unsupported unary operator {type(node.op).__name__}", "expected - or +")
+
+    def _BinOp(self, node):
+        op = type(node.op)
+        if op not in _BINOPS:
+            spelled = _BINOP_SPELLING.get(op, op.__name__)
+            self.fail(node, f"unsupported operator '{spelled}'", "expected + - * / or **")
+        left, right = self.convert(node.left), self.convert(node.right)
+        if op is ast.Pow:
+            return self._pow(node, left, right)
+        return _BINOPS[op](left, right)
+
+    def _pow(self, node, base, exponent):
+        if base.is_Number and exponent.is_Number:
+            # Fold in float with an overflow guard: sympy would compute 9**9**9 exactly.
+            try:
+                value = float(base) ** float(exponent)
+            except (OverflowError, ZeroDivisionError):
+                value = float("inf")
+            if isinstance(value, complex) or not fn.literal_ok(value):
+                self.fail(node, "constant power is not a finite real float32 value")
+            return _number(value)
+        return fn.power(base, exponent)
+
+    def _Compare(self, node):
+        return fn.indicator(self.relation(node))
+
+    def relation(self, node):
+        if len(node.ops) != 1:
+            self.fail(node, "chained comparisons are not supported",
+                      "write (a < b) * (b < c), as torch tensors need too")
+        op = type(node.ops[0])
+        if op not in _COMPARE:
+            self.fail(node, f"unsupported comparison {op.__name__}", "expected < <= > >= == !=")
+        return _COMPARE[op](self.convert(node.left), self.convert(node.comparators[0]))
+
+    def _Call(self, node):
+        dotted = _dotted(node.func)
+        if dotted is None:
+            self.fail(node, "only named functions can be called", "e.g. exp(x) or torch.exp(x)")
+        name = fn.resolve(dotted)
+        if name is None:
+            base = dotted.rpartition(".")[2]
+            near = difflib.get_close_matches(base, fn.known_names(), n=1)
+            hint = f"did you mean '{near[0]}'?" if near else "known: " + ", ".join(fn.known_names())
+            self.fail(node, f"unknown function '{dotted}'", hint)
+        spec = fn.FUNCTIONS[name]
+        args = self._bind(node, name, spec)
+        return spec.build(*args)
+
+    def _bind(self, node, name, spec):
+        """Positional and keyword arguments in torch's parameter names, converted to sympy."""
+        params = spec.params
+        required = len(params) - spec.optional
+        if len(node.args) > len(params):
+            self.fail(node, f"{name}() takes at most {len(params)} arguments, got {len(node.args)}")
+        slots: dict[str, ast.AST] = dict(zip(params, node.args))
+        for kw in node.keywords:
+            if kw.arg is None or kw.arg not in params:
+                self.fail(node, f"{name}() got an unexpected keyword argument {kw.arg!r}",
+                          f"parameters: {', '.join(params)}")
+            if kw.arg in slots:
+                self.fail(node, f"{name}() got multiple values for argument '{kw.arg}'")
+            slots[kw.arg] = kw.value
+        missing = [p for p in params[:required] if p not in slots]
+        if missing:
+            self.fail(node, f"{name}() is missing argument '{missing[0]}'",
+                      f"expected {name}({', '.join(params)})")
+        out = []
+        for p in params:
+            arg = slots.get(p)
+            if arg is None:
+                out.append(None)
+            elif name == "where" and p == "condition" and isinstance(arg, ast.Compare):
+                out.append(self.relation(arg))  # a comparison is the condition itself, not 0/1
+            else:
+                out.append(self.convert(arg))
+        return out
+
+
+def _number(value: float) -> sympy.Expr:
+    """Integral literals become exact integers so x**2.0 prints like x**2."""
+    return sympy.Integer(int(value)) if value.is_integer() else sympy.Float(value)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _ident_problem(name: str) -> str | None:
+    try:
+        check_identifier(name, "input name")
+    except SpecError as err:
+        return str(err).split(": ", 1)[-1].replace("input name ", "", 1)
+    return None
+
+
+def _check_limits(text: str, tree: ast.AST):
+    nodes = list(ast.walk(tree))
+    if len(nodes) > MAX_NODES:
+        raise ParseError(f"expression too large ({len(nodes)} syntax nodes, limit {MAX_NODES})",
+                         text[:80] + "...")
+
+    def depth(node, d=0):
+        if d > MAX_DEPTH:
+            raise ParseError(f"expression nested too deeply (limit {MAX_DEPTH})", text[:80] + "...")
+        for child in ast.iter_child_nodes(node):
+            depth(child, d + 1)
+
+    depth(tree)
+
+
+def _check_literals(text: str, tree: sympy.Expr):
+    """sympy folds constants (1e30 * 1e30); what it folds must still fit in float."""
+    for atom in tree.atoms(sympy.Number):
+        if atom.is_finite is not False and not fn.literal_ok(float(atom)):
+            raise ParseError(f"constant {atom} is outside the float32 range", text)
+
+
+def _order_names(text: str, seen: list[str], inputs, scalars) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    scalars = tuple(scalars or ())
+    for s in scalars:
+        check_identifier(s, "scalar")
+    if len(set(scalars)) != len(scalars):
+        raise SpecError(f"scalars must be distinct, got {list(scalars)}")
+    for s in scalars:
+        if s not in seen:
+            raise SpecError(f"scalar '{s}' is not used by the expression {text!r}")
+    if inputs is None:
+        ordered = tuple(n for n in seen if n not in scalars)
+    else:
+        if isinstance(inputs, str):
+            inputs = [p.strip() for p in inputs.split(",") if p.strip()]
+        ordered = tuple(inputs)
+        for name in ordered:
+            check_identifier(name, "input")
+        if len(set(ordered)) != len(ordered):
+            raise SpecError(f"inputs must be distinct, got {list(ordered)}")
+        clash = set(ordered) & set(scalars)
+        if clash:
+            raise SpecError(f"'{sorted(clash)[0]}' is listed both as an input and as a scalar")
+        unknown = [n for n in seen if n not in ordered and n not in scalars]
+        if unknown:
+            raise SpecError(f"expression uses '{unknown[0]}', which is not among inputs={list(ordered)}")
+        unused = [n for n in ordered if n not in seen]
+        if unused:
+            raise SpecError(f"input '{unused[0]}' is not used by the expression {text!r}")
+    if not ordered:
+        raise SpecError(f"expression {text!r} has no tensor input; expected at least one name")
+    return ordered, scalars
+
+
+def parse(text: str, inputs=None, scalars=()) -> Parsed:
+    """Parse one expression. `inputs` fixes the tensor order; `scalars` are runtime floats."""
+    if not isinstance(text, str):
+        raise ParseError(f"expression must be a string, got {type(text).__name__}", repr(text))
+    if not text.strip():
+        raise ParseError("expression is empty", text)
+    if len(text) > MAX_LENGTH:
+        raise ParseError(f"expression too long ({len(text)} characters, limit {MAX_LENGTH})",
+                         text[:80] + "...")
+    if "\n" in text or "\r" in text:
+        raise ParseError("expression must be one line", text.splitlines()[0] if text.splitlines() else text)
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as err:
+        col = (err.offset or 1) - 1
+        raise ParseError(f"invalid syntax: {err.msg}", text.strip(), col) from None
+    except (RecursionError, MemoryError, ValueError) as err:
+        raise ParseError(f"expression could not be parsed ({type(err).__name__})", text[:80]) from None
+    _check_limits(text, tree)
+    conv = _Converter(text.strip())
+    expr = conv.convert(tree)
+    _check_literals(text, expr)
+    ordered, scalars = _order_names(text, conv.seen, inputs, scalars)
+    return Parsed(text.strip(), expr, ordered, scalars)
+
+
+def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed:
+    """Parse a function body: optional docstring, `name = expr` lines, then `return expr`.
+
+    Locals are substituted as sympy trees, so the result is one expression in the params."""
+    try:
+        module = ast.parse(source)
+    except SyntaxError as err:
+        raise ParseError(f"invalid syntax: {err.msg}", source.splitlines()[0]) from None
+    func = module.body[0] if module.body else None
+    if not isinstance(func, (ast.FunctionDef,)):
+        raise ParseError("@fused expects a plain function definition", source.splitlines()[0])
+    _check_limits(source, func)
+    conv = _Converter(source)
+    body = list(func.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # docstring
+    if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+        conv.fail(func, f"@fused function '{func.name}' must end with 'return <expression>'")
+    for stmt in body[:-1]:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)):
+            conv.fail(stmt, "only 'name = expression' lines may precede the return",
+                      "the body of a @fused function is one expression, with local names allowed")
+        target = stmt.targets[0].id
+        if target in params:
+            conv.fail(stmt, f"assignment to parameter '{target}' is not supported", "use a new name")
+        check_identifier(target, "local name")
+        conv.bindings[target] = conv.convert(stmt.value)
+    expr = conv.convert(body[-1].value)
+    text = ast.unparse(body[-1].value)
+    _check_literals(text, expr)
+    tensors = [p for p in params if p not in scalars]
+    seen = [p for p in params if p in conv.seen]
+    unknown = [n for n in conv.seen if n not in params]
+    if unknown:
+        raise SpecError(f"@fused function '{func.name}' uses '{unknown[0]}', which is not a parameter")
+    ordered, scalars = _order_names(text, seen, tensors, scalars)
+    return Parsed(_flatten_text(conv, body, text), expr, ordered, scalars)
+
+
+def _flatten_text(conv, body, text):
+    """The function body as one line of text, for headers and spec.json."""
+    if len(body) == 1:
+        return text
+    parts = [f"{s.targets[0].id} = {ast.unparse(s.value)}" for s in body[:-1]]
+    return "; ".join(parts + [text])
