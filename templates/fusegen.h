@@ -1,7 +1,9 @@
 // fusegen.h: math helpers shared by every generated op, on the host and the device.
 // Hand-written, not templated; copied next to the generated sources so they build alone.
 // No torch headers here: the CUDA kernels include this and compile with nvcc in seconds.
-#pragma once
+// Include guard, not #pragma once: a bundle of ops includes several identical copies.
+#ifndef FUSEGEN_H_
+#define FUSEGEN_H_
 
 #include <cmath>
 #include <cstdint>
@@ -46,3 +48,5 @@ FUSEGEN_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 FUSEGEN_HD double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 }  // namespace fusegen
+
+#endif  // FUSEGEN_H_

@@ -1,7 +1,9 @@
 // fusegen_cuda.cuh: the CUDA side every generated op shares (vector loads, dtype dispatch,
 // launch configuration). Hand-written, not templated. No torch headers, on purpose: a .cu
 // that includes none compiles in about 2 s instead of 30.
-#pragma once
+// Include guard, not #pragma once: a bundle of ops includes several identical copies.
+#ifndef FUSEGEN_CUDA_CUH_
+#define FUSEGEN_CUDA_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -111,3 +113,5 @@ void launch(bool aligned, int64_t n, cudaStream_t stream, void (*vector_kernel)(
 }
 
 }  // namespace fusegen
+
+#endif  // FUSEGEN_CUDA_CUH_

@@ -1,7 +1,9 @@
 // fusegen_op.h: the host-side steps every generated op shares: check the arguments,
 // promote and broadcast them, allocate the output, and reduce gradients to input shapes.
 // Hand-written, not templated; copied next to the generated sources so they build alone.
-#pragma once
+// Include guard, not #pragma once: a bundle of ops includes several identical copies.
+#ifndef FUSEGEN_OP_H_
+#define FUSEGEN_OP_H_
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -142,3 +144,5 @@ inline at::Tensor reduce_to_input(AutogradContext* ctx, const std::string& name,
 }
 
 }  // namespace fusegen
+
+#endif  // FUSEGEN_OP_H_

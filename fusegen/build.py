@@ -1,0 +1,200 @@
+"""The only place that touches the compiler and the cache.
+
+One library holds one or more ops (tests build a whole corpus into one). The cache key
+names everything that changes the binary: the sources, the flags, torch, CUDA, the
+compilers, the GPU architectures and fusegen's version. A build runs in a private temp
+directory under an flock (released by the kernel if the process dies, so no stale
+locks) and is published with one atomic rename; a failed build leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .errors import BuildError, LoadError
+from .render import write
+from .spec import FUSEGEN_VERSION
+
+CXX_FLAGS = ["-O3", "-Wall"]
+# Accurate math by default: no --use_fast_math, so results match eager PyTorch.
+NVCC_FLAGS = ["-O3", "-std=c++17"]
+OPS_PER_UNIT = 6  # ops per translation unit: two units build in parallel on two cores
+
+
+@dataclass(frozen=True)
+class Library:
+    path: Path          # the shared library in the cache
+    key: str
+    seconds: float      # time spent building (0.0 on a cache hit)
+    cached: bool
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FUSEGEN_CACHE_DIR") or Path.home() / ".cache" / "fusegen")
+
+
+def cuda_enabled() -> bool:
+    """Build the CUDA impls when torch sees a GPU and nvcc is there. FUSEGEN_CPU_ONLY=1
+    forces the CPU-only build (the same generated files, without FUSEGEN_WITH_CUDA)."""
+    if os.environ.get("FUSEGEN_CPU_ONLY") == "1":
+        return False
+    from torch.utils.cpp_extension import CUDA_HOME
+    return torch.cuda.is_available() and CUDA_HOME is not None
+
+
+@lru_cache(maxsize=None)
+def _tool_version(*command: str) -> str:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unavailable"
+    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def cuda_arch_flags() -> list[str]:
+    """-gencode for every visible GPU's architecture (e.g. sm_90 on an H200), or for
+    TORCH_CUDA_ARCH_LIST when set ("9.0;8.0")."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if env:
+        archs = sorted({a.replace("+PTX", "").strip() for a in env.replace(",", ";").split(";") if a.strip()})
+    else:
+        archs = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    flags = []
+    for arch in archs:
+        num = arch.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+    return flags
+
+
+def build_flags(cuda: bool) -> dict[str, list[str]]:
+    cflags = list(CXX_FLAGS) + (["-DFUSEGEN_WITH_CUDA"] if cuda else [])
+    return {"cflags": cflags, "cuda_cflags": (NVCC_FLAGS + cuda_arch_flags()) if cuda else []}
+
+
+def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
+    from torch.utils.cpp_extension import CUDA_HOME
+    h = hashlib.sha256()
+    parts = [
+        FUSEGEN_VERSION, torch.__version__, str(torch.version.cuda), sys.version, sys.platform,
+        _tool_version(os.environ.get("CXX", "c++"), "--version"),
+        repr(build_flags(cuda)), str(cuda),
+        _tool_version(os.path.join(CUDA_HOME, "bin", "nvcc"), "--version") if cuda else "",
+    ]
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    for name, files in sorted(ops):
+        h.update(name.encode() + b"\0")
+        for fname in sorted(files):
+            h.update(fname.encode() + b"\0" + files[fname].encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive flock: the kernel drops it when the process dies, so it never goes stale."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
+    """Translation units that #include the ops' sources, OPS_PER_UNIT ops each."""
+    units = {}
+    for start in range(0, len(ops), OPS_PER_UNIT):
+        chunk = ops[start:start + OPS_PER_UNIT]
+        index = start // OPS_PER_UNIT
+        units[f"unit{index}.cpp"] = "".join(f'#include "{n}/{n}.cpp"\n' for n, _ in chunk)
+        if cuda:
+            units[f"unit{index}_kernels.cu"] = "".join(f'#include "{n}/{n}.cu"\n' for n, _ in chunk)
+    return units
+
+
+def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
+    """Compile the ops into one shared library in the cache (or find it there)."""
+    cuda = cuda_enabled()
+    key = cache_key(ops, cuda)
+    root = cache_dir()
+    final = root / key
+    lib = final / f"fusegen_{key}.so"
+    if lib.is_file():
+        return Library(lib, key, 0.0, True)
+    with _locked(root / "locks" / f"{key}.lock"):
+        if lib.is_file():  # another process built it while we waited
+            return Library(lib, key, 0.0, True)
+        start = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{key[:12]}-"))
+        try:
+            _compile(ops, cuda, tmp, key, verbose)
+            if final.exists():  # a leftover from a crash between rename and now: replace it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return Library(lib, key, time.perf_counter() - start, False)
+
+
+def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool):
+    from torch.utils import cpp_extension
+
+    for name, files in ops:
+        write(files, tmp / name)
+    units = _units(ops, cuda)
+    write(units, tmp)
+    flags = build_flags(cuda)
+    name = f"fusegen_{key}"
+    sources = [str(tmp / u) for u in units]
+    try:
+        # cpp_extension writes the ninja file and runs it; the library it loads from `tmp`
+        # is this process's copy (the rename keeps the same inode), so nothing loads twice.
+        cpp_extension.load(
+            name=name,
+            sources=sources,
+            extra_cflags=flags["cflags"],
+            extra_cuda_cflags=flags["cuda_cflags"],
+            build_directory=str(tmp),
+            with_cuda=cuda,
+            is_python_module=False,
+            verbose=verbose,
+        )
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as err:
+        ninja = tmp / "build.ninja"
+        log = str(err)
+        if ninja.is_file():
+            log += "\n--- build.ninja ---\n" + ninja.read_text()
+        names = ", ".join(n for n, _ in ops)
+        raise BuildError(f"fusegen: building op(s) {names} failed", log,
+                         tuple(str(tmp / n / f) for n, files in ops for f in files)) from None
+    _LOADED.add(key)
+
+
+# Libraries this process has loaded, by key: a library must never be loaded twice
+# (its TORCH_LIBRARY_FRAGMENT would register the same ops again).
+_LOADED: set[str] = set()
+
+
+def load(library: Library):
+    if library.key in _LOADED:
+        return
+    try:
+        torch.ops.load_library(str(library.path))
+    except (OSError, RuntimeError) as err:
+        raise LoadError(f"fusegen: could not load {library.path}: {err}") from None
+    _LOADED.add(library.key)
