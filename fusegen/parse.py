@@ -311,8 +311,12 @@ def parse(text: str, inputs=None, scalars=()) -> Parsed:
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as err:
-        col = (err.offset or 1) - 1
-        raise ParseError(f"invalid syntax: {err.msg}", text.strip(), col) from None
+        stripped = text.strip()
+        # offset 0 means "at the end of the input" (e.g. a dangling operator).
+        col = min(err.offset - 1, len(stripped)) if err.offset else len(stripped)
+        detail = "" if err.msg == "invalid syntax" else f" ({err.msg})"
+        raise ParseError(f"invalid syntax{detail}", stripped, col,
+                         "expected one Python expression, e.g. a*b+c") from None
     except (RecursionError, MemoryError, ValueError) as err:
         raise ParseError(f"expression could not be parsed ({type(err).__name__})", text[:80]) from None
     _check_limits(text, tree)
