@@ -1,0 +1,51 @@
+"""Shared fixtures. The expensive one is `corpus_ops`: the whole numeric corpus built once
+per session into one library (one compile instead of one per op)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))  # `import corpus` from every test module
+
+# A private cache per session unless CI (or the user) chose one: tests must not depend on,
+# or pollute, ~/.cache/fusegen. Set at import time, before anything can build; subprocesses
+# (the CLI tests) inherit it.
+if not os.environ.get("FUSEGEN_CACHE_DIR"):
+    os.environ["FUSEGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="fusegen-test-cache-")
+
+BUILD_SECONDS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session")
+def corpus_ops():
+    """name -> FusedOp for every corpus case, all in one library."""
+    from corpus import CORPUS
+    from fusegen.api import fuse_many, generate
+    from fusegen.parse import parse
+
+    start = time.perf_counter()
+    generated = [generate(parse(c.expr, inputs=c.inputs, scalars=c.scalars), name=c.name) for c in CORPUS]
+    ops = fuse_many(generated)
+    BUILD_SECONDS["corpus"] = time.perf_counter() - start
+    return {c.name: op for c, op in zip(CORPUS, ops)}
+
+
+@pytest.fixture
+def rng():
+    return torch.Generator().manual_seed(1234)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if BUILD_SECONDS:
+        terminalreporter.write_line(
+            "fusegen corpus build: " + ", ".join(f"{k} {v:.1f} s" for k, v in BUILD_SECONDS.items())
+            + f" (cache {os.environ.get('FUSEGEN_CACHE_DIR')})")
