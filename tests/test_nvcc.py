@@ -38,3 +38,29 @@ def test_every_generated_cu_compiles(tmp_path):
         results = list(pool.map(lambda cu: _compile(cu, tmp_path), KERNELS))
     failures = [f"{cu}:\n{r.stderr}" for cu, r in zip(KERNELS, results) if r.returncode != 0 or r.stderr.strip()]
     assert not failures, "\n\n".join(failures)
+
+
+def test_cuda_host_code_compiles(tmp_path):
+    """The CUDA half of every <name>.cpp (under FUSEGEN_WITH_CUDA: device guard, stream,
+    launch check, launcher declarations) compiles against torch's c10/cuda headers.
+
+    The CPU wheel of torch ships those headers but not the one file CMake generates for a
+    CUDA build, c10/cuda/impl/cuda_cmake_macros.h (a single #define), so we write it."""
+    from torch.utils.cpp_extension import include_paths
+
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    cuda_include = next((Path(h) / "include" for h in homes
+                         if h and (Path(h) / "include" / "cuda_runtime_api.h").is_file()), None)
+    if cuda_include is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CUDA headers not found: CI must compile the CUDA host code")
+        pytest.skip("CUDA toolkit not found")
+    macros = tmp_path / "cfg" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    macros.parent.mkdir(parents=True)
+    macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    bundle = tmp_path / "bundle.cpp"
+    bundle.write_text("".join(f'#include "{cu.with_suffix(".cpp")}"\n' for cu in KERNELS))
+    includes = [f"-isystem{p}" for p in [tmp_path / "cfg", *include_paths("cpu"), cuda_include]]
+    result = subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra",
+                             "-DFUSEGEN_WITH_CUDA", *includes, str(bundle)], capture_output=True, text=True)
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
