@@ -152,7 +152,6 @@ def test_negative_or_scaled_derivative_is_not_passthrough():
 def test_cse_shares_sigmoid_between_forward_and_backward():
     spec = differentiate(parse("x*sigmoid(x)"), name="spec_silu")
     fwd, bwd = spec.forward_program, spec.backward_program
-    sig = sympy.Function("Sigmoid")  # noqa: F841 (documenting: fn.Sigmoid is the class)
     # The sigmoid is computed once per program, as a temporary, and reused.
     for program in (fwd, bwd):
         sig_temps = [e for _, e in program.temps if type(e).__name__ == "Sigmoid"]
