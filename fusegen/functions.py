@@ -104,7 +104,9 @@ def relu(x):
 
 def where(condition, a, b):
     """`condition` is a sympy relational from the parser, or a number that is tested != 0."""
-    if not isinstance(condition, (sympy.core.relational.Relational, sympy.logic.boolalg.Boolean)):
+    # Not `Boolean`: a sympy Symbol is a Boolean too, and where(x, a, b) must test x != 0.
+    if not isinstance(condition, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
+                                  sympy.logic.boolalg.BooleanAtom)):
         condition = sympy.Ne(condition, 0)
     return sympy.Piecewise((a, condition), (b, True))
 

@@ -83,11 +83,11 @@ class _Converter:
         self.seen: list[str] = []  # input names in order of first appearance
 
     # -- errors ---------------------------------------------------------------
-    def fail(self, node: ast.AST | None, message: str, hint: str | None = None):
+    def fail(self, node: ast.AST | None, message: str, hint: str | None = None, col: int | None = None):
         if node is None or not hasattr(node, "lineno"):
             raise ParseError(message, self.lines[0], None, hint)
         line = self.lines[min(node.lineno - 1 - self.line_offset, len(self.lines) - 1)]
-        raise ParseError(message, line, node.col_offset, hint)
+        raise ParseError(message, line, node.col_offset if col is None else col, hint)
 
     # -- dispatch ---------------------------------------------------------------
     def convert(self, node: ast.AST) -> sympy.Expr:
@@ -144,11 +144,23 @@ class _Converter:
         op = type(node.op)
         if op not in _BINOPS:
             spelled = _BINOP_SPELLING.get(op, op.__name__)
-            self.fail(node, f"unsupported operator '{spelled}'", "expected + - * / or **")
+            self.fail(node, f"unsupported operator '{spelled}'", "expected + - * / or **",
+                      col=self._operator_col(node, spelled))
         left, right = self.convert(node.left), self.convert(node.right)
         if op is ast.Pow:
             return self._pow(node, left, right)
         return _BINOPS[op](left, right)
+
+    def _operator_col(self, node, spelled):
+        """The caret goes under the operator, not under the start of its left operand
+        (ast gives a BinOp only the position of its first character)."""
+        left = node.left
+        if getattr(left, "end_lineno", None) == node.lineno == getattr(node.right, "lineno", None):
+            line = self.lines[min(node.lineno - 1 - self.line_offset, len(self.lines) - 1)]
+            col = line.find(spelled, left.end_col_offset, node.right.col_offset)
+            if col >= 0:
+                return col
+        return None
 
     def _pow(self, node, base, exponent):
         if base.is_Number and exponent.is_Number:
@@ -238,7 +250,8 @@ def _ident_problem(name: str) -> str | None:
     try:
         check_identifier(name, "input name")
     except SpecError as err:
-        return str(err).split(": ", 1)[-1].replace("input name ", "", 1)
+        # "input name 'int' is reserved ..." -> "is reserved ...": the caller names the input.
+        return str(err).split(": ", 1)[-1].replace(f"input name {name!r} ", "", 1).replace("input name ", "", 1)
     return None
 
 
