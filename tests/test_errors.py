@@ -1,0 +1,105 @@
+"""Bad tensors and bad calls give clear errors that name the op and the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+f = torch.randn(3)
+
+
+@pytest.mark.parametrize("position, dtype", [(0, torch.int64), (1, torch.bool), (2, torch.int32),
+                                             (2, torch.complex64), (0, torch.uint8)])
+def test_non_float_tensor(corpus_ops, position, dtype):
+    args = [f, f, f]
+    args[position] = torch.ones(3, dtype=dtype)
+    name = "abc"[position]
+    with pytest.raises(RuntimeError) as info:
+        corpus_ops["cp_fma"](*args)
+    message = str(info.value)
+    assert "fusegen::cp_fma" in message and f"argument '{name}'" in message
+    assert "float32, float64, float16 or bfloat16" in message
+
+
+def test_non_float_tensor_single_input(corpus_ops):
+    with pytest.raises(RuntimeError, match=r"fusegen::cp_silu: argument 'x' .* got Long"):
+        corpus_ops["cp_silu"](torch.arange(3))
+
+
+@pytest.mark.parametrize("shapes, culprit", [
+    ([(3,), (4,), (3,)], "b"),
+    ([(2, 3), (3,), (2, 1, 4)], "c"),
+    ([(5, 1), (1, 5), (4, 5)], "c"),
+])
+def test_shapes_that_do_not_broadcast(corpus_ops, shapes, culprit):
+    args = [torch.randn(s) for s in shapes]
+    with pytest.raises(RuntimeError) as info:
+        corpus_ops["cp_fma"](*args)
+    message = str(info.value)
+    assert "fusegen::cp_fma" in message and f"argument '{culprit}'" in message
+    assert "does not broadcast" in message
+    # eager raises too: same inputs, same verdict
+    with pytest.raises(RuntimeError):
+        args[0] * args[1] + args[2]
+
+
+def test_backward_op_checks_its_arguments_too(corpus_ops):
+    with pytest.raises(RuntimeError, match=r"fusegen::cp_fma_backward: argument 'b' of shape \[4\]"):
+        torch.ops.fusegen.cp_fma_backward(f, f, torch.randn(4), [True, True])
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((f, f), {}, "missing a required argument: 'c'"),
+    ((f, f, f, f), {}, "too many positional arguments"),
+    ((f, f, f), {"a": f}, "multiple values for argument 'a'"),
+    ((f, f, f), {"d": f}, "unexpected keyword argument 'd'"),
+])
+def test_wrong_number_of_arguments(corpus_ops, args, kwargs, message):
+    with pytest.raises(TypeError) as info:
+        corpus_ops["cp_fma"](*args, **kwargs)
+    text = str(info.value)
+    assert "fusegen op 'cp_fma'" in text and message in text and "cp_fma(a, b, c)" in text
+
+
+def test_raw_op_wrong_number_of_arguments(corpus_ops):
+    with pytest.raises(RuntimeError, match=r"fusegen::cp_fma.*missing value for argument 'c'"):
+        torch.ops.fusegen.cp_fma(f, f)
+
+
+@pytest.mark.parametrize("value", [torch.tensor([1.0, 2.0]), "1.0", None])
+def test_scalar_given_a_tensor_or_non_number(corpus_ops, value):
+    op = corpus_ops["cp_swish_beta"]
+    with pytest.raises((RuntimeError, TypeError)) as info:
+        op(f, f, beta=value, alpha=2.0)
+    message = str(info.value)
+    assert "fusegen::cp_swish_beta" in message and "'beta'" in message
+
+
+def test_scalar_given_a_zero_dim_tensor_works_like_eager(corpus_ops):
+    """Observed: a 0-d tensor is accepted for a `float` argument (the dispatcher converts
+    it), and gives the eager result."""
+    op = corpus_ops["cp_swish_beta"]
+    x, y = torch.randn(5), torch.randn(5)
+    torch.testing.assert_close(op(x, y, torch.tensor(2.0), 0.5), x * torch.sigmoid(2.0 * x) + 0.5 * y)
+
+
+def test_tensor_argument_given_a_number(corpus_ops):
+    with pytest.raises(RuntimeError) as info:
+        corpus_ops["cp_fma"](1.0, f, f)
+    assert "fusegen::cp_fma" in str(info.value) and "'a'" in str(info.value)
+
+
+def test_device_mismatch_names_both_arguments(corpus_ops):
+    with pytest.raises(RuntimeError) as info:
+        corpus_ops["cp_fma"](f, f.to("meta"), f)
+    message = str(info.value)
+    assert "fusegen::cp_fma: argument 'b' is on meta, expected cpu (the device of 'a')" in message
+
+
+@pytest.mark.xfail(strict=True, reason="None for a Tensor argument reaches the autograd kernel and fails "
+                                       "with 'tensor does not have a device', naming neither the op nor "
+                                       "the argument (templates/op.cpp.j2 autograd path / api.FusedOp)")
+def test_none_for_a_tensor_names_op_and_argument(corpus_ops):
+    with pytest.raises((RuntimeError, TypeError)) as info:
+        corpus_ops["cp_fma"](None, f, f)
+    assert "cp_fma" in str(info.value) and "'a'" in str(info.value)
