@@ -39,7 +39,9 @@ def templates_dir() -> Path:
     source = Path(__file__).resolve().parent.parent / "templates"
     if (source / "op.cpp.j2").is_file():
         return source
-    return Path(str(resources.files("fusegen.templates")))
+    # templates/ has no __init__.py, so this is a namespace package: ask for a file in it
+    # (str() of the folder itself would be a MultiplexedPath's repr).
+    return Path(str(resources.files("fusegen.templates") / "op.cpp.j2")).parent
 
 
 def _environment() -> jinja2.Environment:

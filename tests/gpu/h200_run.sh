@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: GPU facts, the seed check, the CUDA tests, the benchmark. Logs to $OUT.
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|all]
+set -uo pipefail
+what=${1:-all}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FUSEGEN_CACHE_DIR=${FUSEGEN_CACHE_DIR:-/tmp/fusegen-cache}
+OUT=${OUT:-/tmp/fusegen-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+status=0
+if [[ $what == check || $what == all ]]; then
+  python3 tests/gpu/seed_check.py 2>&1 | tee "$OUT/seed_check.log"; status=$((status | ${PIPESTATUS[0]}))
+fi
+if [[ $what == tests || $what == all ]]; then
+  python3 -m pytest -q -m cuda tests/gpu 2>&1 | tee "$OUT/pytest_cuda.log"; status=$((status | ${PIPESTATUS[0]}))
+fi
+if [[ $what == bench || $what == all ]]; then
+  python3 -m fusegen.bench --sizes 4096,134217728 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  status=$((status | ${PIPESTATUS[0]}))
+fi
+exit $status
