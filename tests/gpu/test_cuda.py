@@ -1,0 +1,181 @@
+"""CUDA twins of the CPU tests: run on a GPU machine with
+
+    PYTHONPATH=. python -m pytest -m cuda tests/gpu
+
+The session's corpus library (tests/conftest.py) includes the CUDA impls when torch sees
+a GPU and nvcc is installed (fusegen.build.cuda_enabled)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corpus import BY_NAME, CORPUS, SEEDS
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SIZES = [0, 1, 3, 4097, 2 ** 20 + 3]
+TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.float64: dict(rtol=1e-10, atol=1e-12)}
+LOW_SLACK, LOW_FLOOR = 1.5, 2e-3
+
+
+@pytest.fixture(scope="module")
+def cuda_ops(corpus_ops):
+    from fusegen.build import cuda_enabled
+
+    if not cuda_enabled():
+        pytest.fail("torch sees a GPU but fusegen built without CUDA (nvcc missing? FUSEGEN_CPU_ONLY=1?)")
+    return corpus_ops
+
+
+def forward_backward(f, tensors, scalars=(), grad=None):
+    leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
+    out = f(*leaves, *scalars)
+    if grad is None:
+        g = torch.Generator(device="cpu").manual_seed(7)
+        grad = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device, out.dtype)
+    grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)
+    return out.detach(), [gr if gr is not None else torch.zeros_like(t) for gr, t in zip(grads, leaves)]
+
+
+def on_cuda(case, n, dtype, seed=0, shapes=None):
+    return [t.to("cuda", dtype) for t in case.sample(n, torch.float64, seed=seed, shapes=shapes)]
+
+
+def rel_error(got, want):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def check_close(case, op, tensors, dtype):
+    scalars = list(case.scalar_values)
+    out, grads = forward_backward(op, tensors, scalars)
+    want, want_grads = forward_backward(case.eager, tensors, scalars)
+    assert out.device == tensors[0].device and out.dtype == want.dtype and out.shape == want.shape
+    if dtype in TOL:
+        torch.testing.assert_close(out, want, **TOL[dtype])
+        for g, w, t in zip(grads, want_grads, tensors):
+            assert g.shape == t.shape and g.dtype == t.dtype
+            torch.testing.assert_close(g, w, **TOL[dtype])
+        return
+    # bf16/fp16: no worse than eager in the same dtype, both against a float64 reference
+    ref, ref_grads = forward_backward(case.eager, [t.double() for t in tensors], scalars)
+    for got, eager, r in zip([out] + grads, [want] + want_grads, [ref] + ref_grads):
+        if r.numel() == 0 or r.norm() == 0:
+            assert got.numel() == 0 or got.abs().max() == 0
+            continue
+        assert rel_error(got, r) <= LOW_SLACK * rel_error(eager, r) + LOW_FLOOR
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("case", SEEDS, ids=repr)
+def test_seed_forward_backward(cuda_ops, case, n, dtype):
+    check_close(case, cuda_ops[case.name], on_cuda(case, n, dtype, seed=n), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16],
+                         ids=["f64", "f32", "bf16", "f16"])
+@pytest.mark.parametrize("case", CORPUS, ids=repr)
+def test_corpus_on_cuda(cuda_ops, case, dtype):
+    check_close(case, cuda_ops[case.name], on_cuda(case, 4099, dtype, seed=1), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
+@pytest.mark.parametrize("which", ["all", "first", "last"])
+@pytest.mark.parametrize("case", SEEDS, ids=repr)
+def test_misaligned_views(cuda_ops, case, which, dtype):
+    """x[1:] moves the data pointer off 16-byte alignment: the scalar path and tail."""
+    n = 2 ** 16 + 5
+    full = on_cuda(case, n + 1, dtype, seed=2)
+    aligned = [t[:-1] for t in full]
+    shifted = [t[1:] for t in full]
+    k = len(full)
+    pick = {"all": range(k), "first": [0], "last": [k - 1]}[which]
+    tensors = [shifted[j] if j in pick else aligned[j] for j in range(k)]
+    assert any(t.data_ptr() % 16 for t in tensors)
+    check_close(case, cuda_ops[case.name], tensors, dtype)
+
+
+@pytest.mark.parametrize("case", SEEDS, ids=repr)
+def test_transposed_and_expanded(cuda_ops, case):
+    m, n = 67, 129
+    tensors = [t.t() for t in on_cuda(case, 0, torch.float32, shapes=[(n, m)] * len(case.domains))]
+    check_close(case, cuda_ops[case.name], tensors, torch.float32)
+    row = on_cuda(case, 0, torch.float32, shapes=[(1, n)] + [(m, n)] * (len(case.domains) - 1))
+    check_close(case, cuda_ops[case.name], [row[0].expand(m, n)] + row[1:], torch.float32)
+    check_close(case, cuda_ops[case.name], row, torch.float32)  # broadcast, summed back
+
+
+def test_broadcast_case(cuda_ops):
+    case = BY_NAME["cp_bias_gelu"]
+    check_close(case, cuda_ops[case.name], on_cuda(case, 1000, torch.float32), torch.float32)
+
+
+def test_non_default_stream(cuda_ops):
+    case, op = BY_NAME["cp_gelu_tanh"], cuda_ops["cp_gelu_tanh"]
+    (x,) = on_cuda(case, 2 ** 22, torch.float32)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # a long producer on the side stream, then the op: correct only if the op runs on
+        # the current (side) stream, ordered after the producer
+        y = x * 1.0
+        for _ in range(20):
+            y = y + 0.0
+        leaf = y.detach().requires_grad_(True)
+        out = op(leaf)
+        (gx,) = torch.autograd.grad(out, leaf, torch.ones_like(out))
+    stream.synchronize()
+    torch.testing.assert_close(out, case.eager(x), **TOL[torch.float32])
+    xe = x.clone().requires_grad_(True)
+    (ge,) = torch.autograd.grad(case.eager(xe), xe, torch.ones_like(xe))
+    torch.testing.assert_close(gx, ge, **TOL[torch.float32])
+
+
+def test_zero_size_launches_nothing(cuda_ops):
+    op = cuda_ops["cp_fma"]
+    a = torch.empty(0, 7, device="cuda", requires_grad=True)
+    out = op(a, torch.empty(0, 7, device="cuda"), torch.empty(7, device="cuda"))
+    assert out.shape == (0, 7) and out.is_cuda
+    out.sum().backward()
+    assert a.grad.shape == (0, 7)
+
+
+def test_cpu_cuda_mixing_is_an_error(cuda_ops):
+    op = cuda_ops["cp_fma"]
+    a = torch.randn(8, device="cuda:0")
+    with pytest.raises(RuntimeError) as info:
+        op(a, torch.randn(8), a)
+    message = str(info.value)
+    assert "fusegen::cp_fma" in message and "argument 'b'" in message and "cpu" in message and "cuda:0" in message
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_device_uses_its_own_guard(cuda_ops):
+    case, op = BY_NAME["cp_silu"], cuda_ops["cp_silu"]
+    (x,) = [t.to("cuda:1") for t in case.sample(10000, torch.float32)]
+    with torch.cuda.device(0):
+        out, (g,) = forward_backward(op, [x])
+    assert out.device == torch.device("cuda:1") and g.device == torch.device("cuda:1")
+    want, (gw,) = forward_backward(case.eager, [x])
+    torch.testing.assert_close(out, want, **TOL[torch.float32])
+    torch.testing.assert_close(g, gw, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("case", SEEDS, ids=repr)
+def test_opcheck_cuda(cuda_ops, case):
+    args = tuple(t.requires_grad_(True) for t in on_cuda(case, 33, torch.float32)) + tuple(case.scalar_values)
+    result = torch.library.opcheck(cuda_ops[case.name].op, args)
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_torch_compile_cuda(cuda_ops):
+    case, op = BY_NAME["cp_silu"], cuda_ops["cp_silu"]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: op.op(x) * 2.0, fullgraph=True)
+    (x,) = on_cuda(case, 4097, torch.float32)
+    torch.testing.assert_close(compiled(x), case.eager(x) * 2.0, **TOL[torch.float32])
