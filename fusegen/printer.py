@@ -82,6 +82,9 @@ class CPrinter(C99CodePrinter):
         # (sympy's Add prints its terms without calling parenthesize, so `x*x + 1` stays bare.)
         if isinstance(item, sympy.Pow) and item.exp.is_Integer and int(item.exp) in _POW_BY_MULTIPLY:
             return f"({self._print(item)})"
+        # A positive rational prints as one literal (0.5f), which needs no parentheses.
+        if isinstance(item, sympy.Rational) and item > 0:
+            return self._print(item)
         return super().parenthesize(item, level, strict)
 
     def _print_Pow(self, expr):
@@ -92,9 +95,9 @@ class CPrinter(C99CodePrinter):
             return product if exp > 0 else f"{self.literal(1)}/({product})"
         if exp == -1:
             return f"{self.literal(1)}/{b}"
-        if exp == sympy.S.Half:
+        if exp.is_Number and float(exp) == 0.5:  # 1/2 or 0.5: torch computes x**0.5 as sqrt
             return f"sqrt{self._fsuffix}({self._print(base)})"
-        if exp == -sympy.S.Half:
+        if exp.is_Number and float(exp) == -0.5:
             return f"{self.literal(1)}/sqrt{self._fsuffix}({self._print(base)})"
         return f"pow{self._fsuffix}({self._print(base)}, {self._print(exp)})"
 

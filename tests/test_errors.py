@@ -96,9 +96,6 @@ def test_device_mismatch_names_both_arguments(corpus_ops):
     assert "fusegen::cp_fma: argument 'b' is on meta, expected cpu (the device of 'a')" in message
 
 
-@pytest.mark.xfail(strict=True, reason="None for a Tensor argument reaches the autograd kernel and fails "
-                                       "with 'tensor does not have a device', naming neither the op nor "
-                                       "the argument (templates/op.cpp.j2 autograd path / api.FusedOp)")
 def test_none_for_a_tensor_names_op_and_argument(corpus_ops):
     with pytest.raises((RuntimeError, TypeError)) as info:
         corpus_ops["cp_fma"](None, f, f)

@@ -158,6 +158,8 @@ class AddmulFunction : public torch::autograd::Function<AddmulFunction> {
 };
 
 at::Tensor addmul_autograd(const at::Tensor& x, const at::Tensor& y, const at::Tensor& w) {
+  // Function::apply records every input's metadata first: catch None before it does.
+  fusegen::check_defined("addmul", {{"x", x}, {"y", y}, {"w", w}});
   return AddmulFunction::apply(x, y, w);
 }
 

@@ -154,6 +154,8 @@ class FmaFunction : public torch::autograd::Function<FmaFunction> {
 };
 
 at::Tensor fma_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+  // Function::apply records every input's metadata first: catch None before it does.
+  fusegen::check_defined("fma", {{"a", a}, {"b", b}, {"c", c}});
   return FmaFunction::apply(a, b, c);
 }
 

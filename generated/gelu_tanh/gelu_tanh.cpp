@@ -140,6 +140,8 @@ class GeluTanhFunction : public torch::autograd::Function<GeluTanhFunction> {
 };
 
 at::Tensor gelu_tanh_autograd(const at::Tensor& x) {
+  // Function::apply records every input's metadata first: catch None before it does.
+  fusegen::check_defined("gelu_tanh", {{"x", x}});
   return GeluTanhFunction::apply(x);
 }
 

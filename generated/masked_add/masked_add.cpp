@@ -149,6 +149,8 @@ class MaskedAddFunction : public torch::autograd::Function<MaskedAddFunction> {
 };
 
 at::Tensor masked_add_autograd(const at::Tensor& x, const at::Tensor& y) {
+  // Function::apply records every input's metadata first: catch None before it does.
+  fusegen::check_defined("masked_add", {{"x", x}, {"y", y}});
   return MaskedAddFunction::apply(x, y);
 }
 

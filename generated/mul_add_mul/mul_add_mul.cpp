@@ -158,6 +158,8 @@ class MulAddMulFunction : public torch::autograd::Function<MulAddMulFunction> {
 };
 
 at::Tensor mul_add_mul_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+  // Function::apply records every input's metadata first: catch None before it does.
+  fusegen::check_defined("mul_add_mul", {{"a", a}, {"b", b}, {"c", c}});
   return MulAddMulFunction::apply(a, b, c);
 }
 

@@ -39,14 +39,23 @@ inline bool is_supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
+// Undefined tensors (None from Python) fail here with the op's and the argument's name,
+// before anything asks them for a size, dtype or device.
+inline void check_defined(const char* op, std::initializer_list<Arg> args) {
+  for (const Arg& arg : args) {
+    TORCH_CHECK(arg.tensor.defined(), "fusegen::", op, ": argument '", arg.name,
+                "' is None (an undefined tensor); expected a tensor");
+  }
+}
+
 // Checks every argument (defined, floating, one device) and returns the dtype the op
 // computes and returns in: torch's type promotion over the arguments, as eager does.
 inline at::ScalarType check_args(const char* op, std::initializer_list<Arg> args) {
   const Arg& first = *args.begin();
   at::native::ResultTypeState state = {};
+  check_defined(op, args);
   for (const Arg& arg : args) {
     const at::Tensor& t = arg.tensor;
-    TORCH_CHECK(t.defined(), "fusegen::", op, ": argument '", arg.name, "' is an undefined tensor");
     TORCH_CHECK(is_supported_dtype(t.scalar_type()), "fusegen::", op, ": argument '", arg.name,
                 "' must be a float32, float64, float16 or bfloat16 tensor, got ", t.scalar_type());
     TORCH_CHECK(t.device() == first.tensor.device(), "fusegen::", op, ": argument '", arg.name,

@@ -140,6 +140,8 @@ class SiluFunction : public torch::autograd::Function<SiluFunction> {
 };
 
 at::Tensor silu_autograd(const at::Tensor& x) {
+  // Function::apply records every input's metadata first: catch None before it does.
+  fusegen::check_defined("silu", {{"x", x}});
   return SiluFunction::apply(x);
 }
 
