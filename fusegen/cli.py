@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except FusegenError as err:
         print(f"fusegen: error: {err}", file=sys.stderr)
         return 2
+    except (OSError, RuntimeError) as err:  # a file we cannot write, torch refusing a call
+        print(f"fusegen: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

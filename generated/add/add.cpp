@@ -49,8 +49,8 @@ at::Tensor add_forward_cpu(const at::Tensor& a, const at::Tensor& b) {
 
 #ifdef FUSEGEN_WITH_CUDA
 at::Tensor add_forward_cuda(const at::Tensor& a, const at::Tensor& b) {
-  const c10::cuda::CUDAGuard device_guard(a.device());
   const fusegen::Layout layout = fusegen::output_layout("add", {{"a", a}, {"b", b}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor out = layout.empty();
   const int64_t n = out.numel();
   if (n == 0) return out;

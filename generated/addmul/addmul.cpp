@@ -52,8 +52,8 @@ at::Tensor addmul_forward_cpu(const at::Tensor& x, const at::Tensor& y, const at
 
 #ifdef FUSEGEN_WITH_CUDA
 at::Tensor addmul_forward_cuda(const at::Tensor& x, const at::Tensor& y, const at::Tensor& w) {
-  const c10::cuda::CUDAGuard device_guard(x.device());
   const fusegen::Layout layout = fusegen::output_layout("addmul", {{"x", x}, {"y", y}, {"w", w}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor out = layout.empty();
   const int64_t n = out.numel();
   if (n == 0) return out;
@@ -105,8 +105,8 @@ std::vector<at::Tensor> addmul_backward_cpu(const at::Tensor& grad, const at::Te
 
 #ifdef FUSEGEN_WITH_CUDA
 std::vector<at::Tensor> addmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y, const at::Tensor& w, std::array<bool, 3> output_mask) {
-  const c10::cuda::CUDAGuard device_guard(grad.device());
   const fusegen::Layout layout = fusegen::output_layout("addmul_backward", {{"grad", grad}, {"x", x}, {"y", y}, {"w", w}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor grad_x = output_mask[0] ? layout.empty() : at::Tensor();
   at::Tensor grad_y = output_mask[1] ? layout.empty() : at::Tensor();
   at::Tensor grad_w = output_mask[2] ? layout.empty() : at::Tensor();

@@ -52,8 +52,8 @@ at::Tensor fma_forward_cpu(const at::Tensor& a, const at::Tensor& b, const at::T
 
 #ifdef FUSEGEN_WITH_CUDA
 at::Tensor fma_forward_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
-  const c10::cuda::CUDAGuard device_guard(a.device());
   const fusegen::Layout layout = fusegen::output_layout("fma", {{"a", a}, {"b", b}, {"c", c}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor out = layout.empty();
   const int64_t n = out.numel();
   if (n == 0) return out;
@@ -101,8 +101,8 @@ std::vector<at::Tensor> fma_backward_cpu(const at::Tensor& grad, const at::Tenso
 
 #ifdef FUSEGEN_WITH_CUDA
 std::vector<at::Tensor> fma_backward_cuda(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, std::array<bool, 2> output_mask) {
-  const c10::cuda::CUDAGuard device_guard(grad.device());
   const fusegen::Layout layout = fusegen::output_layout("fma_backward", {{"grad", grad}, {"a", a}, {"b", b}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor grad_a = output_mask[0] ? layout.empty() : at::Tensor();
   at::Tensor grad_b = output_mask[1] ? layout.empty() : at::Tensor();
   const int64_t n = layout.numel();

@@ -48,8 +48,8 @@ at::Tensor gelu_tanh_forward_cpu(const at::Tensor& x) {
 
 #ifdef FUSEGEN_WITH_CUDA
 at::Tensor gelu_tanh_forward_cuda(const at::Tensor& x) {
-  const c10::cuda::CUDAGuard device_guard(x.device());
   const fusegen::Layout layout = fusegen::output_layout("gelu_tanh", {{"x", x}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor out = layout.empty();
   const int64_t n = out.numel();
   if (n == 0) return out;
@@ -93,8 +93,8 @@ std::vector<at::Tensor> gelu_tanh_backward_cpu(const at::Tensor& grad, const at:
 
 #ifdef FUSEGEN_WITH_CUDA
 std::vector<at::Tensor> gelu_tanh_backward_cuda(const at::Tensor& grad, const at::Tensor& x, std::array<bool, 1> output_mask) {
-  const c10::cuda::CUDAGuard device_guard(grad.device());
   const fusegen::Layout layout = fusegen::output_layout("gelu_tanh_backward", {{"grad", grad}, {"x", x}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor grad_x = output_mask[0] ? layout.empty() : at::Tensor();
   const int64_t n = layout.numel();
   if (n == 0) return fusegen::requested({ grad_x });

@@ -50,8 +50,8 @@ at::Tensor masked_add_forward_cpu(const at::Tensor& x, const at::Tensor& y) {
 
 #ifdef FUSEGEN_WITH_CUDA
 at::Tensor masked_add_forward_cuda(const at::Tensor& x, const at::Tensor& y) {
-  const c10::cuda::CUDAGuard device_guard(x.device());
   const fusegen::Layout layout = fusegen::output_layout("masked_add", {{"x", x}, {"y", y}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor out = layout.empty();
   const int64_t n = out.numel();
   if (n == 0) return out;
@@ -99,8 +99,8 @@ std::vector<at::Tensor> masked_add_backward_cpu(const at::Tensor& grad, const at
 
 #ifdef FUSEGEN_WITH_CUDA
 std::vector<at::Tensor> masked_add_backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y, std::array<bool, 2> output_mask) {
-  const c10::cuda::CUDAGuard device_guard(grad.device());
   const fusegen::Layout layout = fusegen::output_layout("masked_add_backward", {{"grad", grad}, {"x", x}, {"y", y}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor grad_x = output_mask[0] ? layout.empty() : at::Tensor();
   at::Tensor grad_y = output_mask[1] ? layout.empty() : at::Tensor();
   const int64_t n = layout.numel();

@@ -52,8 +52,8 @@ at::Tensor mul_add_mul_forward_cpu(const at::Tensor& a, const at::Tensor& b, con
 
 #ifdef FUSEGEN_WITH_CUDA
 at::Tensor mul_add_mul_forward_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
-  const c10::cuda::CUDAGuard device_guard(a.device());
   const fusegen::Layout layout = fusegen::output_layout("mul_add_mul", {{"a", a}, {"b", b}, {"c", c}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor out = layout.empty();
   const int64_t n = out.numel();
   if (n == 0) return out;
@@ -105,8 +105,8 @@ std::vector<at::Tensor> mul_add_mul_backward_cpu(const at::Tensor& grad, const a
 
 #ifdef FUSEGEN_WITH_CUDA
 std::vector<at::Tensor> mul_add_mul_backward_cuda(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, std::array<bool, 3> output_mask) {
-  const c10::cuda::CUDAGuard device_guard(grad.device());
   const fusegen::Layout layout = fusegen::output_layout("mul_add_mul_backward", {{"grad", grad}, {"a", a}, {"b", b}, {"c", c}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor grad_a = output_mask[0] ? layout.empty() : at::Tensor();
   at::Tensor grad_b = output_mask[1] ? layout.empty() : at::Tensor();
   at::Tensor grad_c = output_mask[2] ? layout.empty() : at::Tensor();

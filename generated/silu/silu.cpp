@@ -48,8 +48,8 @@ at::Tensor silu_forward_cpu(const at::Tensor& x) {
 
 #ifdef FUSEGEN_WITH_CUDA
 at::Tensor silu_forward_cuda(const at::Tensor& x) {
-  const c10::cuda::CUDAGuard device_guard(x.device());
   const fusegen::Layout layout = fusegen::output_layout("silu", {{"x", x}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor out = layout.empty();
   const int64_t n = out.numel();
   if (n == 0) return out;
@@ -93,8 +93,8 @@ std::vector<at::Tensor> silu_backward_cpu(const at::Tensor& grad, const at::Tens
 
 #ifdef FUSEGEN_WITH_CUDA
 std::vector<at::Tensor> silu_backward_cuda(const at::Tensor& grad, const at::Tensor& x, std::array<bool, 1> output_mask) {
-  const c10::cuda::CUDAGuard device_guard(grad.device());
   const fusegen::Layout layout = fusegen::output_layout("silu_backward", {{"grad", grad}, {"x", x}});
+  const c10::cuda::CUDAGuard device_guard(layout.options.device());  // checked: one device
   at::Tensor grad_x = output_mask[0] ? layout.empty() : at::Tensor();
   const int64_t n = layout.numel();
   if (n == 0) return fusegen::requested({ grad_x });

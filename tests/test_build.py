@@ -1,0 +1,60 @@
+"""The build stage: a failed build leaves nothing behind, the cache key names what changes
+the binary, and another process loads a built library without compiling."""
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusegen import build
+from fusegen.errors import BuildError, FusegenError
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_failed_build_raises_with_log_and_leaves_no_trace(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(cache))
+    broken = {"broken.cpp": '#error "fusegen test: this op does not compile"\n',
+              "broken.cu": '#error "fusegen test: this op does not compile"\n'}
+    with pytest.raises(BuildError) as info:
+        build.build([("broken", broken)])
+    message = str(info.value)
+    assert isinstance(info.value, FusegenError)
+    assert "broken" in message and "this op does not compile" in message
+    assert "broken.cpp" in message  # the sources are named
+    # No published entry, no temp build folder: only the (unheld) lock file.
+    assert sorted(p.name for p in cache.iterdir()) == ["locks"]
+    (lock,) = (cache / "locks").iterdir()
+    with open(lock) as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a lock were left held
+
+
+def test_cache_key_names_sources_and_flags(monkeypatch):
+    ops = [("k", {"k.cpp": "int x;\n", "k.h": "\n"})]
+    key = build.cache_key(ops, cuda=False)
+    assert build.cache_key(ops, cuda=False) == key
+    assert build.cache_key([("k", {"k.cpp": "int y;\n", "k.h": "\n"})], cuda=False) != key
+    assert build.cache_key([("k2", {"k.cpp": "int x;\n", "k.h": "\n"})], cuda=False) != key
+    monkeypatch.setattr(build, "CXX_FLAGS", build.CXX_FLAGS + ["-DSOMETHING"])
+    assert build.cache_key(ops, cuda=False) != key
+
+
+def test_another_process_loads_the_corpus_without_compiling(corpus_ops):
+    script = (
+        "import sys, time; sys.path.insert(0, sys.argv[1])\n"
+        "from corpus import CORPUS\n"
+        "from fusegen.api import fuse_many, generate\n"
+        "from fusegen.parse import parse\n"
+        "gen = [generate(parse(c.expr, inputs=c.inputs, scalars=c.scalars), name=c.name) for c in CORPUS]\n"
+        "t = time.perf_counter(); ops = fuse_many(gen); dt = time.perf_counter() - t\n"
+        "print(ops[0].library.cached, ops[0].library.key, round(dt, 3))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(TESTS)], capture_output=True, text=True,
+                         env=dict(os.environ), check=True).stdout.split()
+    library = next(iter(corpus_ops.values())).library
+    assert out[0] == "True" and out[1] == library.key
+    assert float(out[2]) < 5.0  # load, not compile (a compile takes tens of seconds)
