@@ -27,11 +27,6 @@ class Generated:
     spec: OpSpec
     files: dict
 
-    @property
-    def content_hash(self) -> str:
-        import json
-        return json.loads(self.files["spec.json"])["content_hash"]
-
 
 def generate(parsed: Parsed, name: str | None = None, command: str | None = None) -> Generated:
     """parse -> differentiate -> print -> render, without building."""

@@ -160,7 +160,6 @@ def run(sizes, dtypes, with_compile: bool, out_json: str | None):
                         host["jiterator fwd"] = host_us(lambda: jit(*xs), device)
                     for impl, us in host.items():
                         record(kind="host_us", expr=key, dtype="float32", n=n, impl=impl, us=us)
-                del xs, xg, g
     if out_json:
         with open(out_json, "w") as fh:
             json.dump({"device": name, "copy_gbs": copy, "rows": rows}, fh, indent=1)

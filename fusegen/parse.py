@@ -51,21 +51,26 @@ def symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, real=True)
 
 
-def check_identifier(name: object, what: str, op: str | None = None) -> str:
-    """A name that lands in C++ must be a plain identifier we do not use ourselves."""
-    where = f"fusegen op '{op}': " if op else ""
+def name_problem(name: object) -> str | None:
+    """Why `name` cannot name something in the generated C++, or None when it can."""
     if not isinstance(name, str) or not _IDENT.match(name):
-        raise SpecError(f"{where}{what} must be a C identifier ([A-Za-z_][A-Za-z0-9_]*), got {name!r}")
+        return "must be a C identifier ([A-Za-z_][A-Za-z0-9_]*)"
     if name.startswith("__"):
-        raise SpecError(f"{where}{what} must not start with '__' (reserved in C++), got {name!r}")
+        return "must not start with '__' (reserved in C++)"
     if name in fn.RESERVED or keyword.iskeyword(name) or re.match(r"^t\d+$", name):
-        raise SpecError(f"{where}{what} {name!r} is reserved (a function, keyword or generated name); "
-                        "pick another name")
+        return "is reserved (a function, keyword or generated name); pick another name"
+    return None
+
+
+def check_identifier(name: object, what: str) -> str:
+    problem = name_problem(name)
+    if problem:
+        raise SpecError(f"{what} {name!r} {problem}")
     return name
 
 
 def check_op_name(name: object) -> str:
-    check_identifier(name, "name")
+    check_identifier(name, "op name")
     if name.endswith("_backward"):
         raise SpecError(f"name must not end in '_backward' (fusegen registers <name>_backward itself), "
                         f"got {name!r}")
@@ -118,9 +123,9 @@ class _Converter:
             self.fail(node, f"bare name '{name}' is ambiguous", f"write math.{name}")
         if fn.resolve(name):
             self.fail(node, f"'{name}' is a function", f"call it: {name}(...)")
-        check = _ident_problem(name)
-        if check:
-            self.fail(node, f"input name '{name}' {check}")
+        problem = name_problem(name)
+        if problem:
+            self.fail(node, f"input name '{name}' {problem}")
         if name not in self.seen:
             self.seen.append(name)
         return symbol(name)
@@ -246,15 +251,6 @@ def _dotted(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
-def _ident_problem(name: str) -> str | None:
-    try:
-        check_identifier(name, "input name")
-    except SpecError as err:
-        # "input name 'int' is reserved ..." -> "is reserved ...": the caller names the input.
-        return str(err).split(": ", 1)[-1].replace(f"input name {name!r} ", "", 1).replace("input name ", "", 1)
-    return None
-
-
 def _check_limits(text: str, tree: ast.AST):
     nodes = list(ast.walk(tree))
     if len(nodes) > MAX_NODES:
@@ -378,10 +374,10 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
     if unknown:
         raise SpecError(f"@fused function '{func.name}' uses '{unknown[0]}', which is not a parameter")
     ordered, scalars = _order_names(text, seen, tensors, scalars)
-    return Parsed(_flatten_text(conv, body, text), expr, ordered, scalars)
+    return Parsed(_flatten_text(body, text), expr, ordered, scalars)
 
 
-def _flatten_text(conv, body, text):
+def _flatten_text(body, text):
     """The function body as one line of text, for headers and spec.json."""
     if len(body) == 1:
         return text
