@@ -58,3 +58,19 @@ def test_another_process_loads_the_corpus_without_compiling(corpus_ops):
     library = next(iter(corpus_ops.values())).library
     assert out[0] == "True" and out[1] == library.key
     assert float(out[2]) < 5.0  # load, not compile (a compile takes tens of seconds)
+
+
+def test_two_processes_building_one_op_compile_it_once(tmp_path):
+    """Both start cold on the same new op; the flock makes one compile and the other wait
+    and load what it published."""
+    script = ("import fusegen\n"
+              "op = fusegen.fuse('x*1.5 + y*y', name='lock_race')\n"
+              "print(op.library.cached)\n")
+    env = dict(os.environ, FUSEGEN_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    assert sorted(out.strip() for out, _ in outs) == ["False", "True"]
+    entries = [p for p in (tmp_path / "cache").iterdir() if p.name != "locks"]
+    assert len(entries) == 1 and not entries[0].name.startswith(".build-")
