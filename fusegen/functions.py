@@ -22,7 +22,7 @@ class Sigmoid(sympy.Function):
     nargs = 1
 
     @classmethod
-    def eval(cls, x):
+    def eval(cls, x):  # sympy's auto-evaluation hook on numbers, not Python's eval
         if x.is_Number:
             return 1 / (1 + sympy.exp(-x))
         return None
@@ -37,7 +37,7 @@ class Sign(sympy.Function):
     nargs = 1
 
     @classmethod
-    def eval(cls, x):
+    def eval(cls, x):  # sympy's auto-evaluation hook on numbers, not Python's eval
         if x.is_Number:
             return sympy.sign(x)
         return None
@@ -59,7 +59,7 @@ class Clamp(sympy.Function):
     nargs = 3
 
     @classmethod
-    def eval(cls, x, lo, hi):
+    def eval(cls, x, lo, hi):  # sympy's auto-evaluation hook on numbers, not Python's eval
         if x.is_Number and lo.is_Number and hi.is_Number:
             return sympy.Min(sympy.Max(x, lo), hi)
         return None

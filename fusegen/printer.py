@@ -234,7 +234,7 @@ def fold_constants(expr):
     if isinstance(expr, (sympy.Mul, sympy.Add)):
         const = [a for a in args if isinstance(a, sympy.Number)]
         rest = [a for a in args if not isinstance(a, sympy.Number)]
-        if len(const) > 1 or any(isinstance(a, sympy.Float) for a in const) and len(const) > 1:
+        if len(const) > 1:
             folded = sympy.Float(float(expr.func(*const)))
             return expr.func(folded, *rest)
     return expr.func(*args) if args != list(expr.args) else expr
