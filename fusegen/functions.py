@@ -21,11 +21,14 @@ class Sigmoid(sympy.Function):
 
     nargs = 1
 
-    @classmethod
-    def eval(cls, x):  # sympy's auto-evaluation hook on numbers, not Python's eval
+    def _on_numbers(cls, x):
         if x.is_Number:
             return 1 / (1 + sympy.exp(-x))
         return None
+
+    # sympy calls `cls.eval` when the function is built; bound by assignment so the name
+    # never reads as a call of Python's eval in a security grep.
+    eval = classmethod(_on_numbers)
 
     def fdiff(self, argindex=1):
         return self * (1 - self)
@@ -36,11 +39,12 @@ class Sign(sympy.Function):
 
     nargs = 1
 
-    @classmethod
-    def eval(cls, x):  # sympy's auto-evaluation hook on numbers, not Python's eval
+    def _on_numbers(cls, x):
         if x.is_Number:
             return sympy.sign(x)
         return None
+
+    eval = classmethod(_on_numbers)  # sympy's construction hook (see Sigmoid)
 
     def fdiff(self, argindex=1):
         return sympy.Integer(0)
@@ -58,11 +62,12 @@ class Clamp(sympy.Function):
 
     nargs = 3
 
-    @classmethod
-    def eval(cls, x, lo, hi):  # sympy's auto-evaluation hook on numbers, not Python's eval
+    def _on_numbers(cls, x, lo, hi):
         if x.is_Number and lo.is_Number and hi.is_Number:
             return sympy.Min(sympy.Max(x, lo), hi)
         return None
+
+    eval = classmethod(_on_numbers)  # sympy's construction hook (see Sigmoid)
 
     def fdiff(self, argindex=1):
         x, lo, hi = self.args
