@@ -15,7 +15,6 @@ import sympy
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
-from sympy.printing.str import StrPrinter
 
 from . import functions as fn
 from .spec import OpSpec, Program
@@ -170,37 +169,6 @@ class CPrinter(C99CodePrinter):
         for value, cond in reversed(pieces):
             out = f"({self._print(cond)} ? {self._print(value)} : {out})"
         return out
-
-
-class TextPrinter(StrPrinter):
-    """sympy -> the expression language users write (where, sigmoid, maximum), for
-    headers, spec.json and the CLI. Not C: that is CPrinter's job."""
-
-    def _print_Piecewise(self, expr):
-        *pieces, (last_value, _) = expr.args
-        out = self._print(last_value)
-        for value, cond in reversed(pieces):
-            out = f"where({self._print(cond)}, {self._print(value)}, {out})"
-        return out
-
-    def _print_Function(self, expr):
-        names = {"Sigmoid": "sigmoid", "Sign": "sign", "Clamp": "clamp", "Power": "pow",
-                 "Max": "maximum", "Min": "minimum"}
-        name = names.get(type(expr).__name__, expr.func.__name__)
-        return f"{name}({', '.join(self._print(a) for a in expr.args)})"
-
-    _print_Max = _print_Function
-    _print_Min = _print_Function
-
-    def _print_And(self, expr):
-        return " & ".join(f"({self._print(a)})" for a in sorted(expr.args, key=sympy.default_sort_key))
-
-    def _print_Or(self, expr):
-        return " | ".join(f"({self._print(a)})" for a in sorted(expr.args, key=sympy.default_sort_key))
-
-
-def text(expr) -> str:
-    return TextPrinter({"order": "lex"}).doprint(expr)
 
 
 @dataclass(frozen=True)

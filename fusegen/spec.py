@@ -15,6 +15,7 @@ import sympy
 
 from . import functions as fn
 from .errors import SpecError
+from .notation import text
 from .parse import Parsed, check_op_name, symbol
 
 FUSEGEN_VERSION = "0.1.0"
@@ -64,8 +65,8 @@ class OpSpec:
             "expression": self.text,
             "inputs": list(self.inputs),
             "scalars": list(self.scalars),
-            "forward": _text(self.forward),
-            "gradients": {g.input: _text(g.expr) for g in self.gradients},
+            "forward": text(self.forward),
+            "gradients": {g.input: text(g.expr) for g in self.gradients},
             "passthrough": [g.input for g in self.gradients if g.passthrough],
             "backward_reads": list(self.backward_inputs) + list(self.backward_scalars),
             "fusegen_version": FUSEGEN_VERSION,
@@ -75,7 +76,7 @@ class OpSpec:
 
     def summary(self) -> list[str]:
         """One line per derived gradient, for the CLI and the file headers."""
-        return [f"d/d{g.input} = {'grad' if g.passthrough else 'grad * (' + _text(g.expr) + ')'}"
+        return [f"d/d{g.input} = {'grad' if g.passthrough else 'grad * (' + text(g.expr) + ')'}"
                 for g in self.gradients]
 
 
@@ -118,11 +119,6 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
         backward_scalars=tuple(s for s in parsed.scalars if s in used),
         command=command,
     )
-
-
-def _text(expr) -> str:
-    from .printer import text  # the printer imports this module; import at use
-    return text(expr)
 
 
 def _check_printable(name: str, what: str, expr: sympy.Expr):
