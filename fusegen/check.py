@@ -1,6 +1,10 @@
 """`fusegen --check`: the op against eager PyTorch, forward and backward.
 
-The oracle is reference.evaluate in float64 with torch.autograd for the gradients.
+The oracle is the expression as the user wrote it (`op.spec.text`), evaluated by eager
+PyTorch in float64 (reference.evaluate_text), with torch.autograd for the gradients: not
+fusegen's own simplified sympy form, so a rewrite that changes a value (`a*0 -> 0` at
+a = inf, where eager gives NaN) shows up as a failure instead of agreeing with itself.
+
 fp64 and fp32 must match to rounding; bf16/fp16 must be no less accurate than eager
 PyTorch in the same dtype (both measured against the float64 reference).
 """
@@ -11,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reference import evaluate
+from .reference import evaluate_text
 
 # Relative error norm allowed against the float64 reference.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -59,6 +63,8 @@ def sample_inputs(op, n: int, device, dtype, seed: int = 0):
 def _forward_backward(f, tensors, scalars, grad):
     leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
     out = f(*leaves, *scalars)
+    if not out.requires_grad:  # e.g. `a < b`: eager has no graph, every gradient is zero
+        return out.detach(), [torch.zeros_like(t) for t in leaves]
     grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)
     return out.detach(), [gr if gr is not None else torch.zeros_like(t) for gr, t in zip(grads, leaves)]
 
@@ -67,7 +73,7 @@ def check(op, device="cpu", n: int = 4099, dtypes=(torch.float64, torch.float32,
     spec = op.spec
 
     def eager(*args):
-        return evaluate(spec.forward, dict(zip(spec.inputs + spec.scalars, args)))
+        return evaluate_text(spec.text, dict(zip(spec.inputs + spec.scalars, args)))
 
     results = []
     base, scalars = sample_inputs(op, n, device, torch.float64)
