@@ -6,8 +6,8 @@
 """
 
 from .errors import FusegenError
-from .api import FusedOp, fuse
+from .api import FusedOp, Request, fuse, fuse_many
 from .decorator import fused
 
-__all__ = ["fuse", "fused", "FusedOp", "FusegenError"]
+__all__ = ["fuse", "fuse_many", "fused", "FusedOp", "Request", "FusegenError"]
 __version__ = "0.1.0"

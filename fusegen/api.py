@@ -1,11 +1,17 @@
-"""The driver: `fuse` runs the pipeline, stage by stage, and returns a FusedOp.
+"""The driver: text in, a loaded op out, one line per stage.
 
     text --parse--> sympy --differentiate+cse--> OpSpec --print--> C strings
          --render--> files --build--> .so --load--> torch.ops.fusegen.<name>
+
+`generate` runs the stages up to the files, `fuse_many` adds the compiler and the loader
+for many ops at once (one library), and `fuse` is `fuse_many` of one. The in-process
+memo and the check that one name means one expression wrap the pipeline; they are not
+part of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 from dataclasses import dataclass
@@ -13,11 +19,47 @@ from dataclasses import dataclass
 import torch
 
 from . import build as _build
-from .errors import LoadError
-from .parse import Parsed, parse
+from . import names
+from .errors import LoadError, SpecError
+from .parse import Parsed, parse, parse_function
 from .printer import print_op
 from .render import render
 from .spec import OpSpec, differentiate
+
+
+@dataclass(frozen=True)
+class Request:
+    """One op to make: the arguments of `fuse`. With `params`, `expr` is the source of a
+    @fused function instead of one expression."""
+
+    expr: str
+    name: str | None = None
+    inputs: tuple[str, ...] | None = None
+    scalars: tuple[str, ...] = ()
+    params: tuple[str, ...] | None = None
+    command: str | None = None
+
+    @classmethod
+    def of(cls, item) -> "Request":
+        """A Request from what fuse_many accepts: a Request, an expression, or fuse's kwargs."""
+        if isinstance(item, Request):
+            return item
+        if isinstance(item, str):
+            return cls(item)
+        if isinstance(item, dict):
+            unknown = set(item) - {"expr", "name", "inputs", "scalars"}
+            if unknown or "expr" not in item:
+                raise SpecError(f"fuse_many: each dict needs 'expr' and may have 'name', 'inputs', "
+                                f"'scalars'; got keys {sorted(item)}")
+            return cls(item["expr"], item.get("name"), _names_arg("inputs", item.get("inputs")),
+                       _names_arg("scalars", item.get("scalars")) or ())
+        raise SpecError(f"fuse_many: expected expressions (str), dicts of fuse() arguments or "
+                        f"Requests, got {type(item).__name__}")
+
+    def parse(self) -> Parsed:
+        if self.params is None:
+            return parse(self.expr, inputs=self.inputs, scalars=self.scalars)
+        return parse_function(self.expr, list(self.params), list(self.scalars))
 
 
 @dataclass(frozen=True)
@@ -28,10 +70,25 @@ class Generated:
     files: dict
 
 
-def generate(parsed: Parsed, name: str | None = None, command: str | None = None) -> Generated:
-    """parse -> differentiate -> print -> render, without building."""
-    spec = differentiate(parsed, name=name, command=command)
-    return Generated(spec, render(spec, print_op(spec)))
+def generate(request: Request) -> Generated:
+    """Every stage but the compiler: what `fusegen --no-build` writes."""
+    parsed = request.parse()                                                    # parse
+    spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
+    printed = print_op(_with_c_names(spec))                                     # print
+    return Generated(spec, render(spec, printed))                               # render
+
+
+def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
+    library = _build.build([(g.spec.name, g.files) for g in generated])         # build
+    _build.load(library)                                                        # load
+    return [FusedOp(g, library) for g in generated]
+
+
+def _with_c_names(spec: OpSpec) -> OpSpec:
+    """The spec as the C printer must see it: user names renamed to their C names."""
+    user = spec.inputs + spec.scalars
+    return dataclasses.replace(spec, forward_program=names.for_c(spec.forward_program, user),
+                               backward_program=names.for_c(spec.backward_program, user))
 
 
 class FusedOp:
@@ -69,16 +126,43 @@ class FusedOp:
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.spec.text})"
 
 
-# Ops this process has made, by name: the same request returns the same object, and a
-# different expression under a name already registered is an error, not a crash.
+# The in-process memo: the same request returns the same FusedOp, a name loaded once stays
+# loaded (a library must never register an op twice), and a different expression under a
+# name already registered is an error, not a crash.
 _OPS: dict[str, FusedOp] = {}
-_MEMO: dict[tuple, FusedOp] = {}
-_LOCK = threading.Lock()
+_MEMO: dict[Request, FusedOp] = {}
+_LOCK = threading.RLock()
 
 
-def _request_key(expr, name, inputs, scalars):
-    inputs = tuple(inputs.split(",")) if isinstance(inputs, str) else (tuple(inputs) if inputs else None)
-    return (expr, name, inputs, tuple(scalars or ()))
+def load_generated(generated: list[Generated]) -> list[FusedOp]:
+    """Build and load the ops not yet loaded in this process, all in one library."""
+    with _LOCK:
+        todo = []
+        for g in generated:
+            known = _OPS.get(g.spec.name)
+            if known is not None and known.files != g.files:
+                raise LoadError(f"fusegen op '{g.spec.name}' is already defined in this process as "
+                                f"{known.spec.text!r}; expected the same expression, got {g.spec.text!r}. "
+                                "Pick another name.")
+            if known is None and all(t.spec.name != g.spec.name for t in todo):
+                todo.append(g)
+        if todo:
+            for op in _build_and_load(todo):
+                _OPS[op.name] = op
+        return [_OPS[g.spec.name] for g in generated]
+
+
+def fuse_many(requests) -> list[FusedOp]:
+    """Several ops built into one library in one compiler run, loaded, in request order.
+
+    Each item is an expression (`"a*b+c"`), a dict of `fuse`'s arguments
+    (`{"expr": "x*alpha+y", "name": "axpy", "scalars": ["alpha"]}`) or a Request."""
+    requests = [Request.of(r) for r in requests]
+    with _LOCK:
+        new = [r for r in dict.fromkeys(requests) if r not in _MEMO]
+        for request, op in zip(new, load_generated([generate(r) for r in new])):
+            _MEMO[request] = op
+        return [_MEMO[r] for r in requests]
 
 
 def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=()) -> FusedOp:
@@ -88,35 +172,19 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=()) -> Fuse
     fixes the argument order (default: order of first appearance); `scalars` names
     runtime float arguments (changing their value never rebuilds). The op is registered
     as `torch.ops.fusegen.<name>`; its backward is one fused kernel."""
-    key = _request_key(expr, name, inputs, scalars)
+    request = Request(expr, name, _names_arg("inputs", inputs), _names_arg("scalars", scalars) or ())
     with _LOCK:
-        if key in _MEMO:
-            return _MEMO[key]
-    op = fuse_parsed(parse(expr, inputs=inputs, scalars=scalars), name=name)
-    with _LOCK:
-        _MEMO[key] = op
-    return op
+        op = _MEMO.get(request)
+    return op if op is not None else fuse_many([request])[0]
 
 
-def fuse_parsed(parsed: Parsed, name: str | None = None, command: str | None = None) -> FusedOp:
-    return fuse_many([generate(parsed, name=name, command=command)])[0]
-
-
-def fuse_many(generated: list[Generated]) -> list[FusedOp]:
-    """Build several ops into one library (one compile instead of many), load, wrap."""
-    with _LOCK:
-        todo = []
-        for g in generated:
-            known = _OPS.get(g.spec.name)
-            if known is not None and known.files != g.files:
-                raise LoadError(f"fusegen op '{g.spec.name}' is already defined in this process as "
-                                f"{known.spec.text!r}; expected the same expression, got {g.spec.text!r}. "
-                                "Pick another name.")
-            if known is None:
-                todo.append(g)
-        if todo:
-            library = _build.build([(g.spec.name, g.files) for g in todo])
-            _build.load(library)
-            for g in todo:
-                _OPS[g.spec.name] = FusedOp(g, library)
-        return [_OPS[g.spec.name] for g in generated]
+def _names_arg(what: str, value) -> tuple[str, ...] | None:
+    """inputs=/scalars= as a tuple of names: a list or tuple of names, or one string of
+    comma-separated names ("a,b,c", or "beta" for one)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return tuple(p.strip() for p in value.split(","))
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise SpecError(f"{what} must be a list of names or a comma-separated string, got {value!r}")

@@ -112,14 +112,13 @@ def bench_op(op, n: int | None = None) -> list[str]:
 
 def run(sizes, dtypes, with_compile: bool, out_json: str | None):
     import fusegen
-    from fusegen.api import fuse_many, generate
-    from fusegen.parse import parse
+    from fusegen.api import Request, fuse_many
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"device {name}; torch {torch.__version__}; cuda {torch.version.cuda}; fusegen {fusegen.__version__}")
     t = time.perf_counter()
-    ops = dict(zip(MISSION, fuse_many([generate(parse(e), name=f"bench_{k}") for k, (e, *_) in MISSION.items()])))
+    ops = dict(zip(MISSION, fuse_many([Request(e, name=f"bench_{k}") for k, (e, *_) in MISSION.items()])))
     print(f"built/loaded {len(ops)} ops in {time.perf_counter() - t:.1f} s")
     copy = copy_gbs(device)
     print(f"copy rate {copy:.0f} GB/s (bytes read + written)")

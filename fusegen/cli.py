@@ -50,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from .api import fuse_many, generate
-    from .parse import parse
+    from .api import Request, generate, load_generated
     from .render import write
 
-    parsed = parse(args.expr, inputs=args.inputs, scalars=args.scalar)
-    generated = generate(parsed, name=args.name)
+    request = Request.of({"expr": args.expr, "name": args.name, "inputs": args.inputs,
+                          "scalars": args.scalar})
+    generated = generate(request)
     spec = generated.spec
     print(f"op       torch.ops.fusegen.{spec.name}({', '.join(spec.inputs + spec.scalars)})")
     print(f"forward  out = {spec.text}")
@@ -71,7 +71,7 @@ def _run(args) -> int:
         return 0
 
     start = time.perf_counter()
-    op = fuse_many([generated])[0]
+    op = load_generated([generated])[0]
     lib = op.library
     how = f"built in {lib.seconds:.1f} s" if not lib.cached else \
         f"loaded from cache in {time.perf_counter() - start:.2f} s"

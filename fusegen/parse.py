@@ -8,14 +8,15 @@ evaluated: no eval, exec, sympify or parse_expr. Names become real sympy symbols
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 import difflib
-import keyword
-import re
 from dataclasses import dataclass
 
 import sympy
 
 from . import functions as fn
+from . import names
 from .errors import ParseError, SpecError
 
 MAX_LENGTH = 4000      # characters of expression text
@@ -34,7 +35,6 @@ _BINOP_SPELLING = {ast.Mod: "%", ast.FloorDiv: "//", ast.MatMult: "@", ast.LShif
                    ast.RShift: ">>", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
 _COMPARE = {ast.Lt: sympy.Lt, ast.LtE: sympy.Le, ast.Gt: sympy.Gt, ast.GtE: sympy.Ge,
             ast.Eq: sympy.Eq, ast.NotEq: sympy.Ne}
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,8 @@ def symbol(name: str) -> sympy.Symbol:
 
 
 def name_problem(name: object) -> str | None:
-    """Why `name` cannot name something in the generated C++, or None when it can."""
-    if not isinstance(name, str) or not _IDENT.match(name):
-        return "must be a C identifier ([A-Za-z_][A-Za-z0-9_]*)"
-    if name.startswith("__"):
-        return "must not start with '__' (reserved in C++)"
-    if name in fn.RESERVED or keyword.iskeyword(name) or re.match(r"^t\d+$", name):
-        return "is reserved (a function, keyword or generated name); pick another name"
-    return None
+    """Why `name` cannot name an input, scalar or op, or None when it can (names.py)."""
+    return names.name_problem(name)
 
 
 def check_identifier(name: object, what: str) -> str:
@@ -92,7 +86,7 @@ class _Converter:
         if node is None or not hasattr(node, "lineno"):
             raise ParseError(message, self.lines[0], None, hint)
         line = self.lines[min(node.lineno - 1 - self.line_offset, len(self.lines) - 1)]
-        raise ParseError(message, line, node.col_offset if col is None else col, hint)
+        raise ParseError(message, line, _char_col(line, node.col_offset) if col is None else col, hint)
 
     # -- dispatch ---------------------------------------------------------------
     def convert(self, node: ast.AST) -> sympy.Expr:
@@ -116,13 +110,11 @@ class _Converter:
         return _number(float(value))
 
     def _Name(self, node):
+        # A bare name is an input (or a local of a @fused function), as in Python: `e`,
+        # `pi` or `exp` without a call are names the user chose, not constants or functions.
         name = node.id
         if name in self.bindings:
             return self.bindings[name]
-        if name in ("pi", "e", "inf"):
-            self.fail(node, f"bare name '{name}' is ambiguous", f"write math.{name}")
-        if fn.resolve(name):
-            self.fail(node, f"'{name}' is a function", f"call it: {name}(...)")
         problem = name_problem(name)
         if problem:
             self.fail(node, f"input name '{name}' {problem}")
@@ -251,19 +243,57 @@ def _dotted(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
+# Binary operators that chain without nesting: a+b+c+d is one level, as a reader sees it.
+_CHAINS = ({ast.Add, ast.Sub}, {ast.Mult, ast.Div})
+
+
+def _chain(node: ast.AST):
+    return next((c for c in _CHAINS if isinstance(node, ast.BinOp) and type(node.op) in c), None)
+
+
 def _check_limits(text: str, tree: ast.AST):
+    """Size and nesting limits. Nesting counts parentheses and calls, not the length of a
+    flat chain (a 200-term sum is depth 1). Iterative: no recursion on long input."""
     nodes = list(ast.walk(tree))
     if len(nodes) > MAX_NODES:
         raise ParseError(f"expression too large ({len(nodes)} syntax nodes, limit {MAX_NODES})",
                          text[:80] + "...")
-
-    def depth(node, d=0):
+    stack = [(tree, 0)]
+    while stack:
+        node, d = stack.pop()
         if d > MAX_DEPTH:
             raise ParseError(f"expression nested too deeply (limit {MAX_DEPTH})", text[:80] + "...")
         for child in ast.iter_child_nodes(node):
-            depth(child, d + 1)
+            same_chain = _chain(node) is not None and child is getattr(node, "left", None) \
+                and _chain(child) is _chain(node)
+            stack.append((child, d if same_chain else d + 1))
 
-    depth(tree)
+
+def _check_ascii(text: str):
+    """Refuse non-ASCII before Python's parser sees it: it would read the identifier
+    `𝐞𝐱𝐩` as `exp` (NFKC), and its columns are UTF-8 bytes, not characters."""
+    for lineno, line in enumerate(text.splitlines() or [text]):
+        for col, ch in enumerate(line):
+            if ord(ch) > 127:
+                raise ParseError(f"non-ASCII character {ch!r} (U+{ord(ch):04X}) at line {lineno + 1}, "
+                                 f"column {col + 1}", line, col,
+                                 "expected ASCII names, numbers and operators")
+
+
+def _check_ascii_code(source: str):
+    """A function's source may have non-ASCII in its docstring and comments, not in code."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return  # ast.parse reports it
+    for tok in tokens:
+        if tok.type not in (tokenize.STRING, tokenize.COMMENT) and not tok.string.isascii():
+            _check_ascii(tok.line.rstrip("\n"))
+
+
+def _char_col(line: str, byte_col: int) -> int:
+    """ast's col_offset counts UTF-8 bytes; a caret needs characters."""
+    return len(line.encode("utf-8")[:byte_col].decode("utf-8", errors="ignore"))
 
 
 def _check_literals(text: str, tree: sympy.Expr):
@@ -274,6 +304,8 @@ def _check_literals(text: str, tree: sympy.Expr):
 
 
 def _order_names(text: str, seen: list[str], inputs, scalars) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if isinstance(scalars, str):  # scalars="beta" is one name, as inputs="a,b" is a list
+        scalars = [p.strip() for p in scalars.split(",")]
     scalars = tuple(scalars or ())
     for s in scalars:
         check_identifier(s, "scalar")
@@ -315,6 +347,7 @@ def parse(text: str, inputs=None, scalars=()) -> Parsed:
     if len(text) > MAX_LENGTH:
         raise ParseError(f"expression too long ({len(text)} characters, limit {MAX_LENGTH})",
                          text[:80] + "...")
+    _check_ascii(text)
     if "\n" in text or "\r" in text:
         raise ParseError("expression must be one line", text.splitlines()[0] if text.splitlines() else text)
     try:
@@ -340,6 +373,7 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
     """Parse a function body: optional docstring, `name = expr` lines, then `return expr`.
 
     Locals are substituted as sympy trees, so the result is one expression in the params."""
+    _check_ascii_code(source)
     try:
         module = ast.parse(source)
     except SyntaxError as err:

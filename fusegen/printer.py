@@ -231,6 +231,6 @@ def print_program(program: Program, ctype: str, scale: str | None = None) -> Sta
 def print_op(spec: OpSpec) -> PrintedOp:
     return PrintedOp(
         forward={t: print_program(spec.forward_program, t) for t in COMPUTE_TYPES},
-        backward={t: print_program(spec.backward_program, t, scale="grad") for t in COMPUTE_TYPES},
+        backward={t: print_program(spec.backward_program, t, scale="dout") for t in COMPUTE_TYPES},
     )
 

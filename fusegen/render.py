@@ -12,16 +12,19 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import jinja2
 
+from . import names
+
 from .printer import PrintedOp
 from .spec import FUSEGEN_VERSION, OpSpec
 
 # Hand-written headers copied beside every op, so `--out DIR` builds without fusegen.
-HELPERS = ("fusegen.h", "fusegen_cuda.cuh", "fusegen_op.h")
+HELPERS = ("fusegen-math.h", "fusegen-cuda.cuh", "fusegen-op.h")
 
 # Output file -> (template, what the file is, for its header comment).
 TEMPLATES = {
@@ -52,131 +55,56 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
+        extensions=["jinja2.ext.do"],
     )
-    env.filters["add_suffix"] = lambda text, suffix: text + suffix
+    # `fmt` fills a pattern written in the template: "to_acc({}[i])" | fmt on a name.
+    env.filters["fmt"] = lambda value, pattern: pattern.format(value)
+    env.globals["values"] = lambda items: [x.c for x in items]
+    env.globals["grads"] = lambda items: [x.grad for x in items]
     return env
 
 
-def _join(items) -> str:
-    return ", ".join(items)
+@dataclass(frozen=True)
+class Name:
+    """One of the user's names and every C identifier derived from it (names.py)."""
+
+    name: str                     # as the user wrote it: forward schema, error messages
+    index: int = -1               # position among the forward's arguments
+    kernel_index: int = -1        # position among the gradients the backward kernel writes
+
+    def __getattr__(self, role):  # x.vec -> "vec_x", x.gptr -> "gptr_x"
+        if role in names.ROLES:
+            return names.role(role, self.name)
+        raise AttributeError(role)
+
+    @property
+    def c(self) -> str:
+        return names.value(self.name)
 
 
 def _context(spec: OpSpec, printed: PrintedOp) -> dict:
-    """Every string the templates paste. Names: inputs, then outputs, then scalars."""
-    ins, scal = list(spec.inputs), list(spec.scalars)
-    bins, bscal = list(spec.backward_inputs), list(spec.backward_scalars)
-    kgrads = [f"grad_{g.input}" for g in spec.kernel_gradients]
-    nk = len(kgrads)
-
-    math = []
-    for ctype in COMPUTE_TYPES:
-        math.append({
-            "ctype": ctype,
-            "forward_params": _join([f"{ctype} {x}" for x in ins + scal]),
-            "backward_params": _join([f"{ctype} {x}" for x in ["grad"] + bins + bscal]
-                                     + [f"{ctype}& {g}" for g in kgrads]),
-            "forward": printed.forward[ctype],
-            "backward": printed.backward[ctype],
-        })
-
-    acc = "fusegen::acc_t<scalar_t>"
-    cuda = {
-        "forward_params": ",\n    ".join(
-            [f"const scalar_t* __restrict__ {x}" for x in ins] + ["scalar_t* __restrict__ out"]
-            + [f"{acc} {s}" for s in scal]),
-        "forward_vec_call": _join([f"fusegen::to_acc({x}_v.v[k])" for x in ins] + scal),
-        "forward_call": _join([f"fusegen::to_acc({x}[i])" for x in ins] + scal),
-        "forward_launch_params": _join(["fusegen::Dtype dtype", "int64_t n"]
-                                       + [f"const void* {x}" for x in ins] + ["void* out"]
-                                       + [f"double {s}" for s in scal] + ["cudaStream_t stream"]),
-        "forward_pointers": _join(ins + ["out"]),
-        "forward_launch_args": _join([f"static_cast<const scalar_t*>({x})" for x in ins]
-                                     + ["static_cast<scalar_t*>(out)"]
-                                     + [f"static_cast<{acc}>({s})" for s in scal]),
-        "backward_params": ",\n    ".join(
-            [f"const scalar_t* __restrict__ {x}" for x in ["grad"] + bins]
-            + [f"scalar_t* __restrict__ {g}" for g in kgrads] + [f"{acc} {s}" for s in bscal]),
-        "backward_vec_call": _join([f"fusegen::to_acc({x}_v.v[k])" for x in ["grad"] + bins]
-                                   + bscal + [f"{g}_k" for g in kgrads]),
-        "backward_call": _join([f"fusegen::to_acc({x}[i])" for x in ["grad"] + bins]
-                               + bscal + [f"{g}_i" for g in kgrads]),
-        "backward_launch_params": _join(["fusegen::Dtype dtype", "int64_t n"]
-                                        + [f"const void* {x}" for x in ["grad"] + bins]
-                                        + [f"void* {g}" for g in kgrads]
-                                        + [f"double {s}" for s in bscal] + ["cudaStream_t stream"]),
-        "backward_pointers": _join(["grad"] + bins + kgrads),
-        "backward_launch_args": _join([f"static_cast<const scalar_t*>({x})" for x in ["grad"] + bins]
-                                      + [f"static_cast<scalar_t*>({g})" for g in kgrads]
-                                      + [f"static_cast<{acc}>({s})" for s in bscal]),
-    }
-
-    def args_init(names):
-        return "{" + _join([f'{{"{x}", {x}}}' for x in names]) + "}"
-
-    tensor = "const at::Tensor&"
-    mask = f"std::array<bool, {nk}> output_mask"
-    host = {
-        "forward_params": _join([f"{tensor} {x}" for x in ins] + [f"double {s}" for s in scal]),
-        "forward_params_unnamed_scalars": _join([f"{tensor} {x}" for x in ins]
-                                                + [f"double /*{s}*/" for s in scal]),
-        "forward_args": args_init(ins),
-        "forward_names": _join(ins + scal),
-        "forward_cpu_call": _join([f"static_cast<acc_t>({x}_p[i])" for x in ins]
-                                  + [f"static_cast<acc_t>({s})" for s in scal]),
-        "forward_launch_call": _join(["fusegen::kernel_dtype(out.scalar_type())", "n"]
-                                     + [f"in[{j}].const_data_ptr()" for j in range(len(ins))]
-                                     + ["out.mutable_data_ptr()"] + scal
-                                     + ["c10::cuda::getCurrentCUDAStream()"]),
-        "backward_params": _join([f"{tensor} {x}" for x in ["grad"] + bins]
-                                 + [f"double {s}" for s in bscal] + [mask]),
-        "backward_params_unnamed_scalars": _join([f"{tensor} {x}" for x in ["grad"] + bins]
-                                                 + [f"double /*{s}*/" for s in bscal] + [mask]),
-        "backward_args": args_init(["grad"] + bins),
-        "backward_allocs": _join([f"output_mask[{k}] ? layout.empty() : at::Tensor()" for k in range(nk)]),
-        "backward_cpu_call": _join([f"static_cast<acc_t>({x}_p[i])" for x in ["grad"] + bins]
-                                   + [f"static_cast<acc_t>({s})" for s in bscal]
-                                   + [f"{g}_i" for g in kgrads]),
-        "backward_launch_call": _join(["fusegen::kernel_dtype(layout.dtype())", "n"]
-                                      + [f"in[{j}].const_data_ptr()" for j in range(1 + len(bins))]
-                                      + [f"{g}.defined() ? {g}.mutable_data_ptr() : nullptr" for g in kgrads]
-                                      + bscal + ["c10::cuda::getCurrentCUDAStream()"]),
-        "needs_mask": _join([f"ctx->needs_input_grad({spec.inputs.index(g.input)})"
-                             for g in spec.kernel_gradients]),
-        "any_needed": " || ".join(f"output_mask[{k}]" for k in range(nk)),
-        "backward_call_from_saved": _join(["grad"] + [f"saved[{j}]" for j in range(len(bins))]
-                                          + bscal + ["output_mask"]),
-    }
-
-    slots, k = [], 0
-    for index, g in enumerate(spec.gradients):
-        slots.append({"index": index, "input": g.input, "passthrough": g.passthrough,
-                      "kernel_index": None if g.passthrough else k})
-        k += 0 if g.passthrough else 1
-
-    schema = {
-        "forward": f"{spec.name}(" + _join([f"Tensor {x}" for x in ins] + [f"float {s}" for s in scal])
-                   + ") -> Tensor",
-        "backward": f"{spec.name}_backward(" + _join([f"Tensor {x}" for x in ["grad"] + bins]
-                                                    + [f"float {s}" for s in bscal]
-                                                    + [f"bool[{nk}] output_mask"]) + ") -> Tensor[]",
-    }
+    """Names and printed math for the templates; every C spelling is in the templates."""
+    inputs = [Name(x, index=i) for i, x in enumerate(spec.inputs)]
+    by_name = {x.name: x for x in inputs}
+    kernel_grads = [Name(g.input, index=by_name[g.input].index, kernel_index=k)
+                    for k, g in enumerate(spec.kernel_gradients)]
     return {
         "name": spec.name,
-        "class_name": "".join(p.capitalize() for p in spec.name.split("_") if p) + "Function",
+        "ns": names.op_namespace(spec.name),
         "text": spec.text,
         "gradient_lines": spec.summary(),
         "version": FUSEGEN_VERSION,
         "command": spec.command,
-        "inputs": ins,
-        "scalars": scal,
-        "backward_inputs": bins,
-        "backward_scalars": bscal,
-        "kernel_grads": kgrads,
-        "gradient_slots": slots,
-        "math": math,
-        "cuda": cuda,
-        "host": host,
-        "schema": schema,
+        "inputs": inputs,
+        "scalars": [Name(s) for s in spec.scalars],
+        "backward_inputs": [by_name[x] for x in spec.backward_inputs],
+        "backward_scalars": [Name(s) for s in spec.backward_scalars],
+        "kernel_grads": kernel_grads,
+        "passthrough_grads": [by_name[g.input] for g in spec.gradients if g.passthrough],
+        "dout": names.DOUT,
+        "dout_arg": {"name": names.DOUT, "c": names.DOUT},
+        "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}
+                 for t in COMPUTE_TYPES],
     }
 
 

@@ -47,9 +47,9 @@ def test_another_process_loads_the_corpus_without_compiling(corpus_ops):
     script = (
         "import sys, time; sys.path.insert(0, sys.argv[1])\n"
         "from corpus import CORPUS\n"
-        "from fusegen.api import fuse_many, generate\n"
+        "from fusegen.api import Request, fuse_many\n"
         "from fusegen.parse import parse\n"
-        "gen = [generate(parse(c.expr, inputs=c.inputs, scalars=c.scalars), name=c.name) for c in CORPUS]\n"
+        "gen = [Request(c.expr, c.name, c.inputs, c.scalars) for c in CORPUS]\n"
         "t = time.perf_counter(); ops = fuse_many(gen); dt = time.perf_counter() - t\n"
         "print(ops[0].library.cached, ops[0].library.key, round(dt, 3))\n"
     )

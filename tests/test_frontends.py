@@ -37,7 +37,7 @@ def test_cli_no_build_writes_files(tmp_path):
     assert r.returncode == 0, r.stderr
     out = tmp_path / "cli_fma"
     names = {p.name for p in out.iterdir()}
-    assert {"cli_fma.cpp", "cli_fma.cu", "cli_fma.h", "spec.json", "fusegen.h"} <= names
+    assert {"cli_fma.cpp", "cli_fma.cu", "cli_fma.h", "spec.json", "fusegen-math.h"} <= names
     spec = json.loads((out / "spec.json").read_text())
     assert spec["expression"] == "a*b+c" and spec["inputs"] == ["a", "b", "c"] and spec["passthrough"] == ["c"]
     assert "torch.ops.fusegen.cli_fma(a, b, c)" in r.stdout
@@ -227,3 +227,47 @@ def test_fused_rejects_bad_bodies_without_building(monkeypatch):
         @fusegen.fused
         def bad2(x):
             return x * undefined_global  # noqa: F821
+
+
+def test_fused_defaults_and_number_defaults_are_scalars():
+    """Defaults work as in Python; a parameter whose default is a number is a runtime
+    scalar even without an annotation (before: `f(a, b)` raised KeyError: 'beta')."""
+    name = unique("fg_defaults")
+
+    @fusegen.fused(name=name)
+    def f(a, b, beta: float = 1.0, gamma=0.5):
+        return a * beta + b * gamma
+
+    assert f.op.spec.inputs == ("a", "b") and f.op.spec.scalars == ("beta", "gamma")
+    a, b = torch.randn(9, dtype=torch.float64), torch.randn(9, dtype=torch.float64)
+    torch.testing.assert_close(f(a, b), a * 1.0 + b * 0.5)
+    torch.testing.assert_close(f(a, b, 2.0), a * 2.0 + b * 0.5)
+    torch.testing.assert_close(f(a, b, gamma=-1.0), a - b)
+
+
+def test_fused_rejects_a_tensor_default(monkeypatch):
+    monkeypatch.setattr(fbuild, "build", lambda *a, **k: pytest.fail("should not build"))
+    with pytest.raises(FusegenError, match="parameter 'b' has default 'x'"):
+        @fusegen.fused
+        def bad(a, b="x"):
+            return a * b
+
+
+def test_fuse_scalars_as_one_string(corpus_ops, monkeypatch):
+    """scalars="beta" is the name beta, not the scalars b, e, t, a."""
+    monkeypatch.setattr(fbuild, "build", lambda *a, **k: pytest.fail("should not rebuild"))
+    op = fusegen.fuse("x*torch.sigmoid(beta*x) + alpha*y", name="cp_swish_beta", scalars="beta,alpha")
+    assert op is corpus_ops["cp_swish_beta"]
+    with pytest.raises(FusegenError, match="scalar 'beta' is not used"):
+        fusegen.fuse("x*y", name="never_built_scalar", scalars="beta")
+
+
+def test_fuse_many_is_public_and_takes_expressions_and_dicts(corpus_ops, monkeypatch):
+    monkeypatch.setattr(fbuild, "build", lambda *a, **k: pytest.fail("should not rebuild"))
+    fma, swish = fusegen.fuse_many([
+        {"expr": "a*b+c", "name": "cp_fma"},
+        {"expr": "x*torch.sigmoid(beta*x) + alpha*y", "name": "cp_swish_beta", "scalars": ["beta", "alpha"]},
+    ])
+    assert fma is corpus_ops["cp_fma"] and swish is corpus_ops["cp_swish_beta"]
+    with pytest.raises(FusegenError, match="each dict needs 'expr'"):
+        fusegen.fuse_many([{"expression": "a*b"}])

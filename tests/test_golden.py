@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fusegen.api import generate
+from fusegen.api import Request, generate
 from fusegen.parse import parse
 from fusegen.render import write
 
@@ -35,7 +35,7 @@ def test_generated_holds_exactly_the_seeds():
 
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_golden(name):
-    files = generate(parse(SEEDS[name]), name=name).files
+    files = generate(Request(SEEDS[name], name=name)).files
     if os.environ.get("FUSEGEN_UPDATE_GOLDEN") == "1":
         write(files, GENERATED / name)
     on_disk = {p.name: p.read_text() for p in (GENERATED / name).iterdir() if p.is_file()}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from fusegen.api import fuse_many, generate
+from fusegen.api import Request, fuse_many
 from fusegen.check import check, rel_error
 from fusegen.parse import parse
 from fusegen.reference import evaluate
@@ -24,13 +24,13 @@ def main() -> int:
     assert torch.cuda.is_available(), "needs a GPU"
     specs = [json.loads(p.read_text()) for p in sorted(ROOT.glob("generated/*/spec.json"))]
     t = time.perf_counter()
-    ops = fuse_many([generate(parse(s["expression"], inputs=s["inputs"], scalars=s["scalars"]), name=s["name"])
+    ops = fuse_many([Request(s["expression"], s["name"], tuple(s["inputs"]), tuple(s["scalars"]))
                      for s in specs])
     lib = ops[0].library
     print(f"built {len(ops)} seed ops with CUDA in {time.perf_counter() - t:.1f} s "
           f"(cached={lib.cached}, build {lib.seconds:.1f} s)")
     t = time.perf_counter()
-    again = fuse_many([generate(parse(s["expression"], inputs=s["inputs"]), name=s["name"]) for s in specs])
+    again = fuse_many([Request(s["expression"], s["name"], tuple(s["inputs"]), tuple(s["scalars"])) for s in specs])
     print(f"second fuse of the same ops: {1e3 * (time.perf_counter() - t):.1f} ms (same objects: {again == ops})")
     failures = 0
     for op in ops:

@@ -1,0 +1,106 @@
+"""Every identifier the generated C++ declares: one table, read by the parser and the renderer.
+
+A user may name an input, a scalar or an op with any identifier except a C/C++/CUDA
+keyword or a `__`-prefixed name (reserved for the implementation). So that no such name
+can collide with the generated code's own names, with another user name's derived names,
+or with a function or macro of the headers the code includes (`expf`, `INFINITY`,
+`int64_t`, ...), a user's name never appears bare in C: it appears as `<role>_<name>`,
+where `<role>` is one of ROLES. A role has no underscore, so `<role>_<name>` decodes to
+exactly one (role, name) pair; and none of the generated code's own names (LOCALS) starts
+with a role and an underscore. An op's code lives in the namespace `fusegen::op_<op name>`,
+so ops bundled into one translation unit never collide either.
+
+The forward schema keeps the user's names (they are the op's keyword arguments in
+Python); the backward schema uses the C names, since it also has `dout` and `output_mask`.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+
+# role -> what an identifier `<role>_<name>` holds.
+ROLES = {
+    "in": "the value of input or scalar <name>: math parameter, kernel pointer, host argument",
+    "grad": "the gradient of input <name>: math result, kernel pointer, host tensor",
+    "vec": "16 bytes of input <name>, loaded at once (CUDA)",
+    "gvec": "16 bytes of the gradient of <name>, stored at once (CUDA)",
+    "gval": "one element of the gradient of <name>, in the compute type",
+    "ptr": "the data pointer of input <name> (CPU)",
+    "gptr": "the data pointer of the gradient of <name> (CPU)",
+}
+
+# The generated code's own local names. None may start with `<role>_` (tests check).
+LOCALS = frozenset("""
+    out out_v out_p dout dout_v dout_p n n_vec i k v stride first scalar_t acc_t kVec tag
+    layout flat grads saved computed next output_mask ctx douts begin end device_guard stream dtype
+    below_autograd op
+""".split())
+
+# Temporaries of the straight-line math: t0, t1, ... (`t` is not a role).
+TEMP_PREFIX = "t"
+
+# The incoming gradient (d loss / d out) in the math and the backward schema.
+DOUT = "dout"
+
+# C, C++ and CUDA keywords and the CUDA built-in variables: a name may not be one, because
+# the forward schema and the error messages spell it as written, and a reader would stumble.
+C_KEYWORDS = frozenset("""
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
+    char16_t char32_t class compl concept const consteval constexpr constinit const_cast
+    continue co_await co_return co_yield decltype default delete do double dynamic_cast else
+    enum explicit export extern false float for friend goto if inline int long mutable
+    namespace new noexcept not not_eq nullptr operator or or_eq private protected public
+    register reinterpret_cast requires restrict return short signed sizeof static
+    static_assert static_cast struct switch template this thread_local throw true try typedef
+    typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq
+    threadIdx blockIdx blockDim gridDim warpSize
+""".split())
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def name_problem(name: object) -> str | None:
+    """Why `name` cannot be a user's input, scalar or op name, or None when it can."""
+    if not isinstance(name, str) or not _IDENT.fullmatch(name):
+        return "must be an ASCII identifier ([A-Za-z_][A-Za-z0-9_]*)"
+    if name.startswith("__"):
+        return "must not start with '__' (reserved in C++)"
+    if name in C_KEYWORDS or keyword.iskeyword(name):
+        return "is a C++/CUDA keyword; pick another name"
+    return None
+
+
+def value(name: str) -> str:
+    """`in_<name>`: the C name of input or scalar `name`."""
+    return f"in_{name}"
+
+
+def grad(name: str) -> str:
+    """`grad_<name>`: the C name of input `name`'s gradient."""
+    return f"grad_{name}"
+
+
+def role(role_name: str, name: str) -> str:
+    """`<role>_<name>` for any role in ROLES."""
+    assert role_name in ROLES, role_name
+    return f"{role_name}_{name}"
+
+
+def for_c(program, user_names, gradient_symbol=None):
+    """`program` (a spec.Program) with every user name renamed to its C name (`x` -> `in_x`)
+    and the incoming gradient's symbol to `dout`, ready for the C printer."""
+    import sympy
+
+    rename = {sympy.Symbol(n, real=True): sympy.Symbol(value(n), real=True) for n in user_names}
+    if gradient_symbol is not None:
+        rename[gradient_symbol] = sympy.Symbol(DOUT, real=True)
+    return type(program)(
+        temps=tuple((s, e.xreplace(rename)) for s, e in program.temps),
+        results=tuple((r, e.xreplace(rename)) for r, e in program.results),
+    )
+
+
+def op_namespace(op_name: str) -> str:
+    """The C++ namespace (inside `fusegen`) that holds one op's code."""
+    return f"op_{op_name}"
