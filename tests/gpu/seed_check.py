@@ -14,7 +14,6 @@ import torch
 
 from fusegen.api import Request, fuse_many
 from fusegen.check import check, rel_error
-from fusegen.parse import parse
 from fusegen.reference import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
