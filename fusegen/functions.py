@@ -1,9 +1,20 @@
-"""The tables: which function names an expression may use, and what they mean.
+"""The tables: which function names an expression may use, and the nodes it is made of.
 
 Only this file says which names exist. Each entry maps a user-facing name to its
-parameters (so `clamp(x, min=0)` works as in torch) and a builder that returns a
-sympy tree. The sympy functions defined here carry PyTorch's derivative
-conventions in their `fdiff`, so `sympy.diff` yields exactly what autograd does.
+parameters (so `clamp(x, min=0)` works as in torch) and a builder that returns a tree.
+
+The tree is made of `Node`s, one per eager PyTorch operation (`Times` is `torch.mul`,
+`Divide` is `torch.div`, `Clamp` is `torch.clamp`, ...), kept exactly as the user wrote
+them. A Node is a sympy Function that sympy never evaluates: sympy's algebra would change
+values that eager PyTorch gives (`a*0 -> 0` at a = inf, `a - a -> 0`, `exp(log(x)) -> x`
+at x < 0, `Min(Min(a, b), c) -> Min(a, b, c)` at ties, `sqrt(x**2) -> |x|`, ...). sympy
+still hashes, compares and shares (cse) these trees; differentiation is spec.py's reverse
+pass, which applies PyTorch's own backward formula to each node.
+
+The builders (`add`, `mul`, `div`, `power`, ...) fold numbers as Python would (in IEEE
+double) and apply only rewrites that are exact in IEEE arithmetic for every input:
+`x*1 -> x`, `x/1 -> x`, `x - 0 -> x`, `-(-x) -> x`, `x**1 -> x` and `x**0 -> 1` (torch
+fills 1 there, NaN included). Nothing else is simplified, so `x*0` stays a product.
 """
 
 from __future__ import annotations
@@ -13,113 +24,205 @@ from dataclasses import dataclass
 from typing import Callable
 
 import sympy
-from sympy.codegen.cfunctions import expm1, log1p
 
 
-class Sigmoid(sympy.Function):
-    """1 / (1 + exp(-x)). Kept opaque so its derivative is s*(1-s), finite for any x."""
+class Node(sympy.Function):
+    """One eager operation. Never evaluated, reordered or simplified by sympy."""
 
-    nargs = 1
+    # The name in the expression language, for notation.py (infix operators print there).
+    user_name: str | None = None
+    # A condition (comparison, and, or): a bool in C, only ever the first argument of Where.
+    boolean = False
 
-    def _on_numbers(cls, x):
-        if x.is_Number:
-            return 1 / (1 + sympy.exp(-x))
-        return None
+    @classmethod
+    def _should_evalf(cls, arg):
+        return -1  # never replace a node of Float arguments by a number
 
-    # sympy calls `cls.eval` when the function is built; bound by assignment so the name
-    # never reads as a call of Python's eval in a security grep.
-    eval = classmethod(_on_numbers)
-
-    def fdiff(self, argindex=1):
-        return self * (1 - self)
+    # Function.eval returns None by default: sympy builds the node as it is.
 
 
-class Sign(sympy.Function):
-    """sign(x) with a zero derivative everywhere, as torch.sign has."""
-
-    nargs = 1
-
-    def _on_numbers(cls, x):
-        if x.is_Number:
-            return sympy.sign(x)
-        return None
-
-    eval = classmethod(_on_numbers)  # sympy's construction hook (see Sigmoid)
-
-    def fdiff(self, argindex=1):
-        return sympy.Integer(0)
+def _node(name: str, nargs: int, user_name: str | None = None, condition: bool = False):
+    return type(name, (Node,), {"nargs": nargs, "user_name": user_name or name.lower(),
+                                "boolean": condition, "__module__": __name__})
 
 
-def indicator(condition) -> sympy.Expr:
-    """A boolean as a number: 1 where `condition` holds, else 0 (gradient 0)."""
-    return sympy.Piecewise((sympy.Integer(1), condition), (sympy.Integer(0), True))
+# -- arithmetic (Python's operators on tensors) ---------------------------------------------
+Plus = _node("Plus", 2, "+")              # torch.add
+Minus = _node("Minus", 2, "-")            # torch.sub
+Times = _node("Times", 2, "*")            # torch.mul
+Divide = _node("Divide", 2, "/")          # torch.div (true division)
+Negative = _node("Negative", 1, "-")      # torch.neg
+Reciprocal = _node("Reciprocal", 1)       # torch.reciprocal (Python's `number / tensor`)
+Power = _node("Power", 2, "pow")          # torch.pow: tensor ** number, number ** tensor, tensor ** tensor
+
+# -- functions ---------------------------------------------------------------------------
+Abs = _node("Abs", 1)
+Exp = _node("Exp", 1)
+Expm1 = _node("Expm1", 1)
+Log = _node("Log", 1)
+Log1p = _node("Log1p", 1)
+Sqrt = _node("Sqrt", 1)
+Rsqrt = _node("Rsqrt", 1)
+Sin = _node("Sin", 1)
+Cos = _node("Cos", 1)
+Tan = _node("Tan", 1)
+Tanh = _node("Tanh", 1)
+Atan = _node("Atan", 1)
+Sigmoid = _node("Sigmoid", 1)             # 1 / (1 + exp(-x)); derivative s*(1-s), finite for any x
+Relu = _node("Relu", 1)                   # clamp_min(x, 0): NaN stays NaN
+Erf = _node("Erf", 1)
+Erfc = _node("Erfc", 1)
+Sign = _node("Sign", 1)                   # -1, 0 or 1 (0 for NaN); zero gradient
+Maximum = _node("Maximum", 2)             # NaN-propagating; ties split the gradient
+Minimum = _node("Minimum", 2)
+Clamp = _node("Clamp", 3)                 # clamp(x, lo, hi); an absent bound is -oo / oo
+Where = _node("Where", 3)                 # where(condition, a, b)
+
+# -- conditions (bool tensors) -------------------------------------------------------------
+Less = _node("Less", 2, "<", condition=True)
+LessEqual = _node("LessEqual", 2, "<=", condition=True)
+Greater = _node("Greater", 2, ">", condition=True)
+GreaterEqual = _node("GreaterEqual", 2, ">=", condition=True)
+Equal = _node("Equal", 2, "==", condition=True)
+NotEqual = _node("NotEqual", 2, "!=", condition=True)
+LogicalAnd = _node("LogicalAnd", 2, "&", condition=True)  # torch.logical_and
+LogicalOr = _node("LogicalOr", 2, "|", condition=True)  # torch.logical_or
+
+COMPARISONS = (Less, LessEqual, Greater, GreaterEqual, Equal, NotEqual)
 
 
-class Clamp(sympy.Function):
-    """clamp(x, lo, hi) = min(max(x, lo), hi), with torch.clamp's gradients:
-    x gets the gradient inside [lo, hi] (bounds included); lo gets it where x < lo < hi;
-    hi gets it where x > hi or hi < lo (torch returns hi when the bounds cross)."""
-
-    nargs = 3
-
-    def _on_numbers(cls, x, lo, hi):
-        if x.is_Number and lo.is_Number and hi.is_Number:
-            return sympy.Min(sympy.Max(x, lo), hi)
-        return None
-
-    eval = classmethod(_on_numbers)  # sympy's construction hook (see Sigmoid)
-
-    def fdiff(self, argindex=1):
-        x, lo, hi = self.args
-        table = {
-            1: sympy.And(x >= lo, x <= hi),
-            2: sympy.And(x < lo, lo < hi),
-            3: sympy.Or(x > hi, hi < lo),
-        }
-        return indicator(table[argindex])
+def is_condition(expr) -> bool:
+    return isinstance(expr, Node) and expr.boolean
 
 
-class Power(sympy.Function):
-    """a ** b for a non-constant exponent, with torch.pow's gradients:
-    d/da = b * a**(b-1), zero where b == 0; d/db = a**b * log(a), zero where a == 0 and b >= 0.
-    (sympy's own Pow gives b*a**b/a, which is NaN at a == 0.)"""
+# -- numbers ---------------------------------------------------------------------------------
 
-    nargs = 2
-
-    def fdiff(self, argindex=1):
-        a, b = self.args
-        if argindex == 1:
-            return sympy.Piecewise((sympy.Integer(0), sympy.Eq(b, 0)), (b * Power(a, b - 1), True))
-        return sympy.Piecewise(
-            (sympy.Integer(0), sympy.And(sympy.Eq(a, 0), b >= 0)), (self * sympy.log(a), True)
-        )
+def number(value: float) -> sympy.Expr:
+    """A Python number as a literal: integral values become exact integers (x**2.0 prints
+    like x**2), infinities sympy's oo, NaN sympy's nan."""
+    value = float(value)
+    if math.isnan(value):
+        return sympy.nan
+    if math.isinf(value):
+        return sympy.oo if value > 0 else -sympy.oo
+    return sympy.Integer(int(value)) if value.is_integer() else sympy.Float(value)
 
 
-def power(base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
-    """`**` and pow(): sympy's Pow where the exponent is a constant (x**2 -> 2*x is right
-    everywhere), our Power where it varies."""
-    if exponent.is_Number or exponent.free_symbols == set():
-        return sympy.Pow(base, exponent)
+def is_number(expr) -> bool:
+    return isinstance(expr, sympy.Expr) and (expr.is_Number or expr in (sympy.oo, -sympy.oo, sympy.nan))
+
+
+def _value(expr) -> float:
+    return float(expr)
+
+
+def _fold(op: Callable[[float, float], float], *args) -> sympy.Expr:
+    """Numbers only, computed as Python computes them (IEEE double); a division by zero is
+    refused as Python refuses it."""
+    values = [_value(a) for a in args]
+    try:
+        return number(op(*values))
+    except ZeroDivisionError:
+        raise ValueError("division by zero in a constant") from None
+    except OverflowError:
+        return number(math.inf)
+
+
+# -- builders: the only way nodes are made --------------------------------------------------
+
+def add(a, b):
+    if is_number(a) and is_number(b):
+        return _fold(lambda x, y: x + y, a, b)
+    return Plus(a, b)
+
+
+def sub(a, b):
+    if is_number(a) and is_number(b):
+        return _fold(lambda x, y: x - y, a, b)
+    if b == 0:
+        return a  # x - 0 == x, -0.0 and NaN included
+    return Minus(a, b)
+
+
+def mul(a, b):
+    if is_number(a) and is_number(b):
+        return _fold(lambda x, y: x * y, a, b)
+    if b == 1:
+        return a
+    if a == 1:
+        return b
+    if b == -1:
+        return neg(a)
+    if a == -1:
+        return neg(b)
+    return Times(a, b)
+
+
+def div(a, b):
+    """Python's `/`: `tensor / x` is torch.div; `number / tensor` is Tensor.__rtruediv__,
+    which eager computes as `tensor.reciprocal() * number`."""
+    if is_number(a) and is_number(b):
+        return _fold(lambda x, y: x / y, a, b)
+    if is_number(a):
+        return mul(Reciprocal(b), a)
+    if b == 1:
+        return a
+    return Divide(a, b)
+
+
+def neg(a):
+    if is_number(a):
+        return _fold(lambda x: -x, a)
+    if isinstance(a, Negative):
+        return a.args[0]
+    return Negative(a)
+
+
+def power(base, exponent):
+    """`**` and pow(). torch.pow(x, 0) fills 1 and torch.pow(x, 1) copies x, so those two
+    exponents fold; every other power is a node (the printer spells torch's special cases)."""
+    if is_number(base) and is_number(exponent):
+        return _fold(_float_pow, base, exponent)
+    if is_number(exponent) and exponent == 0:
+        return sympy.Integer(1)
+    if is_number(exponent) and exponent == 1:
+        return base
     return Power(base, exponent)
 
 
+def _float_pow(x: float, y: float) -> float:
+    value = x ** y
+    if isinstance(value, complex):
+        return math.nan  # (-8.0) ** (1/3): torch gives NaN
+    return value
+
+
 def relu(x):
-    return sympy.Piecewise((x, x > 0), (sympy.Integer(0), True))
+    return Relu(x)
 
 
 def where(condition, a, b):
-    """`condition` is a sympy relational from the parser, or a number that is tested != 0."""
-    # Not `Boolean`: a sympy Symbol is a Boolean too, and where(x, a, b) must test x != 0.
-    if not isinstance(condition, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
-                                  sympy.logic.boolalg.BooleanAtom)):
-        condition = sympy.Ne(condition, 0)
-    return sympy.Piecewise((a, condition), (b, True))
+    """`condition` is a comparison from the parser, or a number that is tested != 0."""
+    if not is_condition(condition):
+        condition = NotEqual(condition, sympy.Integer(0))
+    return Where(condition, a, b)
+
+
+def indicator(condition) -> sympy.Expr:
+    """A comparison used as a number: 1 where it holds, else 0 (a bool tensor promoted to
+    float in eager; no gradient flows into a comparison)."""
+    return Where(condition, sympy.Integer(1), sympy.Integer(0))
 
 
 def clamp(x, lo=None, hi=None):
     lo = -sympy.oo if lo is None else lo
     hi = sympy.oo if hi is None else hi
     return Clamp(x, lo, hi)
+
+
+def has_bound(bound) -> bool:
+    """An absent clamp bound is stored as -oo / oo (and behaves the same)."""
+    return bound not in (sympy.oo, -sympy.oo)
 
 
 @dataclass(frozen=True)
@@ -136,25 +239,25 @@ def _unary(f):
 
 
 FUNCTIONS: dict[str, Function] = {
-    "abs": _unary(sympy.Abs),
-    "exp": _unary(sympy.exp),
-    "expm1": _unary(expm1),
-    "log": _unary(sympy.log),
-    "log1p": _unary(log1p),
-    "sqrt": _unary(sympy.sqrt),
-    "rsqrt": _unary(lambda x: 1 / sympy.sqrt(x)),
-    "sin": _unary(sympy.sin),
-    "cos": _unary(sympy.cos),
-    "tan": _unary(sympy.tan),
-    "tanh": _unary(sympy.tanh),
-    "atan": _unary(sympy.atan),
+    "abs": _unary(Abs),
+    "exp": _unary(Exp),
+    "expm1": _unary(Expm1),
+    "log": _unary(Log),
+    "log1p": _unary(Log1p),
+    "sqrt": _unary(Sqrt),
+    "rsqrt": _unary(Rsqrt),
+    "sin": _unary(Sin),
+    "cos": _unary(Cos),
+    "tan": _unary(Tan),
+    "tanh": _unary(Tanh),
+    "atan": _unary(Atan),
     "sigmoid": _unary(Sigmoid),
     "relu": _unary(relu),
-    "erf": _unary(sympy.erf),
-    "erfc": _unary(sympy.erfc),
+    "erf": _unary(Erf),
+    "erfc": _unary(Erfc),
     "sign": _unary(Sign),
-    "maximum": Function(("input", "other"), sympy.Max),
-    "minimum": Function(("input", "other"), sympy.Min),
+    "maximum": Function(("input", "other"), Maximum),
+    "minimum": Function(("input", "other"), Minimum),
     "clamp": Function(("input", "min", "max"), clamp, optional=2),
     "pow": Function(("input", "exponent"), power),
     "where": Function(("condition", "input", "other"), where),
@@ -166,7 +269,9 @@ ALIASES = {"clip": "clamp", "fabs": "abs", "absolute": "abs", "max": "maximum", 
 # Module prefixes accepted before a function name, as dotted paths.
 PREFIXES = ("torch", "torch.nn.functional", "F", "nn.functional", "math", "torch.special")
 
-CONSTANTS = {"math.pi": sympy.pi, "math.e": sympy.E, "torch.pi": sympy.pi, "torch.e": sympy.E,
+# Python's float values of the constants (math.pi is a double, as in eager Python).
+CONSTANTS = {"math.pi": sympy.Float(math.pi), "math.e": sympy.Float(math.e),
+             "torch.pi": sympy.Float(math.pi), "torch.e": sympy.Float(math.e),
              "math.inf": sympy.oo, "torch.inf": sympy.oo}
 
 # Names an input may not take: they would shadow a function or a C/CUDA spelling in the

@@ -24,17 +24,18 @@ MAX_DEPTH = 48         # nesting depth of the syntax tree
 MAX_NODES = 2000       # syntax nodes in one expression
 MAX_INT = 2 ** 53      # integer literals beyond this are not exact in double anyway
 
+# Python's operators on tensors, one eager op each (functions.py keeps them as written).
 _BINOPS = {
-    ast.Add: lambda a, b: a + b,
-    ast.Sub: lambda a, b: a - b,
-    ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b,
+    ast.Add: fn.add,
+    ast.Sub: fn.sub,
+    ast.Mult: fn.mul,
+    ast.Div: fn.div,
     ast.Pow: None,  # handled by _pow: constant folding needs a guard
 }
 _BINOP_SPELLING = {ast.Mod: "%", ast.FloorDiv: "//", ast.MatMult: "@", ast.LShift: "<<",
                    ast.RShift: ">>", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
-_COMPARE = {ast.Lt: sympy.Lt, ast.LtE: sympy.Le, ast.Gt: sympy.Gt, ast.GtE: sympy.Ge,
-            ast.Eq: sympy.Eq, ast.NotEq: sympy.Ne}
+_COMPARE = {ast.Lt: fn.Less, ast.LtE: fn.LessEqual, ast.Gt: fn.Greater, ast.GtE: fn.GreaterEqual,
+            ast.Eq: fn.Equal, ast.NotEq: fn.NotEqual}
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class _Converter:
     def _UnaryOp(self, node):
         operand = self.convert(node.operand)
         if isinstance(node.op, ast.USub):
-            return -operand
+            return fn.neg(operand)
         if isinstance(node.op, ast.UAdd):
             return operand
         self.fail(node, f"unsupported unary operator {type(node.op).__name__}", "expected - or +")
@@ -146,7 +147,10 @@ class _Converter:
         left, right = self.convert(node.left), self.convert(node.right)
         if op is ast.Pow:
             return self._pow(node, left, right)
-        return _BINOPS[op](left, right)
+        try:
+            return _BINOPS[op](left, right)
+        except ValueError as err:  # 1/0 between constants
+            self.fail(node, str(err))
 
     def _operator_col(self, node, spelled):
         """The caret goes under the operator, not under the start of its left operand
@@ -229,7 +233,7 @@ class _Converter:
 
 def _number(value: float) -> sympy.Expr:
     """Integral literals become exact integers so x**2.0 prints like x**2."""
-    return sympy.Integer(int(value)) if value.is_integer() else sympy.Float(value)
+    return fn.number(value)
 
 
 def _dotted(node: ast.AST) -> str | None:

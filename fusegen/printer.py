@@ -1,20 +1,22 @@
 """The only place that knows C spellings.
 
-`CPrinter` subclasses sympy's C99 printer for one compute type ("float" or "double"):
-`expf` vs `exp`, `2.0f` vs `2.0`, `x*x` instead of `powf(x, 2)`, literal pi instead of
-the double macro `M_PI`, and NaN-propagating maximum/minimum (C's fmaxf drops NaN,
-torch.maximum keeps it). The helpers it calls (`fusegen::maximum`, ...) live in
-templates/fusegen.h.
+`CPrinter` prints functions.py's nodes for one compute type ("float" or "double"), one
+eager PyTorch operation each, as that operation computes its element: `expf` vs `exp`,
+`2.0f` vs `2.0`, true division as `/`, torch.pow's special exponents (`x*x`, `sqrtf`,
+`1.0f/x`, ...), NaN-propagating maximum/minimum, clamp with std::max/std::min's ties. C's
+left-to-right evaluation of `a + b + c` and `a*b*c` is the order eager uses, so operands
+are parenthesised only where the tree nests the other way. The helpers it calls
+(`fusegen::maximum`, ...) live in templates/fusegen.h.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import sympy
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
-from sympy.printing.precedence import PRECEDENCE, precedence
 
 from . import functions as fn
 from .spec import OpSpec, Program
@@ -22,30 +24,44 @@ from .spec import OpSpec, Program
 COMPUTE_TYPES = {"float": float32, "double": float64}
 LITERAL_SUFFIX = {"float": "f", "double": ""}
 
-# Small integer powers as torch computes them (pow_tensor_scalar special-cases these).
-_POW_BY_MULTIPLY = {2: 2, 3: 3}
+# C precedence levels (higher binds tighter).
+_ATOM, _UNARY, _MUL, _ADD, _REL, _EQ, _AND, _OR = 100, 90, 50, 40, 30, 25, 15, 10
 
-# sympy relational class -> C operator
-_REL_OPS = {"StrictGreaterThan": ">", "StrictLessThan": "<", "GreaterThan": ">=",
-            "LessThan": "<=", "Equality": "==", "Unequality": "!="}
+_INFIX = {fn.Plus: ("+", _ADD), fn.Minus: ("-", _ADD), fn.Times: ("*", _MUL), fn.Divide: ("/", _MUL),
+          fn.Less: ("<", _REL), fn.LessEqual: ("<=", _REL), fn.Greater: (">", _REL),
+          fn.GreaterEqual: (">=", _REL), fn.Equal: ("==", _EQ), fn.NotEqual: ("!=", _EQ)}
+
+# Nodes that are one C math function of the same name (`expf` in float).
+_MATH = {fn.Abs: "fabs", fn.Exp: "exp", fn.Expm1: "expm1", fn.Log: "log", fn.Log1p: "log1p",
+         fn.Sqrt: "sqrt", fn.Sin: "sin", fn.Cos: "cos", fn.Tan: "tan", fn.Tanh: "tanh",
+         fn.Atan: "atan", fn.Erf: "erf", fn.Erfc: "erfc"}
+
+# Nodes that are a helper of fusegen.h.
+_HELPERS = {fn.Sigmoid: "sigmoid", fn.Sign: "sign", fn.Relu: "relu",
+            fn.Maximum: "maximum", fn.Minimum: "minimum"}
 
 
 class CPrinter(C99CodePrinter):
-    """sympy -> C for one compute type. Every override below exists because the default
-    spelling is wrong for us (precision, NaN behaviour or readability)."""
+    """functions.py's nodes -> C for one compute type."""
 
     def __init__(self, compute_type: str):
         super().__init__({"type_aliases": {real: COMPUTE_TYPES[compute_type]}})
         self.ctype = compute_type
         self.suffix = LITERAL_SUFFIX[compute_type]
 
+    @property
+    def _fsuffix(self):
+        return "f" if self.ctype == "float" else ""
+
     # -- literals --------------------------------------------------------------
     def literal(self, value: float) -> str:
+        if math.isnan(value):
+            return "NAN"
+        if math.isinf(value):
+            return "INFINITY" if value > 0 else "-INFINITY"
         text = repr(float(value))
-        if "e" not in text and "." not in text and "inf" not in text:
+        if "e" not in text and "." not in text:
             text += ".0"
-        if text in ("inf", "-inf"):
-            return ("-" if text[0] == "-" else "") + "INFINITY"
         return text + self.suffix
 
     def _print_Float(self, expr):
@@ -63,112 +79,131 @@ class CPrinter(C99CodePrinter):
 
     _print_Half = _print_Rational
 
-    def _print_Pi(self, expr):
-        return self.literal(3.141592653589793)
-
-    def _print_Exp1(self, expr):
-        return self.literal(2.718281828459045)
-
     def _print_Infinity(self, expr):
         return "INFINITY"
 
     def _print_NegativeInfinity(self, expr):
         return "-INFINITY"
 
-    # -- powers ------------------------------------------------------------------
-    def parenthesize(self, item, level, strict=False):
-        # x**2 prints as x*x; inside a product (y/(x*x)) it needs its own parentheses.
-        # (sympy's Add prints its terms without calling parenthesize, so `x*x + 1` stays bare.)
-        if isinstance(item, sympy.Pow) and item.exp.is_Integer and int(item.exp) in _POW_BY_MULTIPLY:
-            return f"({self._print(item)})"
-        # A positive rational prints as one literal (0.5f), which needs no parentheses.
-        if isinstance(item, sympy.Rational) and item > 0:
-            return self._print(item)
-        return super().parenthesize(item, level, strict)
+    def _print_NaN(self, expr):
+        return "NAN"
 
-    def _print_Pow(self, expr):
-        base, exp = expr.args
-        b = self.parenthesize(base, precedence(expr))
-        if exp.is_Integer and abs(int(exp)) in _POW_BY_MULTIPLY:
-            product = "*".join([b] * abs(int(exp)))
-            return product if exp > 0 else f"{self.literal(1)}/({product})"
-        if exp == -1:
-            return f"{self.literal(1)}/{b}"
-        if exp.is_Number and float(exp) == 0.5:  # 1/2 or 0.5: torch computes x**0.5 as sqrt
-            return f"sqrt{self._fsuffix}({self._print(base)})"
-        if exp.is_Number and float(exp) == -0.5:
-            return f"{self.literal(1)}/sqrt{self._fsuffix}({self._print(base)})"
-        return f"pow{self._fsuffix}({self._print(base)}, {self._print(exp)})"
+    # -- structure ---------------------------------------------------------------
+    def precedence_of(self, expr) -> int:
+        t = type(expr)
+        if t in _INFIX:
+            return _INFIX[t][1]
+        if t is fn.Negative or (fn.is_number(expr) and expr.is_extended_negative):
+            return _UNARY
+        if t is fn.Reciprocal or t is fn.Rsqrt:
+            return _MUL
+        if t is fn.Power and fn.is_number(expr.args[1]) and expr.args[1] in (2, 3, -2, -1, -0.5):
+            return _MUL
+        if t is fn.LogicalAnd:
+            return _AND
+        if t is fn.LogicalOr:
+            return _OR
+        return _ATOM
 
-    @property
-    def _fsuffix(self):
-        return "f" if self.ctype == "float" else ""
+    def operand(self, expr, level: int, right: bool = False) -> str:
+        """`expr` as an operand of an operator of precedence `level`. A right operand of the
+        same level needs parentheses (C groups a - b - c as (a - b) - c); so does a negative
+        one, and a product that stands for one operation (x*x, 1.0f/x), for the reader."""
+        p = self.precedence_of(expr)
+        text = self._print(expr)
+        if p < level or (right and p == level) or (right and p == _UNARY):
+            return f"({text})"
+        if p == _MUL and type(expr) in (fn.Reciprocal, fn.Rsqrt, fn.Power) and level >= _MUL:
+            return f"({text})"
+        return text
+
+    def _infix(self, expr):
+        op, level = _INFIX[type(expr)]
+        left, right = expr.args
+        joiner = op if level == _MUL else f" {op} "
+        return f"{self.operand(left, level)}{joiner}{self.operand(right, level, right=True)}"
+
+    _print_Plus = _print_Minus = _print_Times = _print_Divide = _infix
+    _print_Less = _print_LessEqual = _print_Greater = _print_GreaterEqual = _infix
+    _print_Equal = _print_NotEqual = _infix
+
+    def _print_Negative(self, expr):
+        (x,) = expr.args
+        inner = self._print(x)
+        if self.precedence_of(x) <= _UNARY:
+            return f"-({inner})"
+        return f"-{inner}"
+
+    def _print_LogicalAnd(self, expr):
+        return " && ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_LogicalOr(self, expr):
+        return " || ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_Where(self, expr):
+        c, a, b = expr.args
+        return f"({self._print(c)} ? {self._print(a)} : {self._print(b)})"
+
+    # -- operations ----------------------------------------------------------------
+    def _call(self, name, *args):
+        return f"{name}({', '.join(self._print(a) for a in args)})"
+
+    def _print_Node(self, expr):
+        t = type(expr)
+        if t in _MATH:
+            return self._call(_MATH[t] + self._fsuffix, *expr.args)
+        if t in _HELPERS:
+            return self._call("fusegen::" + _HELPERS[t], *expr.args)
+        raise ValueError(f"fusegen's C printer has no spelling for {t.__name__}")
+
+    def _print_Function(self, expr):
+        if isinstance(expr, fn.Node):
+            return self._print_Node(expr)
+        raise ValueError(f"fusegen's C printer has no spelling for {type(expr).__name__}")
+
+
+    def _print_Reciprocal(self, expr):                    # torch.reciprocal: 1 / x
+        return f"{self.literal(1)}/{self.operand(expr.args[0], _MUL, right=True)}"
+
+    def _print_Rsqrt(self, expr):                         # torch.rsqrt: 1 / sqrt(x)
+        return f"{self.literal(1)}/{self._call('sqrt' + self._fsuffix, expr.args[0])}"
 
     def _print_Power(self, expr):
-        return f"pow{self._fsuffix}({self._print(expr.args[0])}, {self._print(expr.args[1])})"
-
-    # -- our functions -------------------------------------------------------------
-    def _helper(self, name, expr):
-        return f"fusegen::{name}({', '.join(self._print(a) for a in expr.args)})"
-
-    def _nary(self, name, args):
-        out = self._print(args[0])
-        for a in args[1:]:
-            out = f"fusegen::{name}({out}, {self._print(a)})"
-        return out
-
-    def _print_Max(self, expr):
-        return self._nary("maximum", sorted(expr.args, key=sympy.default_sort_key))
-
-    def _print_Min(self, expr):
-        return self._nary("minimum", sorted(expr.args, key=sympy.default_sort_key))
-
-    def _print_Heaviside(self, expr):
-        return f"fusegen::heaviside({self._print(expr.args[0])})"
-
-    def _print_sign(self, expr):
-        return self._helper("sign", expr)
-
-    _print_Sign = _print_sign
-
-    def _print_Sigmoid(self, expr):
-        return self._helper("sigmoid", expr)
+        """torch.pow. A number exponent follows pow_tensor_scalar: 2, 3 and -2 multiply,
+        0.5 is sqrt, -0.5 rsqrt, -1 reciprocal, others std::pow (0 and 1 never get here)."""
+        base, exp = expr.args
+        if fn.is_number(exp) and exp.is_finite:
+            e = float(exp)
+            if e in (2, 3, -2):
+                b = self.operand(base, _MUL, right=True)
+                product = "*".join([b] * abs(int(e)))
+                return product if e > 0 else f"{self.literal(1)}/({product})"
+            if e == 0.5:
+                return self._call("sqrt" + self._fsuffix, base)
+            if e == -0.5:
+                return f"{self.literal(1)}/{self._call('sqrt' + self._fsuffix, base)}"
+            if e == -1:
+                return f"{self.literal(1)}/{self.operand(base, _MUL, right=True)}"
+        return self._call("pow" + self._fsuffix, base, exp)
 
     def _print_Clamp(self, expr):
+        """torch.clamp. Number bounds: std::min(std::max(x, lo), hi), whose ties keep x;
+        tensor bounds: NaN-propagating maximum/minimum, as clamp.Tensor computes."""
         x, lo, hi = expr.args
+        tensor_bounds = any(fn.has_bound(b) and not fn.is_number(b) for b in (lo, hi))
+        low, high = ("maximum", "minimum") if tensor_bounds else ("clamp_min", "clamp_max")
         out = self._print(x)
-        if lo != -sympy.oo:
-            out = f"fusegen::maximum({out}, {self._print(lo)})"
-        if hi != sympy.oo:
-            out = f"fusegen::minimum({out}, {self._print(hi)})"
+        if fn.has_bound(lo):
+            out = f"fusegen::{low}({out}, {self._print(lo)})"
+        if fn.has_bound(hi):
+            out = f"fusegen::{high}({out}, {self._print(hi)})"
         return out
 
-    # -- conditions ----------------------------------------------------------------
-    def _print_Relational(self, expr):
-        op = _REL_OPS[type(expr).__name__]
-        return f"{self._print(expr.lhs)} {op} {self._print(expr.rhs)}"
 
-    def _print_And(self, expr):
-        return " && ".join(f"({self._print(a)})" for a in sorted(expr.args, key=sympy.default_sort_key))
-
-    def _print_Or(self, expr):
-        return " || ".join(f"({self._print(a)})" for a in sorted(expr.args, key=sympy.default_sort_key))
-
-    def _print_BooleanTrue(self, expr):
-        return "true"
-
-    def _print_BooleanFalse(self, expr):
-        return "false"
-
-    def _print_Piecewise(self, expr):
-        # One line of nested ternaries; sympy's own spreads one over five lines.
-        *pieces, (last_value, last_cond) = expr.args
-        if last_cond != sympy.true:
-            raise ValueError("Piecewise without a default branch")
-        out = self._print(last_value)
-        for value, cond in reversed(pieces):
-            out = f"({self._print(cond)} ? {self._print(value)} : {out})"
-        return out
+# sympy's C printer has its own `_print_Exp`, `_print_Sqrt`, ... for classes of those names:
+# route every one of our calls to _print_Node instead.
+for _cls in list(_MATH) + list(_HELPERS):
+    setattr(CPrinter, f"_print_{_cls.__name__}", CPrinter._print_Node)
 
 
 @dataclass(frozen=True)
@@ -189,48 +224,20 @@ class PrintedOp:
     backward: dict[str, Statements]
 
 
-def fold_constants(expr):
-    """Fold symbol-free factors and terms (2/sqrt(pi)) into one literal, so the kernel
-    does not recompute constants and the printed code stays short."""
-    if not expr.args:
-        return expr
-    if isinstance(expr, sympy.Expr) and expr.is_number and not isinstance(expr, sympy.Number):
-        value = complex(expr.evalf(20))
-        if value.imag == 0 and fn.literal_ok(value.real):
-            return sympy.Float(value.real)
-    args = [fold_constants(a) for a in expr.args]
-    if isinstance(expr, (sympy.Mul, sympy.Add)):
-        const = [a for a in args if isinstance(a, sympy.Number)]
-        rest = [a for a in args if not isinstance(a, sympy.Number)]
-        if len(const) > 1:
-            folded = sympy.Float(float(expr.func(*const)))
-            return expr.func(folded, *rest)
-    return expr.func(*args) if args != list(expr.args) else expr
-
-
 def _ctype_of(expr, ctype):
-    return "bool" if isinstance(expr, sympy.logic.boolalg.Boolean) else ctype
+    return "bool" if fn.is_condition(expr) else ctype
 
 
-def print_program(program: Program, ctype: str, scale: str | None = None) -> Statements:
-    """`scale` multiplies every result (the backward's `grad * (d out / d x)`)."""
+def print_program(program: Program, ctype: str) -> Statements:
     p = CPrinter(ctype)
-
-    def result(e):
-        e = fold_constants(e)
-        if scale is None:
-            return p.doprint(e)
-        return f"{scale} * {p.parenthesize(e, PRECEDENCE['Mul'])}"
-
     return Statements(
-        temps=tuple((_ctype_of(e, ctype), s.name, p.doprint(fold_constants(e))) for s, e in program.temps),
-        results=tuple((n, result(e)) for n, e in program.results),
+        temps=tuple((_ctype_of(e, ctype), s.name, p.doprint(e)) for s, e in program.temps),
+        results=tuple((n, p.doprint(e)) for n, e in program.results),
     )
 
 
 def print_op(spec: OpSpec) -> PrintedOp:
     return PrintedOp(
         forward={t: print_program(spec.forward_program, t) for t in COMPUTE_TYPES},
-        backward={t: print_program(spec.backward_program, t, scale="dout") for t in COMPUTE_TYPES},
+        backward={t: print_program(spec.backward_program, t) for t in COMPUTE_TYPES},
     )
-

@@ -1,33 +1,51 @@
 """The OpSpec: the one IR object that flows from the parser to the renderer.
 
-`differentiate` turns a parsed expression into an OpSpec: sympy.diff per tensor input
-(the conventions at kinks live in functions.py), then one sympy.cse over the forward
-and all gradients together, so the backward reuses what the forward computes.
+`differentiate` turns a parsed expression into an OpSpec by a reverse pass that mirrors
+autograd: it walks the tree (functions.py's nodes, one per eager operation) from the
+output, carries the incoming gradient as an expression in the symbol GRAD, applies each
+node's own PyTorch backward formula (tools/autograd/derivatives.yaml and
+FunctionsManual.cpp: `exp` uses its result, `maximum` splits ties with where(), `clamp`
+selects, never multiplies by a 0/1 mask) and sums what reaches each input. Then one
+sympy.cse over the forward and every gradient, so the backward reuses what the forward
+computes.
+
+One deliberate difference from eager (README, "Unchosen branches"): the gradient that
+`where(c, a, b)` sends into `a` is selected *after* it has flowed through `a`'s subtree
+(`where(c, d a, 0)`), not before (`d a` of `where(c, grad, 0)`), so a branch that is not
+chosen never turns the gradient into NaN (0 * inf), and contributes +0.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
 import sympy
 
 from . import functions as fn
+from . import names
 from .errors import SpecError
 from .notation import text
 from .parse import Parsed, check_op_name, symbol
 
 FUSEGEN_VERSION = "0.1.0"
 
+# The incoming gradient (d loss / d out) in every gradient expression: the one constant
+# that names it. A Symbol without assumptions, so it never equals a user's name, even one
+# spelled the same (parse.symbol makes those real=True, and names.for_c renames only those):
+# it prints as names.DOUT, the backward's parameter.
+GRAD = sympy.Symbol(names.DOUT)
+
 
 @dataclass(frozen=True)
 class Gradient:
-    """d(output)/d(input) for one tensor input."""
+    """d(loss)/d(input) for one tensor input, as an expression in GRAD and the inputs."""
 
     input: str
-    expr: sympy.Expr          # the local derivative, before multiplying by grad
-    passthrough: bool         # derivative is exactly 1: grad flows through, no kernel work
+    expr: sympy.Expr          # the whole gradient: contains GRAD
+    passthrough: bool         # exactly GRAD: it flows through, no kernel work
 
 
 @dataclass(frozen=True)
@@ -75,9 +93,8 @@ class OpSpec:
         return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
     def summary(self) -> list[str]:
-        """One line per derived gradient, for the CLI and the file headers."""
-        return [f"d/d{g.input} = {'grad' if g.passthrough else 'grad * (' + text(g.expr) + ')'}"
-                for g in self.gradients]
+        """One line per gradient, for the CLI and the file headers."""
+        return [f"d/d{g.input} = {text(g.expr)}" for g in self.gradients]
 
 
 def differentiate(parsed: Parsed, name: str | None = None, command: str | None = None) -> OpSpec:
@@ -85,25 +102,25 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
     name = check_op_name(name) if name is not None else default_name(parsed)
     forward = parsed.tree
     _check_printable(name, "the expression", forward)
+    wanted = [symbol(i) for i in parsed.inputs]
+    derived = backward(forward, wanted)
     gradients = []
-    for inp in parsed.inputs:
-        # Abs' derivative comes back as sympy's sign; ours has the zero derivative and lets
-        # cse see sign(x) from abs and from the user as the same thing.
-        d = sympy.diff(forward, symbol(inp)).replace(sympy.sign, fn.Sign)
-        _check_printable(name, f"the gradient for '{inp}'", d)
-        gradients.append(Gradient(inp, d, d == sympy.Integer(1)))
+    for inp, sym in zip(parsed.inputs, wanted):
+        g = derived[sym]
+        _check_printable(name, f"the gradient for '{inp}'", g)
+        gradients.append(Gradient(inp, g, g == GRAD))
     kernel_grads = [g for g in gradients if not g.passthrough]
 
     # One cse over forward + backward: shared subterms (sigmoid(x) in silu) are found once,
     # then each program keeps only the temporaries its own results reach.
     temps, reduced = sympy.cse([forward] + [g.expr for g in kernel_grads],
-                               symbols=sympy.numbered_symbols("cse", real=True), order="canonical")
+                               symbols=sympy.numbered_symbols("__cse"), order="none")
     forward_program = _program(temps, [("out", reduced[0])])
     backward_program = _program(temps, [(f"grad_{g.input}", e) for g, e in zip(kernel_grads, reduced[1:])])
 
     used = set()
     for g in kernel_grads:
-        used |= {s.name for s in g.expr.free_symbols}
+        used |= {s.name for s in g.expr.free_symbols if s != GRAD}
     if command is None:
         command = default_command(parsed, name)
     return OpSpec(
@@ -121,11 +138,195 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
     )
 
 
+# -- the reverse pass ---------------------------------------------------------------------------
+#
+# A gradient flows as a dict guard -> expression. The guard is a tuple of (condition, taken)
+# pairs, one per `where` branch the gradient came through; it is applied (as nested where)
+# only when the gradient reaches an input. Everything else is eager's formula, verbatim.
+
+def backward(forward: sympy.Expr, wanted: list[sympy.Symbol]) -> dict[sympy.Symbol, sympy.Expr]:
+    """d(GRAD . forward)/d(symbol) for each wanted symbol, by PyTorch's backward formulas."""
+    order = _postorder(forward)
+    flowing: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {forward: {(): GRAD}}
+    for node in reversed(order):
+        if not isinstance(node, fn.Node):
+            continue  # an input or scalar: what reached it stays in `flowing`
+        terms = flowing.pop(node, None)
+        for guard, g in (terms or {}).items():
+            for arg, contribution, branch in _vjp(node, g):
+                if _differentiable(arg):
+                    _accumulate(flowing.setdefault(arg, {}), guard + branch, contribution)
+    result = {}
+    for s in wanted:
+        total = None
+        for guard, g in flowing.get(s, {}).items():
+            total = _guarded(guard, g) if total is None else fn.add(total, _guarded(guard, g))
+        result[s] = sympy.Integer(0) if total is None else total
+    return result
+
+
+def _postorder(root) -> list:
+    """Every distinct subexpression, children before parents (iterative: no recursion limit)."""
+    seen, order, stack = set(), [], [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        if isinstance(node, fn.Node):
+            stack.extend((a, False) for a in reversed(node.args) if a not in seen)
+    return order
+
+
+def _differentiable(arg) -> bool:
+    return not fn.is_number(arg) and not fn.is_condition(arg)
+
+
+def _accumulate(terms: dict, guard: tuple, g):
+    terms[guard] = fn.add(terms[guard], g) if guard in terms else g
+
+
+def _guarded(guard, g):
+    for condition, taken in reversed(guard):
+        g = fn.Where(condition, g, _ZERO) if taken else fn.Where(condition, _ZERO, g)
+    return g
+
+
+_ZERO, _ONE, _TWO = sympy.Integer(0), sympy.Integer(1), sympy.Integer(2)
+_TWO_OVER_SQRT_PI = sympy.Float(1.1283791670955126)  # 2.0 / sqrt(M_PI), in double as torch has it
+
+
+def _where(condition, a, b):
+    return fn.Where(condition, a, b)
+
+
+def _vjp(node, g):
+    """[(argument, its gradient contribution, where-branch guard)] for one node, given the
+    gradient g of its result: derivatives.yaml's formula for that op."""
+    a = node.args
+    r = node                      # `result` in derivatives.yaml: the node's own value
+    t = type(node)
+    plain = lambda *pairs: [(arg, d, ()) for arg, d in pairs]  # noqa: E731
+    if t is fn.Plus:
+        return plain((a[0], g), (a[1], g))
+    if t is fn.Minus:
+        return plain((a[0], g), (a[1], fn.neg(g)))
+    if t is fn.Times:                                   # mul_tensor_backward: grad * other
+        return plain((a[0], fn.mul(g, a[1])), (a[1], fn.mul(g, a[0])))
+    if t is fn.Divide:                                  # grad / other, -grad * ((self / other) / other)
+        return plain((a[0], fn.div(g, a[1])), (a[1], fn.mul(fn.neg(g), fn.div(r, a[1]))))
+    if t is fn.Negative:
+        return plain((a[0], fn.neg(g)))
+    if t is fn.Reciprocal:                              # -grad * (result * result)
+        return plain((a[0], fn.mul(fn.neg(g), fn.mul(r, r))))
+    if t is fn.Power:
+        return plain(*_pow_backward(r, a[0], a[1], g))
+    if t is fn.Exp:
+        return plain((a[0], fn.mul(g, r)))
+    if t is fn.Expm1:
+        return plain((a[0], fn.mul(g, fn.add(r, _ONE))))
+    if t is fn.Log:
+        return plain((a[0], fn.div(g, a[0])))
+    if t is fn.Log1p:
+        return plain((a[0], fn.div(g, fn.add(a[0], _ONE))))
+    if t is fn.Sqrt:                                    # grad / (2 * result)
+        return plain((a[0], fn.div(g, fn.mul(_TWO, r))))
+    if t is fn.Rsqrt:                                   # -0.5 * grad * result.pow(3)
+        return plain((a[0], fn.mul(fn.mul(fn.number(-0.5), g), fn.power(r, sympy.Integer(3)))))
+    if t is fn.Sin:
+        return plain((a[0], fn.mul(g, fn.Cos(a[0]))))
+    if t is fn.Cos:
+        return plain((a[0], fn.mul(g, fn.neg(fn.Sin(a[0])))))
+    if t is fn.Tan:                                     # grad * (1 + result.pow(2))
+        return plain((a[0], fn.mul(g, fn.add(_ONE, fn.power(r, _TWO)))))
+    if t is fn.Tanh:                                    # tanh_backward: grad * (1 - y*y)
+        return plain((a[0], fn.mul(g, fn.sub(_ONE, fn.mul(r, r)))))
+    if t is fn.Atan:                                    # grad / (self * self + 1)
+        return plain((a[0], fn.div(g, fn.add(fn.mul(a[0], a[0]), _ONE))))
+    if t is fn.Sigmoid:                                 # sigmoid_backward: grad * (1 - y) * y
+        return plain((a[0], fn.mul(fn.mul(g, fn.sub(_ONE, r)), r)))
+    if t in (fn.Erf, fn.Erfc):                          # (+-2/sqrt(pi)) * exp(-(self.pow(2))) * grad
+        c = _TWO_OVER_SQRT_PI if t is fn.Erf else -_TWO_OVER_SQRT_PI
+        return plain((a[0], fn.mul(fn.mul(c, fn.Exp(fn.neg(fn.power(a[0], _TWO)))), g)))
+    if t is fn.Abs:                                     # grad * self.sgn()
+        return plain((a[0], fn.mul(g, fn.Sign(a[0]))))
+    if t is fn.Sign:                                    # zeros_like(grad)
+        return plain((a[0], _ZERO))
+    if t is fn.Relu:                                    # threshold_backward(grad, result, 0)
+        return plain((a[0], _where(fn.LessEqual(r, _ZERO), _ZERO, g)))
+    if t in (fn.Maximum, fn.Minimum):
+        # where(self == other, grad / 2, grad).masked_fill_(self < other, 0) for maximum's self
+        x, y = a
+        split = _where(fn.Equal(x, y), fn.div(g, _TWO), g)
+        lose_x = fn.Less(x, y) if t is fn.Maximum else fn.Greater(x, y)
+        lose_y = fn.Greater(x, y) if t is fn.Maximum else fn.Less(x, y)
+        return plain((x, _where(lose_x, _ZERO, split)), (y, _where(lose_y, _ZERO, split)))
+    if t is fn.Clamp:
+        return plain(*_clamp_backward(*a, g))
+    if t is fn.Where:
+        c, x, y = a
+        return [(x, g, ((c, True),)), (y, g, ((c, False),))]
+    raise SpecError(f"no backward formula for {t.__name__}")
+
+
+def _pow_backward(r, base, exponent, g):
+    """pow_backward, pow_backward_self and pow_backward_exponent (FunctionsManual.cpp)."""
+    if fn.is_number(exponent):                          # tensor ** number
+        if exponent == 0:
+            return [(base, _ZERO)]                      # zeros_like(self)
+        e = fn.number(float(exponent))
+        return [(base, fn.mul(g, fn.mul(e, fn.power(base, fn.sub(e, _ONE)))))]
+    out = []
+    if not fn.is_number(base):                          # tensor ** tensor: d/dself
+        d = fn.mul(g, fn.mul(exponent, fn.power(base, fn.sub(exponent, _ONE))))
+        out.append((base, _where(fn.Equal(exponent, _ZERO), _ZERO, d)))
+        zero_base = fn.LogicalAnd(fn.Equal(base, _ZERO), fn.GreaterEqual(exponent, _ZERO))
+        out.append((exponent, fn.mul(g, _where(zero_base, _ZERO, fn.mul(r, fn.Log(base))))))
+        return out
+    # number ** tensor: grad * (result * log(base)), masked where base == 0 and exponent >= 0
+    log_base = fn.number(_log(float(base)))
+    if base == 0:
+        return [(exponent, fn.mul(g, _where(fn.GreaterEqual(exponent, _ZERO), _ZERO, fn.Times(r, log_base))))]
+    return [(exponent, fn.mul(g, fn.Times(r, log_base)))]
+
+
+def _log(x: float) -> float:
+    """c10::Scalar::log of a real base: std::log in double."""
+    if x == 0:
+        return -math.inf
+    return math.log(x) if x > 0 else math.nan
+
+
+def _clamp_backward(x, lo, hi, g):
+    """clamp_backward and clamp_backward_min_max: x gets grad inside [lo, hi] (bounds
+    included); lo where x < lo < hi; hi where x > hi or hi < lo (torch returns hi then)."""
+    has_lo, has_hi = fn.has_bound(lo), fn.has_bound(hi)
+    if has_lo and has_hi:
+        inside = fn.LogicalAnd(fn.GreaterEqual(x, lo), fn.LessEqual(x, hi))
+    elif has_lo:
+        inside = fn.GreaterEqual(x, lo)
+    elif has_hi:
+        inside = fn.LessEqual(x, hi)
+    else:
+        return [(x, g)]
+    out = [(x, _where(inside, g, _ZERO))]
+    if has_lo:
+        below = fn.LogicalAnd(fn.Less(x, lo), fn.Less(lo, hi)) if has_hi else fn.Less(x, lo)
+        out.append((lo, _where(below, g, _ZERO)))
+    if has_hi:
+        above = fn.LogicalOr(fn.Greater(x, hi), fn.Less(hi, lo)) if has_lo else fn.Greater(x, hi)
+        out.append((hi, _where(above, g, _ZERO)))
+    return out
+
+
 def _check_printable(name: str, what: str, expr: sympy.Expr):
-    """Constants such as log(0) fold to zoo/nan in sympy, and a derivative sympy cannot
-    take stays a Derivative: neither has a C spelling, so refuse before rendering."""
+    """Every function must be one of functions.py's nodes (the printer knows no other)."""
     bad = [a for a in sympy.preorder_traversal(expr)
-           if a in (sympy.zoo, sympy.nan) or isinstance(a, (sympy.Derivative, sympy.DiracDelta, sympy.Subs))]
+           if a == sympy.zoo or (isinstance(a, sympy.Function) and not isinstance(a, fn.Node))]
     if bad:
         raise SpecError(f"fusegen op '{name}': {what} contains {bad[0]}, which has no finite value in C; "
                         "expected an expression defined for real inputs")
@@ -142,7 +343,8 @@ def _program(temps, results) -> Program:
             needed.add(s)
             frontier |= defs[s].free_symbols
     kept = [(s, e) for s, e in temps if s in needed]
-    rename = {s: sympy.Symbol(f"t{i}", real=True) for i, (s, _) in enumerate(kept)}
+    # No assumptions: a temporary never equals a user's name (real=True), even `t0`.
+    rename = {s: sympy.Symbol(f"t{i}") for i, (s, _) in enumerate(kept)}
     return Program(
         temps=tuple((rename[s], e.xreplace(rename)) for s, e in kept),
         results=tuple((n, e.xreplace(rename)) for n, e in results),
