@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from .files import write_text
+
 # name -> (expression, eager function, tensors moved by ideal fused fwd, by fwd+bwd)
 MISSION = {
     "fma": ("a*b+c", lambda a, b, c: a * b + c, 4, 9),
@@ -160,8 +162,7 @@ def run(sizes, dtypes, with_compile: bool, out_json: str | None):
                     for impl, us in host.items():
                         record(kind="host_us", expr=key, dtype="float32", n=n, impl=impl, us=us)
     if out_json:
-        with open(out_json, "w") as fh:
-            json.dump({"device": name, "copy_gbs": copy, "rows": rows}, fh, indent=1)
+        write_text(out_json, json.dumps({"device": name, "copy_gbs": copy, "rows": rows}, indent=1))
     _print_summary(rows, max(sizes))
     return rows
 

@@ -5,6 +5,11 @@ names everything that changes the binary: the sources, the flags, torch, CUDA, t
 compilers, the GPU architectures and fusegen's version. A build runs in a private temp
 directory under an flock (released by the kernel if the process dies, so no stale
 locks) and is published with one atomic rename; a failed build leaves nothing behind.
+
+The cache holds shared libraries that are loaded into the process, so it must be private:
+fusegen creates it 0700 and refuses to build in, or load from, a cache directory, entry or
+library that another user owns or that group or others can write. A cache deleted while a
+build runs is recreated and the build runs again, once.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import BuildError, LoadError
-from .render import write
+from .errors import BuildError, FusegenError, LoadError
+from .files import write
 from .spec import FUSEGEN_VERSION
 
 CXX_FLAGS = ["-O3", "-Wall"]
@@ -44,6 +50,49 @@ class Library:
 
 def cache_dir() -> Path:
     return Path(os.environ.get("FUSEGEN_CACHE_DIR") or Path.home() / ".cache" / "fusegen")
+
+
+def _check_private(path: Path, what: str, fix: str, error: type[FusegenError]):
+    """Raise `error` unless `path` is owned by this user and not writable by group or others:
+    whoever can write there can put code into every process that loads from the cache."""
+    st = os.stat(path)
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise error(f"fusegen: refusing to use the {what} {path}: it is owned by uid {st.st_uid}, "
+                    f"not by you (uid {me}), and fusegen loads the libraries in it into this "
+                    f"process. Set FUSEGEN_CACHE_DIR to a directory you own.")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise error(f"fusegen: refusing to use the {what} {path}: group or others can write to it "
+                    f"(mode {stat.S_IMODE(st.st_mode):o}), and fusegen loads the libraries in it "
+                    f"into this process. Fix: {fix}, or set FUSEGEN_CACHE_DIR to a directory "
+                    f"only you can write.")
+
+
+def _cache_root(error: type[FusegenError]) -> Path:
+    """The cache directory, created 0700 when missing, checked private when it exists."""
+    root = cache_dir()
+    try:
+        root.mkdir(mode=0o700, parents=True)
+        os.chmod(root, 0o700)  # exactly 0700, whatever the umask
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise error(f"fusegen: cannot create the cache directory {root}: {err.strerror}. "
+                    "Set FUSEGEN_CACHE_DIR to a directory you can write.") from None
+    if not root.is_dir():
+        raise error(f"fusegen: the cache directory {root} is not a directory. Set "
+                    "FUSEGEN_CACHE_DIR to a directory you own.")
+    _check_private(root, "cache directory", f"chmod 700 {root}", error)
+    return root
+
+
+def _check_entry(library: Path, error: type[FusegenError]):
+    """The cache directory, the entry and the library itself, before loading the library."""
+    entry = library.parent
+    _check_private(entry.parent, "cache directory", f"chmod 700 {entry.parent}", error)
+    _check_private(entry, "cache entry", f"chmod 700 {entry} (or delete it: it is rebuilt)", error)
+    _check_private(library, "cached library", f"chmod go-w {library} (or delete {entry}: it is "
+                   "rebuilt)", error)
 
 
 def cuda_enabled() -> bool:
@@ -105,7 +154,7 @@ def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
 @contextmanager
 def _locked(path: Path):
     """An exclusive flock: the kernel drops it when the process dies, so it never goes stale."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(exist_ok=True)  # not parents=True: a deleted cache is not recreated here
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -126,29 +175,70 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     return units
 
 
+class _CacheDeleted(Exception):
+    """The cache directory, or the build's temp folder in it, vanished during the build."""
+
+
 def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
-    """Compile the ops into one shared library in the cache (or find it there)."""
+    """Compile the ops into one shared library in the cache (or find it there). A cache
+    deleted during the build is recreated and the build runs again, once."""
     cuda = cuda_enabled()
     key = cache_key(ops, cuda)
-    root = cache_dir()
+    for attempt in (1, 2):
+        root = _cache_root(BuildError)
+        try:
+            return _build_in(root, ops, cuda, key, verbose)
+        except _CacheDeleted:
+            if attempt == 2:
+                raise BuildError(f"fusegen: the cache directory {root} was deleted twice while "
+                                 f"building op(s) {', '.join(n for n, _ in ops)}; stop whatever "
+                                 "removes it, or set FUSEGEN_CACHE_DIR to another directory") from None
+    raise AssertionError("unreachable")
+
+
+def _build_in(root: Path, ops, cuda: bool, key: str, verbose: bool) -> Library:
     final = root / key
     lib = final / f"fusegen_{key}.so"
     if lib.is_file():
         return Library(lib, key, 0.0, True)
-    with _locked(root / "locks" / f"{key}.lock"):
-        if lib.is_file():  # another process built it while we waited
-            return Library(lib, key, 0.0, True)
-        start = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{key[:12]}-"))
-        try:
-            _compile(ops, cuda, tmp, key, verbose)
-            if final.exists():  # a leftover from a crash between rename and now: replace it
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+    start = time.perf_counter()
+    try:
+        with _locked(root / "locks" / f"{key}.lock"):
+            if lib.is_file():  # another process built it while we waited
+                return Library(lib, key, 0.0, True)
+            start = time.perf_counter()  # the build, not the wait
+            tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{key[:12]}-"))
+            try:
+                _compile(ops, cuda, tmp, key, verbose)
+                _seal(tmp / lib.name)
+                if final.exists():  # a leftover from a crash between rename and now: replace it
+                    shutil.rmtree(final)
+                os.rename(tmp, final)
+            except BaseException as err:
+                vanished = not tmp.is_dir()
+                shutil.rmtree(tmp, ignore_errors=True)
+                if vanished and isinstance(err, (OSError, BuildError)):
+                    raise _CacheDeleted from err
+                raise
+    except OSError as err:
+        if root.is_dir():
             raise
-        return Library(lib, key, time.perf_counter() - start, False)
+        raise _CacheDeleted from err
+    except _CacheDeleted:
+        if key in _LOADED:
+            # Built and loaded into this process; only publishing it failed. The ops work
+            # here; the next process builds again.
+            return Library(lib, key, time.perf_counter() - start, False)
+        raise
+    return Library(lib, key, time.perf_counter() - start, False)
+
+
+def _seal(library: Path):
+    """The linker honours the umask (0o775 under umask 002): make the library writable by
+    its owner only, as the checks before loading require."""
+    mode = stat.S_IMODE(os.stat(library).st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.chmod(library, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool):
@@ -183,6 +273,11 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool):
         raise BuildError(f"fusegen: building op(s) {names} failed", log,
                          tuple(str(tmp / n / f) for n, files in ops for f in files)) from None
     _LOADED.add(key)
+    # A second build of one name in a process (a retry after a failed or deleted build) is
+    # named <name>_v1.so by cpp_extension's versioner; the cache entry holds <name>.so.
+    if not (tmp / f"{name}.so").exists():
+        for built in tmp.glob(f"{name}_v*.so"):
+            os.rename(built, tmp / f"{name}.so")
 
 
 # Libraries this process has loaded, by key: a library must never be loaded twice
@@ -191,8 +286,14 @@ _LOADED: set[str] = set()
 
 
 def load(library: Library):
+    """Load a library from the cache, after checking that nobody else can have written it."""
     if library.key in _LOADED:
         return
+    try:
+        _check_entry(library.path, LoadError)
+    except FileNotFoundError:
+        raise LoadError(f"fusegen: the cache entry {library.path.parent} was deleted before it "
+                        "could be loaded; run again to rebuild it") from None
     try:
         torch.ops.load_library(str(library.path))
     except (OSError, RuntimeError) as err:

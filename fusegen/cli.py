@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from .api import Request, generate, load_generated
-    from .render import write
+    from .files import write
 
     request = Request.of({"expr": args.expr, "name": args.name, "inputs": args.inputs,
                           "scalars": args.scalar})

@@ -10,8 +10,6 @@ the output is a pure function of the spec, so it is byte-identical from run to r
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -128,27 +126,3 @@ def content_hash(files: dict[str, str]) -> str:
             continue
         h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
     return h.hexdigest()
-
-
-def write(files: dict[str, str], directory: str | os.PathLike) -> list[Path]:
-    """Write files into `directory`, each through a temp file and an atomic rename, so a
-    crash never leaves a half-written source behind. Unchanged files are not touched."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in files.items():
-        path = directory / name
-        if path.exists() and path.read_text() == text:
-            written.append(path)
-            continue
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        written.append(path)
-    return written

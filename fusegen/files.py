@@ -1,0 +1,57 @@
+"""The only place that writes files: the sources the CLI writes to `generated/<name>/`, the
+sources a build writes into its temp folder in the cache, the benchmark's JSON.
+
+Each file is written through a temp file in the same folder and renamed over the target,
+so a reader (or a crash) never sees half a file. New files get the usual mode,
+0o666 & ~umask (the kernel applies the umask, as for `open(path, "w")`), and a file whose
+bytes are already the ones to write is left untouched (same inode, same mtime).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Mapping
+
+
+def write(files: Mapping[str, str], directory: str | os.PathLike) -> list[Path]:
+    """Write `files` (name -> text) into `directory`, creating it; return their paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    return [write_text(directory / name, text) for name, text in files.items()]
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write one UTF-8 text file atomically; leave it alone when it already holds `text`."""
+    path = Path(path)
+    data = text.encode("utf-8")
+    try:
+        if path.read_bytes() == data:
+            return path
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        pass
+    fd, tmp = _create_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new temp file beside `path`, open for writing, created 0o666 & ~umask (mkstemp
+    would make it 0o600, and the rename would keep that)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temp file beside {path}")

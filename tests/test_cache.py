@@ -1,0 +1,231 @@
+"""The cache is private and survives being deleted.
+
+It holds shared libraries fusegen loads into the process, so whoever can write there can
+run code in every process that loads from it: the cache directory is created 0700, and
+fusegen refuses a cache directory, entry or library that another user owns or that group
+or others can write. A cache deleted during a build gives a clean rebuild or a one-line
+error. Most tests fake the compiler (cpp_extension.load writes a dummy library), so they
+take milliseconds; one deletes the cache during a real compile."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils import cpp_extension
+
+from fusegen import build
+from fusegen.errors import BuildError, LoadError
+
+OPS = [("fake", {"fake.cpp": "// fusegen test: never compiled\n", "fake.h": "\n"})]
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache path (not yet created) and a fake compiler: cpp_extension.load writes
+    a dummy <name>.so with the umask's mode, as the linker does. `fake.before` runs first
+    (to delete the cache mid-build); `loaded` records what torch.ops.load_library gets."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(root))
+    monkeypatch.setattr(build, "_LOADED", set())
+    calls = []
+
+    def fake_load(name, sources, build_directory, **kwargs):
+        calls.append(build_directory)
+        if fake.before:
+            fake.before(len(calls))
+        # what cpp_extension's FileBaton does first: fails when the folder is gone
+        os.close(os.open(os.path.join(build_directory, "lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.unlink(os.path.join(build_directory, "lock"))
+        fd = os.open(os.path.join(build_directory, f"{name}.so"), os.O_CREAT | os.O_WRONLY, 0o777)
+        os.close(fd)
+
+    class Fake:
+        before = None
+
+    def build_as_another_process(ops=OPS):
+        """build.build, then forget the fake compile 'loaded' it (as cpp_extension.load
+        does), so build.load goes through the checks, as in a process that found it."""
+        library = build.build(ops)
+        build._LOADED.discard(library.key)
+        return library
+
+    fake = Fake()
+    fake.root, fake.calls, fake.loaded = root, calls, []
+    fake.build = build_as_another_process
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    monkeypatch.setattr(torch.ops, "load_library", lambda path: fake.loaded.append(
+        (path, os.path.isfile(path))))
+    return fake
+
+
+def entries(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name != "locks")
+
+
+# -- a private cache ------------------------------------------------------------------------------
+
+def test_default_cache_dir_is_created_0700(tmp_path, monkeypatch, cache):
+    monkeypatch.delenv("FUSEGEN_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    old = os.umask(0o022)
+    try:
+        lib = build.build(OPS)
+    finally:
+        os.umask(old)
+    root = tmp_path / "home" / ".cache" / "fusegen"
+    assert build.cache_dir() == root and lib.path.parent.parent == root
+    assert mode(root) == 0o700
+    assert mode(tmp_path / "home" / ".cache") == 0o755  # parents as mkdir -p makes them
+
+
+def test_a_library_built_under_umask_002_is_not_group_writable(cache):
+    old = os.umask(0o002)
+    try:
+        lib = cache.build()
+    finally:
+        os.umask(old)
+    assert mode(cache.root) == 0o700
+    assert not mode(lib.path) & 0o022, oct(mode(lib.path))
+    build.load(lib)  # passes the checks: our own build, shared between our own processes
+    assert cache.loaded == [(str(lib.path), True)]
+
+
+@pytest.mark.parametrize("bits", [0o020, 0o002, 0o777])
+def test_refuses_a_cache_dir_others_can_write(cache, bits):
+    lib = cache.build()
+    os.chmod(cache.root, 0o700 | bits)
+    with pytest.raises(LoadError) as info:
+        build.load(lib)
+    message = str(info.value)
+    assert str(cache.root) in message and f"chmod 700 {cache.root}" in message
+    assert "group or others can write" in message and "\n" not in message
+    with pytest.raises(BuildError) as info:  # nor builds there
+        build.build([("other", {"other.cpp": "\n"})])
+    assert f"chmod 700 {cache.root}" in str(info.value)
+    assert cache.loaded == []
+
+
+def test_refuses_an_entry_or_library_others_can_write(cache):
+    lib = cache.build()
+    os.chmod(lib.path.parent, 0o770)
+    with pytest.raises(LoadError, match="cache entry") as info:
+        build.load(lib)
+    assert str(lib.path.parent) in str(info.value) and "chmod 700" in str(info.value)
+    os.chmod(lib.path.parent, 0o700)
+    os.chmod(lib.path, 0o757)
+    with pytest.raises(LoadError, match="cached library") as info:
+        build.load(lib)
+    assert str(lib.path) in str(info.value) and f"chmod go-w {lib.path}" in str(info.value)
+    assert cache.loaded == []
+    os.chmod(lib.path, 0o755)
+    build.load(lib)
+    assert cache.loaded == [(str(lib.path), True)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_refuses_a_cache_owned_by_another_user(cache):
+    lib = cache.build()
+    os.chown(lib.path, 65534, 65534)
+    with pytest.raises(LoadError, match="owned by uid 65534") as info:
+        build.load(lib)
+    assert str(lib.path) in str(info.value) and "directory you own" in str(info.value)
+    os.chown(lib.path, 0, 0)
+    os.chown(cache.root, 65534, 65534)
+    with pytest.raises(BuildError, match="owned by uid 65534"):
+        build.build([("other", {"other.cpp": "\n"})])
+    with pytest.raises(LoadError, match="owned by uid 65534"):
+        build.load(lib)
+    assert cache.loaded == []
+
+
+# -- a cache deleted under a build ------------------------------------------------------------------
+
+def test_cache_deleted_mid_build_rebuilds_cleanly(cache):
+    cache.before = lambda call: shutil.rmtree(cache.root) if call == 1 else None
+    lib = cache.build()
+    assert len(cache.calls) == 2 and not lib.cached
+    assert lib.path.is_file() and mode(cache.root) == 0o700
+    assert entries(cache.root) == [lib.key]  # published; no .build-* folder left
+    build.load(lib)
+    assert cache.loaded == [(str(lib.path), True)]
+
+
+def test_cache_deleted_at_every_try_is_a_one_line_error(cache):
+    cache.before = lambda call: shutil.rmtree(cache.root)
+    with pytest.raises(BuildError) as info:
+        build.build(OPS)
+    message = str(info.value)
+    assert "\n" not in message and "deleted" in message and str(cache.root) in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_cache_deleted_after_the_library_was_loaded_keeps_the_loaded_ops(cache, monkeypatch):
+    """cpp_extension loads the library from the temp folder; if the cache goes before the
+    rename, this process still has its ops and the next process builds again."""
+    real = cpp_extension.load
+
+    def load_then_delete(**kwargs):
+        real(**kwargs)
+        shutil.rmtree(cache.root)
+
+    monkeypatch.setattr(cpp_extension, "load", load_then_delete)
+    lib = build.build(OPS)
+    assert not lib.cached and len(cache.calls) == 1
+    build.load(lib)  # already loaded in this process: nothing to do, no error
+    assert cache.loaded == []
+
+
+def test_cache_deleted_between_build_and_load_is_a_one_line_error(cache):
+    lib = cache.build()
+    shutil.rmtree(cache.root)
+    with pytest.raises(LoadError) as info:
+        build.load(lib)
+    message = str(info.value)
+    assert "\n" not in message and "deleted" in message and "run again" in message
+    assert cache.loaded == []
+
+
+def test_cache_deleted_during_a_real_compile(tmp_path, monkeypatch):
+    """A real build (two compiles): the cache is removed with rm -rf while the compiler
+    runs; fusegen recreates it, builds again, publishes and the op works."""
+    from fusegen.cli import main
+
+    name = "cache_deleted_mid_build"
+    assert main(["x*2.5 + y*y", "--name", name, "--out", str(tmp_path / "src"), "--no-build"]) == 0
+    ops = [(name, {p.name: p.read_text() for p in (tmp_path / "src" / name).iterdir()})]
+    root = tmp_path / "cache"
+    monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(root))
+    stop = threading.Event()
+    deleted = []
+
+    def remover():
+        while not stop.is_set():
+            if any(root.glob(".build-*/build.ninja")):  # ninja starts the compiler now
+                shutil.rmtree(root, ignore_errors=True)
+                deleted.append(time.perf_counter())
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=remover)
+    thread.start()
+    try:
+        lib = build.build(ops)
+    finally:
+        stop.set()
+        thread.join()
+    assert deleted, "the cache was never deleted: the build finished first?"
+    assert lib.path.is_file() and entries(root) == [lib.key]
+    build.load(lib)
+    x, y = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    torch.testing.assert_close(torch.ops.fusegen.cache_deleted_mid_build(x, y), x * 2.5 + y * y)
