@@ -83,7 +83,17 @@ def _fold(f, args):
 
 def evaluate(expr: sympy.Expr, values: dict[str, object]):
     """Evaluate `expr` with eager torch; `values` maps input and scalar names to tensors or
-    floats. The first tensor sets dtype and device for constants."""
+    floats. The first tensor sets dtype and device for constants. A tree of nodes the
+    table does not know is printed in the expression language (notation.text) and
+    evaluated as text."""
+    try:
+        return _walk_sympy(expr, values)
+    except NotImplementedError:
+        from .notation import text
+        return evaluate_text(text(expr), values)
+
+
+def _walk_sympy(expr: sympy.Expr, values: dict[str, object]):
     like = next(v for v in values.values() if isinstance(v, torch.Tensor))
     values = {k: v if isinstance(v, torch.Tensor) else _number(v, like) for k, v in values.items()}
 
