@@ -1,0 +1,130 @@
+"""The README's commands and code run as written, so they cannot drift.
+
+- The two commands under "Two commands" are the ones `.ci/run` runs, verbatim.
+- The first command's `fusegen` call (and a bad expression) prints no third-party warning:
+  stderr is empty on success and only fusegen's message on error.
+- Every ```python block runs in a fresh interpreter; the one marked `readme-test:
+  standalone` builds generated/fma/ with torch alone (fusegen never imported) and matches
+  eager PyTorch forward and backward.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+STANDALONE = "readme-test: standalone"
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    """(the HTML comment just above it or "", code) for every ```python block."""
+    lines = README.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            mark = lines[i - 1].strip() if i and lines[i - 1].lstrip().startswith("<!--") else ""
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            blocks.append((mark, "\n".join(lines[i + 1:end]) + "\n"))
+            i = end
+        i += 1
+    return blocks
+
+
+def two_commands() -> list[str]:
+    """The indented commands under "## Two commands", without their comments."""
+    text = README.read_text()
+    section = text[text.index("## Two commands"):]
+    section = section[:section.index("\n## ", 1)]
+    commands = [re.sub(r"\s+#.*$", "", line.strip()) for line in section.splitlines()
+                if line.startswith("    ") and line.strip()]
+    assert len(commands) == 2, commands
+    return commands
+
+
+def env() -> dict[str, str]:
+    """The user's environment: no PYTHONWARNINGS, the session's fusegen cache (conftest)."""
+    e = dict(os.environ)
+    e.pop("PYTHONWARNINGS", None)
+    assert e.get("FUSEGEN_CACHE_DIR"), "tests/conftest.py sets a cache for the session"
+    return e
+
+
+def fusegen_command() -> list[str]:
+    """The `fusegen` console script installed beside this interpreter (python -m fusegen
+    when it runs from a checkout without one)."""
+    script = Path(sys.executable).parent / "fusegen"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "fusegen"]
+
+
+def test_ci_runs_the_two_commands():
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    for command in two_commands():
+        assert command in ci, f".ci/run does not run the README's command {command!r}"
+    assert "python3 -m venv" in " ".join(ci)  # a fresh virtualenv, not the machine's packages
+
+
+def test_cli_prints_no_warning(tmp_path):
+    """The README's `fusegen "a*b+c" --name fma` from a fresh directory: nothing on stderr
+    (torch without numpy printed a UserWarning here); a bad expression: only fusegen's error."""
+    install, _ = two_commands()
+    cli = install.split("&&")[1].split()
+    assert cli[0] == "fusegen"
+    args = [a.strip('"') for a in cli[1:]]
+    good = subprocess.run([*fusegen_command(), *args], cwd=tmp_path, env=env(), capture_output=True,
+                          text=True, timeout=600)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stderr == "", good.stderr
+    assert (tmp_path / "generated" / "fma" / "fma.cpp").is_file()
+    bad = subprocess.run([*fusegen_command(), "sigmod(x)", "--no-build"], cwd=tmp_path, env=env(),
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("fusegen: error: unknown function 'sigmod'"), bad.stderr
+    assert "warn" not in bad.stderr.lower() and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_python_examples_run(tmp_path):
+    """Each ```python block (but the standalone one) as a script: @fused reads its source."""
+    blocks = [code for mark, code in python_blocks() if STANDALONE not in mark]
+    assert blocks and any("fusegen.fuse(" in code for code in blocks)
+    for i, code in enumerate(blocks):
+        script = tmp_path / f"readme_example_{i}.py"
+        script.write_text(code)
+        r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env(), capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, f"README block {i} failed:\n{code}\n{r.stdout}{r.stderr}"
+        assert r.stderr == "", r.stderr
+
+
+CHECK = textwrap.dedent("""
+    # appended by tests/test_readme.py
+    assert not any(m == "fusegen" or m.startswith("fusegen.") for m in sys.modules), "fusegen was imported"
+    a, b, c = (torch.randn(33, 7, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = torch.ops.fusegen.fma(a, b, c)
+    torch.testing.assert_close(out, a * b + c)
+    g = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad(out, (a, b, c), g), torch.autograd.grad(a * b + c, (a, b, c), g)):
+        torch.testing.assert_close(got, want)
+    print("standalone ok")
+""")
+
+
+def test_standalone_build_runs(tmp_path):
+    """The marked block, run from a folder holding a copy of generated/fma/ (so nothing but
+    its own files is on the include path)."""
+    (code,) = [code for mark, code in python_blocks() if STANDALONE in mark]
+    assert "generated/fma/fma.cpp" in code
+    shutil.copytree(ROOT / "generated" / "fma", tmp_path / "generated" / "fma")
+    script = tmp_path / "standalone.py"
+    script.write_text("import sys\n" + code + CHECK)
+    e = dict(env(), TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))  # not ~/.cache
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=e, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "standalone ok" in r.stdout
