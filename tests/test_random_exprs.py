@@ -33,7 +33,7 @@ from fusegen.api import Request, fuse_many, generate
 from fusegen.functions import FUNCTIONS
 from fusegen.reference import evaluate_text
 
-N_EXPRESSIONS = 24
+N_EXPRESSIONS = 16
 MAX_DEPTH = 3
 EXAMPLES_PER_SEED = 6
 INPUTS = ("a", "b", "c")
