@@ -50,6 +50,7 @@ class Case:
     # Shape of input k for a problem of size n; default: every input is (n,).
     broadcast: bool = False
     tags: frozenset = field(default_factory=frozenset)
+    golden: str | None = None             # seeds: the folder in generated/ that holds it
 
     def shapes(self, n: int) -> list[tuple[int, ...]]:
         if self.broadcast:
@@ -71,15 +72,18 @@ GELU_TANH = "0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))"
 CORPUS: list[Case] = [
     # -- seed examples ---------------------------------------------------------------
     Case("cp_fma", "seed", "a*b+c", lambda a, b, c: a * b + c, (REAL, REAL, REAL),
-         tags=frozenset({"compile"})),
-    Case("cp_add_mul", "seed", "(x+y)*w", lambda x, y, w: (x + y) * w, (REAL, REAL, REAL)),
-    Case("cp_add", "seed", "a+b", lambda a, b: a + b, (REAL, REAL)),
-    Case("cp_relu_gate", "seed", "(x+y)*((x+y)>0)", lambda x, y: (x + y) * ((x + y) > 0), (REAL, REAL)),
-    Case("cp_distribute", "seed", "(a*b)+(a*c)", lambda a, b, c: a * b + a * c, (REAL, REAL, REAL)),
+         tags=frozenset({"compile"}), golden="fma"),
+    Case("cp_add_mul", "seed", "(x+y)*w", lambda x, y, w: (x + y) * w, (REAL, REAL, REAL), golden="addmul"),
+    Case("cp_add", "seed", "a+b", lambda a, b: a + b, (REAL, REAL), golden="add"),
+    Case("cp_relu_gate", "seed", "(x+y)*((x+y)>0)", lambda x, y: (x + y) * ((x + y) > 0), (REAL, REAL),
+         golden="masked_add"),
+    Case("cp_distribute", "seed", "(a*b)+(a*c)", lambda a, b, c: a * b + a * c, (REAL, REAL, REAL),
+         golden="mul_add_mul"),
     Case("cp_silu", "seed", "x*sigmoid(x)", lambda x: x * torch.sigmoid(x), (REAL,),
-         tags=frozenset({"compile"})),
+         tags=frozenset({"compile"}), golden="silu"),
     Case("cp_gelu_tanh", "seed", GELU_TANH,
-         lambda x: 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x))), (REAL,)),
+         lambda x: 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x))), (REAL,),
+         golden="gelu_tanh"),
     # -- transcendental functions -------------------------------------------------------
     Case("cp_exp_log", "function", "torch.exp(x) + log(y)", lambda x, y: torch.exp(x) + torch.log(y),
          (REAL, POSITIVE)),
@@ -126,3 +130,5 @@ CORPUS: list[Case] = [
 
 BY_NAME = {c.name: c for c in CORPUS}
 SEEDS = [c for c in CORPUS if c.category == "seed"]
+# The one seed table: generated/<golden>/ holds each seed's files (tests/test_golden.py).
+GOLDEN = {c.golden: c.expr for c in SEEDS}

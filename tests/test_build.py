@@ -47,10 +47,9 @@ def test_another_process_loads_the_corpus_without_compiling(corpus_ops):
     script = (
         "import sys, time; sys.path.insert(0, sys.argv[1])\n"
         "from corpus import CORPUS\n"
-        "from fusegen.api import Request, fuse_many\n"
-        "from fusegen.parse import parse\n"
-        "gen = [Request(c.expr, c.name, c.inputs, c.scalars) for c in CORPUS]\n"
-        "t = time.perf_counter(); ops = fuse_many(gen); dt = time.perf_counter() - t\n"
+        "from fusegen.api import Request, generate, load_generated\n"
+        "gen = [generate(Request(c.expr, c.name, c.inputs, c.scalars)) for c in CORPUS]\n"
+        "t = time.perf_counter(); ops = load_generated(gen); dt = time.perf_counter() - t\n"
         "print(ops[0].library.cached, ops[0].library.key, round(dt, 3))\n"
     )
     out = subprocess.run([sys.executable, "-c", script, str(TESTS)], capture_output=True, text=True,

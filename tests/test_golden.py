@@ -14,22 +14,15 @@ from pathlib import Path
 import pytest
 
 from fusegen.api import Request, generate
-from fusegen.parse import parse
 from fusegen.files import write
+
+from corpus import GOLDEN
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "generated"
 
-# The articles' examples: name -> (expression, scalars).
-SEEDS = {
-    "fma": "a*b+c",
-    "addmul": "(x+y)*w",
-    "add": "a+b",
-    "masked_add": "(x+y)*((x+y)>0)",
-    "mul_add_mul": "(a*b)+(a*c)",
-    "silu": "x*sigmoid(x)",
-    "gelu_tanh": "0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))",
-}
+# The one seed table (tests/corpus.py): generated/<name>/ -> expression.
+SEEDS = GOLDEN
 
 
 def test_generated_holds_every_seed():

@@ -1,4 +1,4 @@
-// fusegen.h: math helpers shared by every generated op, on the host and the device.
+// fusegen-math.h: math helpers shared by every generated op, on the host and the device.
 // Hand-written, not templated; copied next to the generated sources so they build alone.
 // No torch headers here: the CUDA kernels include this and compile with nvcc in seconds.
 // Include guard, not #pragma once: a bundle of ops includes several identical copies.
@@ -21,6 +21,7 @@ namespace fusegen {
 enum class Dtype : int { kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kBFloat16 = 3 };
 
 // torch.maximum/minimum propagate NaN; C's fmaxf/fminf return the other operand instead.
+// A tie returns b, as torch's vectorized kernels do (it matters only for -0.0 vs 0.0).
 template <typename T>
 FUSEGEN_HD T maximum(T a, T b) {
   return (a != a || a > b) ? a : b;
@@ -31,11 +32,22 @@ FUSEGEN_HD T minimum(T a, T b) {
   return (a != a || a < b) ? a : b;
 }
 
-// d/da maximum(a, b) = heaviside(a - b): torch gives each side half the gradient on a tie,
-// and all of it to both when the comparison is NaN.
+// torch.clamp with a number bound: std::max(x, lo) and std::min(x, hi). A NaN x stays
+// NaN and a tie keeps x (clamp(-0.0, min=0) is -0.0), as torch's kernels compute it.
 template <typename T>
-FUSEGEN_HD T heaviside(T x) {
-  return x == T(0) ? T(0.5) : (x < T(0) ? T(0) : T(1));
+FUSEGEN_HD T clamp_min(T x, T lo) {
+  return x < lo ? lo : x;
+}
+
+template <typename T>
+FUSEGEN_HD T clamp_max(T x, T hi) {
+  return hi < x ? hi : x;
+}
+
+// torch.relu is clamp_min(x, 0): relu(NaN) is NaN, relu(-0.0) is -0.0.
+template <typename T>
+FUSEGEN_HD T relu(T x) {
+  return clamp_min(x, T(0));
 }
 
 // torch.sign: -1, 0 or 1, and 0 for NaN.

@@ -1,4 +1,4 @@
-// fusegen_op.h: the host-side steps every generated op shares: check the arguments,
+// fusegen-op.h: the host-side steps every generated op shares: check the arguments,
 // promote and broadcast them, allocate the output, and reduce gradients to input shapes.
 // Hand-written, not templated; copied next to the generated sources so they build alone.
 // Include guard, not #pragma once: a bundle of ops includes several identical copies.
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "fusegen.h"
+#include "fusegen-math.h"
 
 namespace fusegen {
 
