@@ -25,6 +25,15 @@ from typing import Callable
 
 import sympy
 
+from . import names
+
+
+# The incoming gradient (d loss / d out) in every gradient expression: the one constant
+# that names it. A Symbol without assumptions, so it never equals a user's name, even one
+# spelled the same (parse.symbol makes those real=True, and names.for_c renames only
+# those). In C it is names.DOUT, the backward's parameter; in text (notation.py), `grad`.
+GRAD = sympy.Symbol(names.DOUT)
+
 
 class Node(sympy.Function):
     """One eager operation. Never evaluated, reordered or simplified by sympy."""

@@ -72,6 +72,9 @@ class TextPrinter(StrPrinter):
     def _print_Float(self, expr):
         return repr(float(expr))
 
+    def _print_Symbol(self, expr):
+        return "grad" if expr == fn.GRAD else expr.name
+
 
 def text(expr) -> str:
     return TextPrinter({"order": "none"}).doprint(expr)

@@ -25,18 +25,13 @@ from dataclasses import dataclass
 import sympy
 
 from . import functions as fn
-from . import names
 from .errors import SpecError
 from .notation import text
 from .parse import Parsed, check_op_name, symbol
 
 FUSEGEN_VERSION = "0.1.0"
 
-# The incoming gradient (d loss / d out) in every gradient expression: the one constant
-# that names it. A Symbol without assumptions, so it never equals a user's name, even one
-# spelled the same (parse.symbol makes those real=True, and names.for_c renames only those):
-# it prints as names.DOUT, the backward's parameter.
-GRAD = sympy.Symbol(names.DOUT)
+GRAD = fn.GRAD  # the incoming gradient, d loss / d out (functions.py defines it)
 
 
 @dataclass(frozen=True)

@@ -198,8 +198,8 @@ def test_to_json_and_summary():
     assert doc["name"] == "spec_json" and doc["expression"] == "a*b+c"
     assert doc["inputs"] == ["a", "b", "c"] and doc["passthrough"] == ["c"]
     assert doc["content_hash"] == "abc123"
-    assert doc["gradients"] == {"a": "dout*b", "b": "dout*a", "c": "dout"}
-    assert spec.summary() == ["d/da = dout*b", "d/db = dout*a", "d/dc = dout"]
+    assert doc["gradients"] == {"a": "grad*b", "b": "grad*a", "c": "grad"}
+    assert spec.summary() == ["d/da = grad*b", "d/db = grad*a", "d/dc = grad"]
 
 
 def test_default_name_is_stable_and_content_based():
