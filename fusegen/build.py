@@ -1,6 +1,12 @@
 """The only place that touches the compiler and the cache.
 
-One library holds one or more ops (tests build a whole corpus into one). The cache key
+Two kinds of library live in the cache. The shared runtime (templates/fusegen-runtime.cpp:
+argument checks, promotion, broadcasting, allocation, the CPU loop, CUDA guard, Meta impl,
+autograd, torch registration) includes the heavy torch headers; it is compiled once per
+torch/CUDA/compiler version into `runtime-<key>/libfusegen_runtime_<key>.so`. An op library
+holds one or more ops (tests build a whole corpus into one); its sources include no torch
+header, so it compiles in about a second, and it links against the runtime (-l and an
+rpath), whose key is part of the op's key. The cache key
 names everything that changes the binary: the sources, the flags, torch, CUDA, the
 compilers, the GPU architectures and fusegen's version. A build runs in a private temp
 directory under an flock (released by the kernel if the process dies, so no stale
@@ -22,16 +28,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import logging
+
 import torch
 
 from .errors import BuildError, LoadError
-from .render import write
+from .render import templates_dir, write
 from .spec import FUSEGEN_VERSION
+
+log = logging.getLogger("fusegen")
 
 CXX_FLAGS = ["-O3", "-Wall"]
 # Accurate math by default: no --use_fast_math, so results match eager PyTorch.
 NVCC_FLAGS = ["-O3"]  # cpp_extension adds the -std= that matches torch
 OPS_PER_UNIT = 6  # ops per translation unit: two units build in parallel on two cores
+RUNTIME_SOURCES = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h")
 
 
 @dataclass(frozen=True)
@@ -84,15 +95,34 @@ def build_flags(cuda: bool) -> dict[str, list[str]]:
     return {"cflags": cflags, "cuda_cflags": (NVCC_FLAGS + cuda_arch_flags()) if cuda else []}
 
 
-def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
+def _toolchain(cuda: bool) -> list[str]:
+    """What changes a binary besides its sources: versions of torch, CUDA, the compilers."""
     from torch.utils.cpp_extension import CUDA_HOME
-    h = hashlib.sha256()
-    parts = [
+    return [
         FUSEGEN_VERSION, torch.__version__, str(torch.version.cuda), sys.version, sys.platform,
         _tool_version(os.environ.get("CXX", "c++"), "--version"),
         repr(build_flags(cuda)), str(cuda),
         _tool_version(os.path.join(CUDA_HOME, "bin", "nvcc"), "--version") if cuda else "",
     ]
+
+
+def runtime_sources() -> dict[str, str]:
+    """The shared runtime's sources, as shipped beside every op."""
+    return {f: (templates_dir() / f).read_text() for f in RUNTIME_SOURCES}
+
+
+def runtime_key(cuda: bool) -> str:
+    h = hashlib.sha256()
+    for part in ["runtime"] + _toolchain(cuda):
+        h.update(part.encode() + b"\0")
+    for fname, text in sorted(runtime_sources().items()):
+        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
+    h = hashlib.sha256()
+    parts = _toolchain(cuda) + [runtime_key(cuda)]
     for part in parts:
         h.update(part.encode() + b"\0")
     for name, files in sorted(ops):
@@ -126,49 +156,75 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     return units
 
 
-def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
-    """Compile the ops into one shared library in the cache (or find it there)."""
-    cuda = cuda_enabled()
-    key = cache_key(ops, cuda)
+def _cached(key: str, folder: str, filename: str, compile_into, what: str) -> Library:
+    """The library `folder/filename` of the cache, built by `compile_into(tmp)` under an
+    flock in a private temp folder and published by one atomic rename when missing."""
     root = cache_dir()
-    final = root / key
-    lib = final / f"fusegen_{key}.so"
+    final = root / folder
+    lib = final / filename
     if lib.is_file():
         return Library(lib, key, 0.0, True)
-    with _locked(root / "locks" / f"{key}.lock"):
+    with _locked(root / "locks" / f"{folder}.lock"):
         if lib.is_file():  # another process built it while we waited
             return Library(lib, key, 0.0, True)
+        log.info("fusegen: building %s", what)
         start = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{key[:12]}-"))
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{folder[:20]}-"))
         try:
-            _compile(ops, cuda, tmp, key, verbose)
+            compile_into(tmp)
             if final.exists():  # a leftover from a crash between rename and now: replace it
                 shutil.rmtree(final)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return Library(lib, key, time.perf_counter() - start, False)
+        seconds = time.perf_counter() - start
+        log.info("fusegen: built %s in %.1f s", what, seconds)
+        return Library(lib, key, seconds, False)
 
 
-def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool):
+def runtime_library(verbose: bool = False) -> Library:
+    """The shared runtime for this torch/CUDA/compiler, built once and cached."""
+    cuda = cuda_enabled()
+    key = runtime_key(cuda)
+    name = f"libfusegen_runtime_{key}"
+
+    def compile_into(tmp: Path):
+        write(runtime_sources(), tmp)
+        flags = build_flags(cuda)
+        # The soname is what op libraries record (DT_NEEDED): the dynamic loader then finds
+        # the copy already loaded, and the runtime is loaded once per process.
+        _cpp_extension(name, [tmp / "fusegen-runtime.cpp"], flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
+                       tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in RUNTIME_SOURCES])
+
+    return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)")
+
+
+def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
+    """Compile the ops into one shared library in the cache (or find it there)."""
+    cuda = cuda_enabled()
+    key = cache_key(ops, cuda)
+    runtime = None if (cache_dir() / key / f"fusegen_{key}.so").is_file() else runtime_library(verbose)
+
+    def compile_into(tmp: Path):
+        _compile(ops, cuda, tmp, key, verbose, runtime)
+
+    return _cached(key, key, f"fusegen_{key}.so", compile_into, "op(s) " + ", ".join(n for n, _ in ops))
+
+
+def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda: bool, verbose: bool,
+                   what: str, files):
     from torch.utils import cpp_extension
-
-    for name, files in ops:
-        write(files, tmp / name)
-    units = _units(ops, cuda)
-    write(units, tmp)
-    flags = build_flags(cuda)
-    name = f"fusegen_{key}"
-    sources = [str(tmp / u) for u in units]
     try:
-        # cpp_extension writes the ninja file and runs it; the library it loads from `tmp`
-        # is this process's copy (the rename keeps the same inode), so nothing loads twice.
+        # cpp_extension writes the ninja file and runs it (the C++ and CUDA compilers in
+        # parallel); the library it loads from `tmp` is this process's copy (the rename keeps
+        # the same inode), so nothing loads twice.
         cpp_extension.load(
             name=name,
-            sources=sources,
-            extra_cflags=flags["cflags"],
-            extra_cuda_cflags=flags["cuda_cflags"],
+            sources=[str(s) for s in sources],
+            extra_cflags=cflags,
+            extra_cuda_cflags=cuda_cflags,
+            extra_ldflags=ldflags,
             build_directory=str(tmp),
             with_cuda=cuda,
             is_python_module=False,
@@ -176,12 +232,24 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool):
         )
     except (RuntimeError, subprocess.CalledProcessError, OSError) as err:
         ninja = tmp / "build.ninja"
-        log = str(err)
+        log_text = str(err)
         if ninja.is_file():
-            log += "\n--- build.ninja ---\n" + ninja.read_text()
-        names = ", ".join(n for n, _ in ops)
-        raise BuildError(f"fusegen: building op(s) {names} failed", log,
-                         tuple(str(tmp / n / f) for n, files in ops for f in files)) from None
+            log_text += "\n--- build.ninja ---\n" + ninja.read_text()
+        raise BuildError(f"fusegen: building {what} failed", log_text, tuple(files)) from None
+
+
+def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Library):
+    for name, files in ops:
+        write(files, tmp / name)
+    units = _units(ops, cuda)
+    write(units, tmp)
+    flags = build_flags(cuda)
+    libdir = runtime.path.parent
+    ldflags = [f"-L{libdir}", f"-l{runtime.path.stem[3:]}", f"-Wl,-rpath,{libdir}"]
+    names = ", ".join(n for n, _ in ops)
+    _cpp_extension(f"fusegen_{key}", [tmp / u for u in units], flags["cflags"], flags["cuda_cflags"], ldflags,
+                   tmp, cuda, verbose, f"op(s) {names}",
+                   [str(tmp / n / f) for n, files in ops for f in files])
     _LOADED.add(key)
 
 
