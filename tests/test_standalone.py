@@ -1,6 +1,7 @@
 """What `fusegen --out DIR` writes builds with torch and a compiler alone: a fresh
-interpreter that never imports fusegen compiles generated/fma with cpp_extension,
-loads it, and gets eager's answer, forward and backward."""
+interpreter that never imports fusegen compiles generated/fma (the op and the shared
+runtime copied beside it, into one library) with cpp_extension, loads it, and gets
+eager's answer, forward and backward."""
 
 import subprocess
 import sys
@@ -12,8 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = textwrap.dedent("""
     import sys, torch
     from torch.utils.cpp_extension import load
-    load(name="standalone_fma", sources=[sys.argv[1] + "/fma.cpp"], build_directory=sys.argv[2],
-         is_python_module=False, extra_cflags=["-O2"])
+    load(name="standalone_fma", sources=[sys.argv[1] + "/fma.cpp", sys.argv[1] + "/fusegen-runtime.cpp"],
+         build_directory=sys.argv[2], is_python_module=False, extra_cflags=["-O2"])
     assert not any(m.startswith("fusegen") for m in sys.modules), "fusegen was imported"
     a, b, c = (torch.randn(33, 7, dtype=torch.float64, requires_grad=True) for _ in range(3))
     out = torch.ops.fusegen.fma(a, b, c)

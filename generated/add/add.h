@@ -8,14 +8,18 @@
 //   fusegen "a+b" --name add --inputs a,b
 #pragma once
 
-#include "fusegen.h"
+#include "fusegen-math.h"
+
+namespace fusegen::op_add {
 
 // The forward value, computed in float.
-FUSEGEN_HD float add_forward(float a, float b) {
-  return a + b;
+FUSEGEN_HD float forward(float in_a, float in_b) {
+  return in_a + in_b;
 }
 
 // The forward value, computed in double.
-FUSEGEN_HD double add_forward(double a, double b) {
-  return a + b;
+FUSEGEN_HD double forward(double in_a, double in_b) {
+  return in_a + in_b;
 }
+
+}  // namespace fusegen::op_add

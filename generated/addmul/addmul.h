@@ -9,32 +9,36 @@
 //   fusegen "(x+y)*w" --name addmul --inputs x,y,w
 #pragma once
 
-#include "fusegen.h"
+#include "fusegen-math.h"
+
+namespace fusegen::op_addmul {
 
 // The forward value, computed in float.
-FUSEGEN_HD float addmul_forward(float x, float y, float w) {
-  const float t0 = x + y;
-  return t0*w;
+FUSEGEN_HD float forward(float in_x, float in_y, float in_w) {
+  const float t0 = in_x + in_y;
+  return in_w*t0;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in float.
-FUSEGEN_HD void addmul_backward(float grad, float x, float y, float w, float& grad_x, float& grad_y, float& grad_w) {
-  const float t0 = x + y;
-  grad_x = grad * w;
-  grad_y = grad * w;
-  grad_w = grad * t0;
+// Every gradient the backward kernel writes, from one read of its inputs, in float.
+FUSEGEN_HD void backward(float dout, float in_x, float in_y, float in_w, float& grad_x, float& grad_y, float& grad_w) {
+  const float t0 = in_x + in_y;
+  grad_x = dout * in_w;
+  grad_y = dout * in_w;
+  grad_w = dout * t0;
 }
 
 // The forward value, computed in double.
-FUSEGEN_HD double addmul_forward(double x, double y, double w) {
-  const double t0 = x + y;
-  return t0*w;
+FUSEGEN_HD double forward(double in_x, double in_y, double in_w) {
+  const double t0 = in_x + in_y;
+  return in_w*t0;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in double.
-FUSEGEN_HD void addmul_backward(double grad, double x, double y, double w, double& grad_x, double& grad_y, double& grad_w) {
-  const double t0 = x + y;
-  grad_x = grad * w;
-  grad_y = grad * w;
-  grad_w = grad * t0;
+// Every gradient the backward kernel writes, from one read of its inputs, in double.
+FUSEGEN_HD void backward(double dout, double in_x, double in_y, double in_w, double& grad_x, double& grad_y, double& grad_w) {
+  const double t0 = in_x + in_y;
+  grad_x = dout * in_w;
+  grad_y = dout * in_w;
+  grad_w = dout * t0;
 }
+
+}  // namespace fusegen::op_addmul

@@ -9,26 +9,30 @@
 //   fusegen "a*b+c" --name fma --inputs a,b,c
 #pragma once
 
-#include "fusegen.h"
+#include "fusegen-math.h"
+
+namespace fusegen::op_fma {
 
 // The forward value, computed in float.
-FUSEGEN_HD float fma_forward(float a, float b, float c) {
-  return a*b + c;
+FUSEGEN_HD float forward(float in_a, float in_b, float in_c) {
+  return in_a*in_b + in_c;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in float.
-FUSEGEN_HD void fma_backward(float grad, float a, float b, float& grad_a, float& grad_b) {
-  grad_a = grad * b;
-  grad_b = grad * a;
+// Every gradient the backward kernel writes, from one read of its inputs, in float.
+FUSEGEN_HD void backward(float dout, float in_a, float in_b, float& grad_a, float& grad_b) {
+  grad_a = dout * in_b;
+  grad_b = dout * in_a;
 }
 
 // The forward value, computed in double.
-FUSEGEN_HD double fma_forward(double a, double b, double c) {
-  return a*b + c;
+FUSEGEN_HD double forward(double in_a, double in_b, double in_c) {
+  return in_a*in_b + in_c;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in double.
-FUSEGEN_HD void fma_backward(double grad, double a, double b, double& grad_a, double& grad_b) {
-  grad_a = grad * b;
-  grad_b = grad * a;
+// Every gradient the backward kernel writes, from one read of its inputs, in double.
+FUSEGEN_HD void backward(double dout, double in_a, double in_b, double& grad_a, double& grad_b) {
+  grad_a = dout * in_b;
+  grad_b = dout * in_a;
 }
+
+}  // namespace fusegen::op_fma

@@ -7,32 +7,36 @@
 //   fusegen "0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))" --name gelu_tanh --inputs x
 #pragma once
 
-#include "fusegen.h"
+#include "fusegen-math.h"
+
+namespace fusegen::op_gelu_tanh {
 
 // The forward value, computed in float.
-FUSEGEN_HD float gelu_tanh_forward(float x) {
-  const float t0 = tanhf(0.035677408136172f*(x*x*x) + 0.7978845608f*x);
-  const float t1 = 0.5f*x;
+FUSEGEN_HD float forward(float in_x) {
+  const float t0 = tanhf(0.035677408136172f*(in_x*in_x*in_x) + 0.7978845608f*in_x);
+  const float t1 = 0.5f*in_x;
   return t1*(t0 + 1.0f);
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in float.
-FUSEGEN_HD void gelu_tanh_backward(float grad, float x, float& grad_x) {
-  const float t0 = tanhf(0.035677408136172f*(x*x*x) + 0.7978845608f*x);
-  const float t1 = 0.5f*x;
-  grad_x = grad * (0.5f*t0 + t1*(1.0f - (t0*t0))*(0.107032224408516f*(x*x) + 0.7978845608f) + 0.5f);
+// Every gradient the backward kernel writes, from one read of its inputs, in float.
+FUSEGEN_HD void backward(float dout, float in_x, float& grad_x) {
+  const float t0 = tanhf(0.035677408136172f*(in_x*in_x*in_x) + 0.7978845608f*in_x);
+  const float t1 = 0.5f*in_x;
+  grad_x = dout * (0.5f*t0 + t1*(1.0f - (t0*t0))*(0.107032224408516f*(in_x*in_x) + 0.7978845608f) + 0.5f);
 }
 
 // The forward value, computed in double.
-FUSEGEN_HD double gelu_tanh_forward(double x) {
-  const double t0 = tanh(0.035677408136172*(x*x*x) + 0.7978845608*x);
-  const double t1 = 0.5*x;
+FUSEGEN_HD double forward(double in_x) {
+  const double t0 = tanh(0.035677408136172*(in_x*in_x*in_x) + 0.7978845608*in_x);
+  const double t1 = 0.5*in_x;
   return t1*(t0 + 1.0);
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in double.
-FUSEGEN_HD void gelu_tanh_backward(double grad, double x, double& grad_x) {
-  const double t0 = tanh(0.035677408136172*(x*x*x) + 0.7978845608*x);
-  const double t1 = 0.5*x;
-  grad_x = grad * (0.5*t0 + t1*(1.0 - (t0*t0))*(0.107032224408516*(x*x) + 0.7978845608) + 0.5);
+// Every gradient the backward kernel writes, from one read of its inputs, in double.
+FUSEGEN_HD void backward(double dout, double in_x, double& grad_x) {
+  const double t0 = tanh(0.035677408136172*(in_x*in_x*in_x) + 0.7978845608*in_x);
+  const double t1 = 0.5*in_x;
+  grad_x = dout * (0.5*t0 + t1*(1.0 - (t0*t0))*(0.107032224408516*(in_x*in_x) + 0.7978845608) + 0.5);
 }
+
+}  // namespace fusegen::op_gelu_tanh

@@ -8,34 +8,38 @@
 //   fusegen "(x+y)*((x+y)>0)" --name masked_add --inputs x,y
 #pragma once
 
-#include "fusegen.h"
+#include "fusegen-math.h"
+
+namespace fusegen::op_masked_add {
 
 // The forward value, computed in float.
-FUSEGEN_HD float masked_add_forward(float x, float y) {
-  const float t0 = x + y;
+FUSEGEN_HD float forward(float in_x, float in_y) {
+  const float t0 = in_x + in_y;
   const float t1 = (t0 > 0.0f ? 1.0f : 0.0f);
   return t0*t1;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in float.
-FUSEGEN_HD void masked_add_backward(float grad, float x, float y, float& grad_x, float& grad_y) {
-  const float t0 = x + y;
+// Every gradient the backward kernel writes, from one read of its inputs, in float.
+FUSEGEN_HD void backward(float dout, float in_x, float in_y, float& grad_x, float& grad_y) {
+  const float t0 = in_x + in_y;
   const float t1 = (t0 > 0.0f ? 1.0f : 0.0f);
-  grad_x = grad * t1;
-  grad_y = grad * t1;
+  grad_x = dout * t1;
+  grad_y = dout * t1;
 }
 
 // The forward value, computed in double.
-FUSEGEN_HD double masked_add_forward(double x, double y) {
-  const double t0 = x + y;
+FUSEGEN_HD double forward(double in_x, double in_y) {
+  const double t0 = in_x + in_y;
   const double t1 = (t0 > 0.0 ? 1.0 : 0.0);
   return t0*t1;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in double.
-FUSEGEN_HD void masked_add_backward(double grad, double x, double y, double& grad_x, double& grad_y) {
-  const double t0 = x + y;
+// Every gradient the backward kernel writes, from one read of its inputs, in double.
+FUSEGEN_HD void backward(double dout, double in_x, double in_y, double& grad_x, double& grad_y) {
+  const double t0 = in_x + in_y;
   const double t1 = (t0 > 0.0 ? 1.0 : 0.0);
-  grad_x = grad * t1;
-  grad_y = grad * t1;
+  grad_x = dout * t1;
+  grad_y = dout * t1;
 }
+
+}  // namespace fusegen::op_masked_add

@@ -9,28 +9,32 @@
 //   fusegen "(a*b)+(a*c)" --name mul_add_mul --inputs a,b,c
 #pragma once
 
-#include "fusegen.h"
+#include "fusegen-math.h"
+
+namespace fusegen::op_mul_add_mul {
 
 // The forward value, computed in float.
-FUSEGEN_HD float mul_add_mul_forward(float a, float b, float c) {
-  return a*b + a*c;
+FUSEGEN_HD float forward(float in_a, float in_b, float in_c) {
+  return in_a*in_b + in_a*in_c;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in float.
-FUSEGEN_HD void mul_add_mul_backward(float grad, float a, float b, float c, float& grad_a, float& grad_b, float& grad_c) {
-  grad_a = grad * (b + c);
-  grad_b = grad * a;
-  grad_c = grad * a;
+// Every gradient the backward kernel writes, from one read of its inputs, in float.
+FUSEGEN_HD void backward(float dout, float in_a, float in_b, float in_c, float& grad_a, float& grad_b, float& grad_c) {
+  grad_a = dout * (in_b + in_c);
+  grad_b = dout * in_a;
+  grad_c = dout * in_a;
 }
 
 // The forward value, computed in double.
-FUSEGEN_HD double mul_add_mul_forward(double a, double b, double c) {
-  return a*b + a*c;
+FUSEGEN_HD double forward(double in_a, double in_b, double in_c) {
+  return in_a*in_b + in_a*in_c;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in double.
-FUSEGEN_HD void mul_add_mul_backward(double grad, double a, double b, double c, double& grad_a, double& grad_b, double& grad_c) {
-  grad_a = grad * (b + c);
-  grad_b = grad * a;
-  grad_c = grad * a;
+// Every gradient the backward kernel writes, from one read of its inputs, in double.
+FUSEGEN_HD void backward(double dout, double in_a, double in_b, double in_c, double& grad_a, double& grad_b, double& grad_c) {
+  grad_a = dout * (in_b + in_c);
+  grad_b = dout * in_a;
+  grad_c = dout * in_a;
 }
+
+}  // namespace fusegen::op_mul_add_mul

@@ -7,32 +7,36 @@
 //   fusegen "x*sigmoid(x)" --name silu --inputs x
 #pragma once
 
-#include "fusegen.h"
+#include "fusegen-math.h"
+
+namespace fusegen::op_silu {
 
 // The forward value, computed in float.
-FUSEGEN_HD float silu_forward(float x) {
-  const float t0 = fusegen::sigmoid(x);
-  const float t1 = t0*x;
+FUSEGEN_HD float forward(float in_x) {
+  const float t0 = fusegen::sigmoid(in_x);
+  const float t1 = in_x*t0;
   return t1;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in float.
-FUSEGEN_HD void silu_backward(float grad, float x, float& grad_x) {
-  const float t0 = fusegen::sigmoid(x);
-  const float t1 = t0*x;
-  grad_x = grad * (t0 + t1*(1.0f - t0));
+// Every gradient the backward kernel writes, from one read of its inputs, in float.
+FUSEGEN_HD void backward(float dout, float in_x, float& grad_x) {
+  const float t0 = fusegen::sigmoid(in_x);
+  const float t1 = in_x*t0;
+  grad_x = dout * (t0 + t1*(1.0f - t0));
 }
 
 // The forward value, computed in double.
-FUSEGEN_HD double silu_forward(double x) {
-  const double t0 = fusegen::sigmoid(x);
-  const double t1 = t0*x;
+FUSEGEN_HD double forward(double in_x) {
+  const double t0 = fusegen::sigmoid(in_x);
+  const double t1 = in_x*t0;
   return t1;
 }
 
-// Every gradient the backward kernel writes, from one read of the inputs, in double.
-FUSEGEN_HD void silu_backward(double grad, double x, double& grad_x) {
-  const double t0 = fusegen::sigmoid(x);
-  const double t1 = t0*x;
-  grad_x = grad * (t0 + t1*(1.0 - t0));
+// Every gradient the backward kernel writes, from one read of its inputs, in double.
+FUSEGEN_HD void backward(double dout, double in_x, double& grad_x) {
+  const double t0 = fusegen::sigmoid(in_x);
+  const double t1 = in_x*t0;
+  grad_x = dout * (t0 + t1*(1.0 - t0));
 }
+
+}  // namespace fusegen::op_silu

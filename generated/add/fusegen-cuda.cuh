@@ -1,4 +1,4 @@
-// fusegen_cuda.cuh: the CUDA side every generated op shares (vector loads, dtype dispatch,
+// fusegen-cuda.cuh: the CUDA side every generated op shares (vector loads, dtype dispatch,
 // launch configuration). Hand-written, not templated. No torch headers, on purpose: a .cu
 // that includes none compiles in about 2 s instead of 30.
 // Include guard, not #pragma once: a bundle of ops includes several identical copies.
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "fusegen.h"
+#include "fusegen-math.h"
 
 namespace fusegen {
 

@@ -1,4 +1,4 @@
-// fusegen.h: math helpers shared by every generated op, on the host and the device.
+// fusegen-math.h: math helpers shared by every generated op, on the host and the device.
 // Hand-written, not templated; copied next to the generated sources so they build alone.
 // No torch headers here: the CUDA kernels include this and compile with nvcc in seconds.
 // Include guard, not #pragma once: a bundle of ops includes several identical copies.
