@@ -438,22 +438,31 @@ class Kernel final : public c10::OperatorKernel {
 };
 
 // The registrations, alive for the rest of the process (never destroyed: unregistering at
-// exit, after torch's own teardown began, is not worth the risk).
-std::mutex registry_mutex;
-std::vector<torch::Library*>* libraries = new std::vector<torch::Library*>();
+// exit, after torch's own teardown began, is not worth the risk). Function-local statics:
+// an op compiled into the same library (a standalone build) may register from its static
+// initializer before this file's namespace-scope objects would have been constructed.
+std::mutex& registry_mutex() {
+  static std::mutex* mutex = new std::mutex();
+  return *mutex;
+}
+
+std::vector<torch::Library*>& libraries() {
+  static std::vector<torch::Library*>* all = new std::vector<torch::Library*>();
+  return *all;
+}
 
 }  // namespace
 
 bool register_op(const OpDef& def) {
   TORCH_CHECK(def.abi == kAbi, "fusegen::", def.name, ": built against fusegen-runtime.h ABI ", def.abi,
               ", but the runtime has ABI ", kAbi, "; rebuild the op");
-  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::lock_guard<std::mutex> lock(registry_mutex());
   Op* op = new Op{&def, def.name, std::string(def.name) + "_backward", std::nullopt, std::nullopt};
   const char* file = "fusegen-runtime.cpp";
   auto* defs = new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
   defs->def(def.schema);
   if (op->has_backward()) defs->def(def.backward_schema);
-  libraries->push_back(defs);
+  libraries().push_back(defs);
   op->forward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("fusegen::" + op->name).c_str(), "");
   if (op->has_backward()) {
     op->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("fusegen::" + op->backward_name).c_str(), "");
@@ -475,7 +484,7 @@ bool register_op(const OpDef& def) {
       impls->impl(op->backward_name.c_str(),
                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(op, true, key)));
     }
-    libraries->push_back(impls);
+    libraries().push_back(impls);
   }
   return true;
 }

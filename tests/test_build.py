@@ -38,11 +38,16 @@ def test_failed_build_raises_with_log_and_leaves_no_trace(tmp_path, monkeypatch)
 def test_cache_key_names_sources_and_flags(monkeypatch):
     ops = [("k", {"k.cpp": "int x;\n", "k.h": "\n"})]
     key = build.cache_key(ops, cuda=False)
+    runtime = build.runtime_key(cuda=False)
     assert build.cache_key(ops, cuda=False) == key
     assert build.cache_key([("k", {"k.cpp": "int y;\n", "k.h": "\n"})], cuda=False) != key
     assert build.cache_key([("k2", {"k.cpp": "int x;\n", "k.h": "\n"})], cuda=False) != key
+    monkeypatch.setattr(build, "runtime_key", lambda cuda: "another runtime")
+    assert build.cache_key(ops, cuda=False) != key  # a new runtime relinks every op
+    monkeypatch.undo()
     monkeypatch.setattr(build, "CXX_FLAGS", build.CXX_FLAGS + ["-DSOMETHING"])
     assert build.cache_key(ops, cuda=False) != key
+    assert build.runtime_key(cuda=False) != runtime  # the runtime's flags changed too
 
 
 def test_another_process_loads_the_corpus_without_compiling(corpus_ops):
@@ -82,10 +87,9 @@ def test_two_processes_building_one_op_compile_it_once(tmp_path):
 
 
 def test_the_runtime_is_built_once_and_op_libraries_link_to_it(corpus_ops):
-    """One runtime per toolchain: its key ignores the ops; an op's key names the runtime's;
+    """One runtime per toolchain, built once (here by the corpus fixture) and then cached;
     the op library needs it by soname and finds it through its rpath."""
     assert build.runtime_key(cuda=False) == build.runtime_key(cuda=False)
-    assert build.runtime_key(cuda=False) != build.runtime_key(cuda=True) or not build.cuda_enabled()
     runtime = build.runtime_library()
     assert runtime.cached and runtime.path.name == f"libfusegen_runtime_{runtime.key}.so"
     library = next(iter(corpus_ops.values())).library
