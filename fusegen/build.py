@@ -204,7 +204,9 @@ def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Libra
     """Compile the ops into one shared library in the cache (or find it there)."""
     cuda = cuda_enabled()
     key = cache_key(ops, cuda)
-    runtime = None if (cache_dir() / key / f"fusegen_{key}.so").is_file() else runtime_library(verbose)
+    # Also for a cached op: its library needs the runtime's (found through its rpath), which
+    # a trimmed cache may have lost. A cache hit costs one stat.
+    runtime = runtime_library(verbose)
 
     def compile_into(tmp: Path):
         _compile(ops, cuda, tmp, key, verbose, runtime)
