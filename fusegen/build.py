@@ -256,7 +256,7 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Libra
 
 
 # Libraries this process has loaded, by key: a library must never be loaded twice
-# (its TORCH_LIBRARY_FRAGMENT would register the same ops again).
+# (its static initializers would call fusegen::register_op and define the same ops again).
 _LOADED: set[str] = set()
 
 
