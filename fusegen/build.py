@@ -1,21 +1,28 @@
 """The only place that touches the compiler and the cache.
 
-One library holds one or more ops (tests build a whole corpus into one). The cache key
-names everything that changes the binary: the sources, the flags, torch, CUDA, the
+Two kinds of library live in the cache. The shared runtime (templates/fusegen-runtime.cpp:
+argument checks, promotion, broadcasting, allocation, the CPU loop, CUDA guard, Meta impl,
+autograd, torch registration) includes the heavy torch headers; it is compiled once per
+torch/CUDA/compiler version into `runtime-<key>/libfusegen_runtime_<key>.so`. An op library
+holds one or more ops (tests build a whole corpus into one); its sources include no torch
+header, so it compiles in about a second, and it links against the runtime (-l and an
+rpath), whose key is part of the op's key. The cache key names everything that changes the binary: the sources, the flags, torch, CUDA, the
 compilers, the GPU architectures and fusegen's version. A build runs in a private temp
 directory under an flock (released by the kernel if the process dies, so no stale
 locks) and is published with one atomic rename; a failed build leaves nothing behind.
 
 The cache holds shared libraries that are loaded into the process, so it must be private:
 fusegen creates it 0700 and refuses to build in, or load from, a cache directory, entry or
-library that another user owns or that group or others can write. A cache deleted while a
-build runs is recreated and the build runs again, once.
+library that another user owns or that group or others can write (the runtime's entry
+as well as the op's). A cache deleted while a build runs is recreated and the build runs
+again, once; both kinds of library are built by the one function that does this, `_cached`.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import stat
@@ -31,13 +38,16 @@ from pathlib import Path
 import torch
 
 from .errors import BuildError, FusegenError, LoadError
-from .files import write
+from .files import templates_dir, write
 from .spec import FUSEGEN_VERSION
+
+log = logging.getLogger("fusegen")
 
 CXX_FLAGS = ["-O3", "-Wall"]
 # Accurate math by default: no --use_fast_math, so results match eager PyTorch.
 NVCC_FLAGS = ["-O3"]  # cpp_extension adds the -std= that matches torch
 OPS_PER_UNIT = 6  # ops per translation unit: two units build in parallel on two cores
+RUNTIME_SOURCES = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h")
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class Library:
     key: str
     seconds: float      # time spent building (0.0 on a cache hit)
     cached: bool
+    runtime: Path | None = None  # an op library: the runtime library it links against
 
 
 def cache_dir() -> Path:
@@ -133,15 +144,34 @@ def build_flags(cuda: bool) -> dict[str, list[str]]:
     return {"cflags": cflags, "cuda_cflags": (NVCC_FLAGS + cuda_arch_flags()) if cuda else []}
 
 
-def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
+def _toolchain(cuda: bool) -> list[str]:
+    """What changes a binary besides its sources: versions of torch, CUDA, the compilers."""
     from torch.utils.cpp_extension import CUDA_HOME
-    h = hashlib.sha256()
-    parts = [
+    return [
         FUSEGEN_VERSION, torch.__version__, str(torch.version.cuda), sys.version, sys.platform,
         _tool_version(os.environ.get("CXX", "c++"), "--version"),
         repr(build_flags(cuda)), str(cuda),
         _tool_version(os.path.join(CUDA_HOME, "bin", "nvcc"), "--version") if cuda else "",
     ]
+
+
+def runtime_sources() -> dict[str, str]:
+    """The shared runtime's sources, as shipped beside every op."""
+    return {f: (templates_dir() / f).read_text() for f in RUNTIME_SOURCES}
+
+
+def runtime_key(cuda: bool) -> str:
+    h = hashlib.sha256()
+    for part in ["runtime"] + _toolchain(cuda):
+        h.update(part.encode() + b"\0")
+    for fname, text in sorted(runtime_sources().items()):
+        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
+    h = hashlib.sha256()
+    parts = _toolchain(cuda) + [runtime_key(cuda)]
     for part in parts:
         h.update(part.encode() + b"\0")
     for name, files in sorted(ops):
@@ -179,38 +209,40 @@ class _CacheDeleted(Exception):
     """The cache directory, or the build's temp folder in it, vanished during the build."""
 
 
-def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
-    """Compile the ops into one shared library in the cache (or find it there). A cache
-    deleted during the build is recreated and the build runs again, once."""
-    cuda = cuda_enabled()
-    key = cache_key(ops, cuda)
+def _cached(key: str, folder: str, filename: str, compile_into, what: str) -> Library:
+    """The library `folder/filename` of the cache, built by `compile_into(tmp)` under an
+    flock in a private temp folder and published by one atomic rename when missing (the
+    runtime and op libraries alike). A cache deleted during the build is recreated and the
+    build runs again, once."""
     for attempt in (1, 2):
         root = _cache_root(BuildError)
         try:
-            return _build_in(root, ops, cuda, key, verbose)
+            return _build_in(root, key, folder, filename, compile_into, what)
         except _CacheDeleted:
             if attempt == 2:
                 raise BuildError(f"fusegen: the cache directory {root} was deleted twice while "
-                                 f"building op(s) {', '.join(n for n, _ in ops)}; stop whatever "
-                                 "removes it, or set FUSEGEN_CACHE_DIR to another directory") from None
+                                 f"building {what}; stop whatever removes it, or set "
+                                 "FUSEGEN_CACHE_DIR to another directory") from None
+            log.info("fusegen: the cache %s was deleted while building %s; building again", root, what)
     raise AssertionError("unreachable")
 
 
-def _build_in(root: Path, ops, cuda: bool, key: str, verbose: bool) -> Library:
-    final = root / key
-    lib = final / f"fusegen_{key}.so"
+def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, what: str) -> Library:
+    final = root / folder
+    lib = final / filename
     if lib.is_file():
         return Library(lib, key, 0.0, True)
     start = time.perf_counter()
     try:
-        with _locked(root / "locks" / f"{key}.lock"):
+        with _locked(root / "locks" / f"{folder}.lock"):
             if lib.is_file():  # another process built it while we waited
                 return Library(lib, key, 0.0, True)
+            log.info("fusegen: building %s", what)
             start = time.perf_counter()  # the build, not the wait
-            tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{key[:12]}-"))
+            tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{folder[:20]}-"))
             try:
-                _compile(ops, cuda, tmp, key, verbose)
-                _seal(tmp / lib.name)
+                compile_into(tmp)
+                _seal(tmp / filename)
                 if final.exists():  # a leftover from a crash between rename and now: replace it
                     shutil.rmtree(final)
                 os.rename(tmp, final)
@@ -226,11 +258,14 @@ def _build_in(root: Path, ops, cuda: bool, key: str, verbose: bool) -> Library:
         raise _CacheDeleted from err
     except _CacheDeleted:
         if key in _LOADED:
-            # Built and loaded into this process; only publishing it failed. The ops work
-            # here; the next process builds again.
+            # An op library built and loaded into this process; only publishing it failed.
+            # The ops work here; the next process builds again. (The runtime is never in
+            # _LOADED: op libraries link against its file, so a lost runtime is rebuilt.)
             return Library(lib, key, time.perf_counter() - start, False)
         raise
-    return Library(lib, key, time.perf_counter() - start, False)
+    seconds = time.perf_counter() - start
+    log.info("fusegen: built %s in %.1f s", what, seconds)
+    return Library(lib, key, seconds, False)
 
 
 def _seal(library: Path):
@@ -241,24 +276,55 @@ def _seal(library: Path):
         os.chmod(library, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
 
 
-def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool):
-    from torch.utils import cpp_extension
+def runtime_library(verbose: bool = False) -> Library:
+    """The shared runtime for this torch/CUDA/compiler, built once and cached."""
+    cuda = cuda_enabled()
+    key = runtime_key(cuda)
+    name = f"libfusegen_runtime_{key}"
 
-    for name, files in ops:
-        write(files, tmp / name)
-    units = _units(ops, cuda)
-    write(units, tmp)
-    flags = build_flags(cuda)
-    name = f"fusegen_{key}"
-    sources = [str(tmp / u) for u in units]
+    def compile_into(tmp: Path):
+        write(runtime_sources(), tmp)
+        flags = build_flags(cuda)
+        # The soname is what op libraries record (DT_NEEDED): the dynamic loader then finds
+        # the copy already loaded, and the runtime is loaded once per process.
+        _cpp_extension(name, [tmp / "fusegen-runtime.cpp"], flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
+                       tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in RUNTIME_SOURCES])
+
+    return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)")
+
+
+def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
+    """Compile the ops into one shared library in the cache (or find it there). A cache
+    deleted during the build is recreated and the build runs again, once."""
+    cuda = cuda_enabled()
+    key = cache_key(ops, cuda)
+    # Also for a cached op: its library needs the runtime's (found through its rpath), which
+    # a trimmed cache may have lost. A cache hit costs one stat.
+    runtime = [runtime_library(verbose)]
+
+    def compile_into(tmp: Path):
+        # Again inside the op's build: a cache deleted since (and recreated for this retry)
+        # has lost the runtime too, and the op links against its file.
+        runtime[0] = runtime_library(verbose)
+        _compile(ops, cuda, tmp, key, verbose, runtime[0])
+
+    lib = _cached(key, key, f"fusegen_{key}.so", compile_into, "op(s) " + ", ".join(n for n, _ in ops))
+    return Library(lib.path, lib.key, lib.seconds, lib.cached, runtime[0].path)
+
+
+def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda: bool, verbose: bool,
+                   what: str, files):
+    from torch.utils import cpp_extension
     try:
-        # cpp_extension writes the ninja file and runs it; the library it loads from `tmp`
-        # is this process's copy (the rename keeps the same inode), so nothing loads twice.
+        # cpp_extension writes the ninja file and runs it (the C++ and CUDA compilers in
+        # parallel); the library it loads from `tmp` is this process's copy (the rename keeps
+        # the same inode), so nothing loads twice.
         cpp_extension.load(
             name=name,
-            sources=sources,
-            extra_cflags=flags["cflags"],
-            extra_cuda_cflags=flags["cuda_cflags"],
+            sources=[str(s) for s in sources],
+            extra_cflags=cflags,
+            extra_cuda_cflags=cuda_cflags,
+            extra_ldflags=ldflags,
             build_directory=str(tmp),
             with_cuda=cuda,
             is_python_module=False,
@@ -266,22 +332,35 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool):
         )
     except (RuntimeError, subprocess.CalledProcessError, OSError) as err:
         ninja = tmp / "build.ninja"
-        log = str(err)
+        log_text = str(err)
         if ninja.is_file():
-            log += "\n--- build.ninja ---\n" + ninja.read_text()
-        names = ", ".join(n for n, _ in ops)
-        raise BuildError(f"fusegen: building op(s) {names} failed", log,
-                         tuple(str(tmp / n / f) for n, files in ops for f in files)) from None
-    _LOADED.add(key)
+            log_text += "\n--- build.ninja ---\n" + ninja.read_text()
+        raise BuildError(f"fusegen: building {what} failed", log_text, tuple(files)) from None
     # A second build of one name in a process (a retry after a failed or deleted build) is
-    # named <name>_v1.so by cpp_extension's versioner; the cache entry holds <name>.so.
+    # named <name>_v1.so by cpp_extension's versioner; the cache entry holds <name>.so, for
+    # the runtime (libfusegen_runtime_<key>) as for an op library (fusegen_<key>).
     if not (tmp / f"{name}.so").exists():
         for built in tmp.glob(f"{name}_v*.so"):
             os.rename(built, tmp / f"{name}.so")
 
 
+def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Library):
+    for name, files in ops:
+        write(files, tmp / name)
+    units = _units(ops, cuda)
+    write(units, tmp)
+    flags = build_flags(cuda)
+    libdir = runtime.path.parent
+    ldflags = [f"-L{libdir}", f"-l{runtime.path.stem[3:]}", f"-Wl,-rpath,{libdir}"]
+    names = ", ".join(n for n, _ in ops)
+    _cpp_extension(f"fusegen_{key}", [tmp / u for u in units], flags["cflags"], flags["cuda_cflags"], ldflags,
+                   tmp, cuda, verbose, f"op(s) {names}",
+                   [str(tmp / n / f) for n, files in ops for f in files])
+    _LOADED.add(key)
+
+
 # Libraries this process has loaded, by key: a library must never be loaded twice
-# (its TORCH_LIBRARY_FRAGMENT would register the same ops again).
+# (its static initializers would call fusegen::register_op and define the same ops again).
 _LOADED: set[str] = set()
 
 
@@ -289,11 +368,13 @@ def load(library: Library):
     """Load a library from the cache, after checking that nobody else can have written it."""
     if library.key in _LOADED:
         return
-    try:
-        _check_entry(library.path, LoadError)
-    except FileNotFoundError:
-        raise LoadError(f"fusegen: the cache entry {library.path.parent} was deleted before it "
-                        "could be loaded; run again to rebuild it") from None
+    # The op library and the runtime it pulls in (DT_NEEDED, through its rpath) alike.
+    for path in (library.path,) + ((library.runtime,) if library.runtime else ()):
+        try:
+            _check_entry(path, LoadError)
+        except FileNotFoundError:
+            raise LoadError(f"fusegen: the cache entry {path.parent} was deleted before it "
+                            "could be loaded; run again to rebuild it") from None
     try:
         torch.ops.load_library(str(library.path))
     except (OSError, RuntimeError) as err:

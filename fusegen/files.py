@@ -1,5 +1,7 @@
 """The only place that writes files: the sources the CLI writes to `generated/<name>/`, the
-sources a build writes into its temp folder in the cache, the benchmark's JSON.
+sources a build writes into its temp folder in the cache, the benchmark's JSON. It also
+finds templates/ (`templates_dir()`), which the render stage reads and the build stage
+reads the shared runtime's sources from, so the build stage need not import render.
 
 Each file is written through a temp file in the same folder and renamed over the target,
 so a reader (or a crash) never sees half a file. New files get the usual mode,
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
@@ -55,3 +58,14 @@ def _create_temp(path: Path) -> tuple[int, Path]:
         except FileExistsError:
             continue
     raise FileExistsError(f"could not create a temp file beside {path}")
+
+
+def templates_dir() -> Path:
+    """templates/ beside the package in a checkout (editable install, PYTHONPATH=.);
+    the `fusegen.templates` package data in a wheel (pip install .)."""
+    source = Path(__file__).resolve().parent.parent / "templates"
+    if (source / "op.cpp.j2").is_file():
+        return source
+    # templates/ has no __init__.py, so this is a namespace package: ask for a file in it
+    # (str() of the folder itself would be a MultiplexedPath's repr).
+    return Path(str(resources.files("fusegen.templates") / "op.cpp.j2")).parent

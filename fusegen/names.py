@@ -34,7 +34,9 @@ ROLES = {
 LOCALS = frozenset("""
     out out_v out_p dout dout_v dout_p n n_vec i k v stride first scalar_t acc_t kVec tag
     layout flat grads saved computed next output_mask ctx douts begin end device_guard stream dtype
-    below_autograd op
+    below_autograd op in scalars forward_loop backward_loop forward_cpu backward_cpu forward_cuda
+    backward_cuda forward_launch backward_launch kDef registered kInputNames kScalarNames
+    kBackwardInputs kBackwardScalars kKernelGrads kPassthrough
 """.split())
 
 # Temporaries of the straight-line math: t0, t1, ... (`t` is not a role).

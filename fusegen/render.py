@@ -11,38 +11,28 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import jinja2
 
 from . import names
-
+from .files import templates_dir
 from .printer import PrintedOp
 from .spec import FUSEGEN_VERSION, OpSpec
 
 # Hand-written headers copied beside every op, so `--out DIR` builds without fusegen.
-HELPERS = ("fusegen-math.h", "fusegen-cuda.cuh", "fusegen-op.h")
+# fusegen-runtime.{h,cpp} is the shared runtime: fusegen compiles it once into its own cached
+# library; a standalone build of the folder compiles it together with <name>.cpp.
+HELPERS = ("fusegen-math.h", "fusegen-cuda.cuh", "fusegen-runtime.h", "fusegen-runtime.cpp")
 
 # Output file -> (template, what the file is, for its header comment).
 TEMPLATES = {
     "{name}.h": ("op_math.h.j2", "the elementwise math, shared by the CPU and CUDA kernels"),
     "{name}.cu": ("op_kernels.cu.j2", "CUDA kernels and their launchers (no torch headers)"),
-    "{name}.cpp": ("op.cpp.j2", "schemas, CPU/CUDA/Meta impls and the autograd Function"),
+    "{name}.cpp": ("op.cpp.j2", "CPU kernels and the descriptor the shared runtime registers"),
 }
 
 COMPUTE_TYPES = ("float", "double")
-
-
-def templates_dir() -> Path:
-    """templates/ beside the package in a checkout (editable install, PYTHONPATH=.);
-    the `fusegen.templates` package data in a wheel (pip install .)."""
-    source = Path(__file__).resolve().parent.parent / "templates"
-    if (source / "op.cpp.j2").is_file():
-        return source
-    # templates/ has no __init__.py, so this is a namespace package: ask for a file in it
-    # (str() of the folder itself would be a MultiplexedPath's repr).
-    return Path(str(resources.files("fusegen.templates") / "op.cpp.j2")).parent
 
 
 def _environment() -> jinja2.Environment:
@@ -96,9 +86,11 @@ def _context(spec: OpSpec, printed: PrintedOp) -> dict:
         "inputs": inputs,
         "scalars": [Name(s) for s in spec.scalars],
         "backward_inputs": [by_name[x] for x in spec.backward_inputs],
-        "backward_scalars": [Name(s) for s in spec.backward_scalars],
+        "backward_scalars": [Name(s, index=spec.scalars.index(s)) for s in spec.backward_scalars],
         "kernel_grads": kernel_grads,
         "passthrough_grads": [by_name[g.input] for g in spec.gradients if g.passthrough],
+        "passthrough_flags": ["true" if x in {g.input for g in spec.gradients if g.passthrough} else "false"
+                              for x in spec.inputs],
         "dout": names.DOUT,
         "dout_arg": {"name": names.DOUT, "c": names.DOUT},
         "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}

@@ -37,6 +37,20 @@ def corpus_ops():
     return {c.name: op for c, op in zip(CORPUS, ops)}
 
 
+def seed_runtime(cache: Path) -> Path:
+    """Copy the shared runtime (built once in the session's cache) into another cache
+    folder, so a test with a fresh cache compiles only its ops, as a user's would."""
+    import shutil
+    from fusegen import build
+
+    lib = build.runtime_library()
+    target = Path(cache) / lib.path.parent.name
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(lib.path.parent, target)
+    return target
+
+
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(1234)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import seed_runtime
 from fusegen import build
 from fusegen.errors import BuildError, FusegenError
 
@@ -17,6 +18,7 @@ TESTS = Path(__file__).resolve().parent
 
 def test_failed_build_raises_with_log_and_leaves_no_trace(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
+    runtime = seed_runtime(cache)
     monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(cache))
     broken = {"broken.cpp": '#error "fusegen test: this op does not compile"\n',
               "broken.cu": '#error "fusegen test: this op does not compile"\n'}
@@ -26,8 +28,8 @@ def test_failed_build_raises_with_log_and_leaves_no_trace(tmp_path, monkeypatch)
     assert isinstance(info.value, FusegenError)
     assert "broken" in message and "this op does not compile" in message
     assert "broken.cpp" in message  # the sources are named
-    # No published entry, no temp build folder: only the (unheld) lock file.
-    assert sorted(p.name for p in cache.iterdir()) == ["locks"]
+    # No published entry, no temp build folder: only the (unheld) lock file and the runtime.
+    assert sorted(p.name for p in cache.iterdir()) == sorted(["locks", runtime.name])
     (lock,) = (cache / "locks").iterdir()
     with open(lock) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a lock were left held
@@ -36,11 +38,16 @@ def test_failed_build_raises_with_log_and_leaves_no_trace(tmp_path, monkeypatch)
 def test_cache_key_names_sources_and_flags(monkeypatch):
     ops = [("k", {"k.cpp": "int x;\n", "k.h": "\n"})]
     key = build.cache_key(ops, cuda=False)
+    runtime = build.runtime_key(cuda=False)
     assert build.cache_key(ops, cuda=False) == key
     assert build.cache_key([("k", {"k.cpp": "int y;\n", "k.h": "\n"})], cuda=False) != key
     assert build.cache_key([("k2", {"k.cpp": "int x;\n", "k.h": "\n"})], cuda=False) != key
+    monkeypatch.setattr(build, "runtime_key", lambda cuda: "another runtime")
+    assert build.cache_key(ops, cuda=False) != key  # a new runtime relinks every op
+    monkeypatch.undo()
     monkeypatch.setattr(build, "CXX_FLAGS", build.CXX_FLAGS + ["-DSOMETHING"])
     assert build.cache_key(ops, cuda=False) != key
+    assert build.runtime_key(cuda=False) != runtime  # the runtime's flags changed too
 
 
 def test_another_process_loads_the_corpus_without_compiling(corpus_ops):
@@ -65,11 +72,24 @@ def test_two_processes_building_one_op_compile_it_once(tmp_path):
     script = ("import fusegen\n"
               "op = fusegen.fuse('x*1.5 + y*y', name='lock_race')\n"
               "print(op.library.cached)\n")
+    runtime = seed_runtime(tmp_path / "cache")
     env = dict(os.environ, FUSEGEN_CACHE_DIR=str(tmp_path / "cache"))
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
     assert sorted(out.strip() for out, _ in outs) == ["False", "True"]
-    entries = [p for p in (tmp_path / "cache").iterdir() if p.name != "locks"]
+    entries = [p for p in (tmp_path / "cache").iterdir() if p.name not in ("locks", runtime.name)]
     assert len(entries) == 1 and not entries[0].name.startswith(".build-")
+
+
+def test_the_runtime_is_built_once_and_op_libraries_link_to_it(corpus_ops):
+    """One runtime per toolchain, built once (here by the corpus fixture) and then cached;
+    the op library needs it by soname and finds it through its rpath."""
+    assert build.runtime_key(cuda=False) == build.runtime_key(cuda=False)
+    runtime = build.runtime_library()
+    assert runtime.cached and runtime.path.name == f"libfusegen_runtime_{runtime.key}.so"
+    library = next(iter(corpus_ops.values())).library
+    dynamic = subprocess.run(["readelf", "-d", str(library.path)], capture_output=True, text=True).stdout
+    if dynamic:  # binutils present
+        assert f"[{runtime.path.name}]" in dynamic and str(runtime.path.parent) in dynamic

@@ -4,8 +4,11 @@ It holds shared libraries fusegen loads into the process, so whoever can write t
 run code in every process that loads from it: the cache directory is created 0700, and
 fusegen refuses a cache directory, entry or library that another user owns or that group
 or others can write. A cache deleted during a build gives a clean rebuild or a one-line
-error. Most tests fake the compiler (cpp_extension.load writes a dummy library), so they
-take milliseconds; one deletes the cache during a real compile."""
+error. The same holds for the shared runtime's entry (runtime-<key>), which op libraries
+link against: a cache deleted under an op's build has lost the runtime too, and the retry
+rebuilds both. Most tests fake the compiler (cpp_extension.load writes a dummy library,
+for the runtime as for the op), so they take milliseconds; one deletes the cache during a
+real compile."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import pytest
 import torch
 from torch.utils import cpp_extension
 
+from conftest import seed_runtime
 from fusegen import build
 from fusegen.errors import BuildError, LoadError
 
@@ -34,16 +38,20 @@ def mode(path) -> int:
 def cache(tmp_path, monkeypatch):
     """A fresh cache path (not yet created) and a fake compiler: cpp_extension.load writes
     a dummy <name>.so with the umask's mode, as the linker does. `fake.before` runs first
-    (to delete the cache mid-build); `loaded` records what torch.ops.load_library gets."""
+    (to delete the cache mid-build); `loaded` records what torch.ops.load_library gets.
+    `calls` counts op builds (`before` sees only those); `runtime_calls` the runtime's."""
     root = tmp_path / "cache"
     monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(root))
     monkeypatch.setattr(build, "_LOADED", set())
-    calls = []
+    calls, runtime_calls = [], []
 
     def fake_load(name, sources, build_directory, **kwargs):
-        calls.append(build_directory)
-        if fake.before:
-            fake.before(len(calls))
+        if name.startswith("libfusegen_runtime_"):
+            runtime_calls.append(build_directory)
+        else:
+            calls.append(build_directory)
+            if fake.before:
+                fake.before(len(calls))
         # what cpp_extension's FileBaton does first: fails when the folder is gone
         os.close(os.open(os.path.join(build_directory, "lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         os.unlink(os.path.join(build_directory, "lock"))
@@ -61,7 +69,7 @@ def cache(tmp_path, monkeypatch):
         return library
 
     fake = Fake()
-    fake.root, fake.calls, fake.loaded = root, calls, []
+    fake.root, fake.calls, fake.runtime_calls, fake.loaded = root, calls, runtime_calls, []
     fake.build = build_as_another_process
     monkeypatch.setattr(cpp_extension, "load", fake_load)
     monkeypatch.setattr(torch.ops, "load_library", lambda path: fake.loaded.append(
@@ -71,6 +79,10 @@ def cache(tmp_path, monkeypatch):
 
 def entries(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name != "locks")
+
+
+def runtime_entry() -> str:
+    return f"runtime-{build.runtime_key(build.cuda_enabled())}"
 
 
 # -- a private cache ------------------------------------------------------------------------------
@@ -87,6 +99,7 @@ def test_default_cache_dir_is_created_0700(tmp_path, monkeypatch, cache):
     assert build.cache_dir() == root and lib.path.parent.parent == root
     assert mode(root) == 0o700
     assert mode(tmp_path / "home" / ".cache") == 0o755  # parents as mkdir -p makes them
+    assert entries(root) == sorted([lib.key, runtime_entry()]) and lib.runtime.parent.parent == root
 
 
 def test_a_library_built_under_umask_002_is_not_group_writable(cache):
@@ -97,6 +110,7 @@ def test_a_library_built_under_umask_002_is_not_group_writable(cache):
         os.umask(old)
     assert mode(cache.root) == 0o700
     assert not mode(lib.path) & 0o022, oct(mode(lib.path))
+    assert not mode(lib.runtime) & 0o022, oct(mode(lib.runtime))  # the runtime is sealed too
     build.load(lib)  # passes the checks: our own build, shared between our own processes
     assert cache.loaded == [(str(lib.path), True)]
 
@@ -129,6 +143,18 @@ def test_refuses_an_entry_or_library_others_can_write(cache):
     assert str(lib.path) in str(info.value) and f"chmod go-w {lib.path}" in str(info.value)
     assert cache.loaded == []
     os.chmod(lib.path, 0o755)
+    # the runtime the op library pulls in is checked as well
+    os.chmod(lib.runtime.parent, 0o770)
+    with pytest.raises(LoadError, match="cache entry") as info:
+        build.load(lib)
+    assert str(lib.runtime.parent) in str(info.value)
+    os.chmod(lib.runtime.parent, 0o700)
+    os.chmod(lib.runtime, 0o757)
+    with pytest.raises(LoadError, match="cached library") as info:
+        build.load(lib)
+    assert str(lib.runtime) in str(info.value)
+    os.chmod(lib.runtime, 0o755)
+    assert cache.loaded == []
     build.load(lib)
     assert cache.loaded == [(str(lib.path), True)]
 
@@ -155,8 +181,9 @@ def test_cache_deleted_mid_build_rebuilds_cleanly(cache):
     cache.before = lambda call: shutil.rmtree(cache.root) if call == 1 else None
     lib = cache.build()
     assert len(cache.calls) == 2 and not lib.cached
-    assert lib.path.is_file() and mode(cache.root) == 0o700
-    assert entries(cache.root) == [lib.key]  # published; no .build-* folder left
+    assert len(cache.runtime_calls) == 2  # the deleted cache took the runtime with it: rebuilt
+    assert lib.path.is_file() and lib.runtime.is_file() and mode(cache.root) == 0o700
+    assert entries(cache.root) == sorted([lib.key, runtime_entry()])  # published; no .build-* left
     build.load(lib)
     assert cache.loaded == [(str(lib.path), True)]
 
@@ -177,7 +204,8 @@ def test_cache_deleted_after_the_library_was_loaded_keeps_the_loaded_ops(cache, 
 
     def load_then_delete(**kwargs):
         real(**kwargs)
-        shutil.rmtree(cache.root)
+        if not kwargs["name"].startswith("libfusegen_runtime_"):  # the op's build
+            shutil.rmtree(cache.root)
 
     monkeypatch.setattr(cpp_extension, "load", load_then_delete)
     lib = build.build(OPS)
@@ -196,22 +224,43 @@ def test_cache_deleted_between_build_and_load_is_a_one_line_error(cache):
     assert cache.loaded == []
 
 
+def test_runtime_deleted_between_build_and_load_is_a_one_line_error(cache):
+    lib = cache.build()
+    shutil.rmtree(lib.runtime.parent)
+    with pytest.raises(LoadError) as info:
+        build.load(lib)
+    message = str(info.value)
+    assert "\n" not in message and str(lib.runtime.parent) in message and "run again" in message
+    assert cache.loaded == []
+
+
+def test_a_cache_that_lost_its_runtime_rebuilds_it(cache):
+    lib = cache.build()
+    shutil.rmtree(lib.runtime.parent)
+    again = cache.build()
+    assert again.cached and len(cache.calls) == 1 and len(cache.runtime_calls) == 2
+    assert again.runtime.is_file()
+
+
 def test_cache_deleted_during_a_real_compile(tmp_path, monkeypatch):
-    """A real build (two compiles): the cache is removed with rm -rf while the compiler
-    runs; fusegen recreates it, builds again, publishes and the op works."""
+    """A real build (two compiles of the op): the cache, seeded with the runtime as a user's
+    would be, is removed with rm -rf while the compiler runs on the op; fusegen recreates it,
+    rebuilds the runtime it lost and the op, publishes both and the op works."""
     from fusegen.cli import main
 
     name = "cache_deleted_mid_build"
     assert main(["x*2.5 + y*y", "--name", name, "--out", str(tmp_path / "src"), "--no-build"]) == 0
     ops = [(name, {p.name: p.read_text() for p in (tmp_path / "src" / name).iterdir()})]
     root = tmp_path / "cache"
+    seed_runtime(root)
     monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(root))
     stop = threading.Event()
     deleted = []
 
     def remover():
         while not stop.is_set():
-            if any(root.glob(".build-*/build.ninja")):  # ninja starts the compiler now
+            # ninja starts the compiler on the op now (not the runtime's rebuild)
+            if any(p for p in root.glob(".build-*/build.ninja") if not p.parent.name.startswith(".build-runtime-")):
                 shutil.rmtree(root, ignore_errors=True)
                 deleted.append(time.perf_counter())
                 return
@@ -225,7 +274,8 @@ def test_cache_deleted_during_a_real_compile(tmp_path, monkeypatch):
         stop.set()
         thread.join()
     assert deleted, "the cache was never deleted: the build finished first?"
-    assert lib.path.is_file() and entries(root) == [lib.key]
+    assert lib.path.is_file() and lib.runtime.is_file()
+    assert entries(root) == sorted([lib.key, lib.runtime.parent.name])
     build.load(lib)
     x, y = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
     torch.testing.assert_close(torch.ops.fusegen.cache_deleted_mid_build(x, y), x * 2.5 + y * y)

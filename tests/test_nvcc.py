@@ -45,8 +45,9 @@ def test_every_generated_cu_compiles(tmp_path):
 
 
 def test_cuda_host_code_compiles(tmp_path):
-    """The CUDA half of every <name>.cpp (under FUSEGEN_WITH_CUDA: device guard, stream,
-    launch check, launcher declarations) compiles against torch's c10/cuda headers.
+    """The CUDA half of the shared runtime (under FUSEGEN_WITH_CUDA: device guard, stream,
+    launch check) compiles against torch's c10/cuda headers, together with the CUDA half
+    of every <name>.cpp (launcher declarations and adapters, no torch header).
 
     The CPU wheel of torch ships those headers but not the one file CMake generates for a
     CUDA build, c10/cuda/impl/cuda_cmake_macros.h (a single #define), so we write it."""
@@ -63,7 +64,10 @@ def test_cuda_host_code_compiles(tmp_path):
     macros.parent.mkdir(parents=True)
     macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
     bundle = tmp_path / "bundle.cpp"
-    bundle.write_text("".join(f'#include "{cu.with_suffix(".cpp")}"\n' for cu in KERNELS))
+    runtime = KERNELS[0].parent / "fusegen-runtime.cpp"
+    # cuda_runtime_api.h first: the ops' own spelling of cudaStream_t must agree with CUDA's.
+    bundle.write_text("#include <cuda_runtime_api.h>\n" + f'#include "{runtime}"\n'
+                      + "".join(f'#include "{cu.with_suffix(".cpp")}"\n' for cu in KERNELS))
     includes = [f"-isystem{p}" for p in [tmp_path / "cfg", *include_paths("cpu"), cuda_include]]
     result = subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra",
                              "-DFUSEGEN_WITH_CUDA", *includes, str(bundle)], capture_output=True, text=True)

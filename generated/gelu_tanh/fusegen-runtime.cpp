@@ -1,0 +1,492 @@
+// fusegen-runtime.cpp: the part of every fusegen op that does not depend on its expression.
+// Compiled once per torch/CUDA version into a shared library that op libraries link
+// against (or, in a standalone build of generated/<name>/, into the op's own library).
+// Each op describes itself with an OpDef (fusegen-runtime.h) and calls register_op; this
+// file turns that into the schemas fusegen::<name> and fusegen::<name>_backward with
+// boxed CPU, Meta, CUDA and Autograd kernels: argument checks, type promotion and
+// broadcasting, allocation, the CPU parallel loop, the CUDA device guard and stream,
+// and a torch::autograd::Function whose backward calls <name>_backward.
+// Hand-written, not templated.
+#include "fusegen-runtime.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/TypeProperties.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#ifdef FUSEGEN_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace fusegen {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One tensor argument with the name it has in the schema, for error messages.
+struct Arg {
+  const char* name;
+  const at::Tensor& tensor;
+};
+using Args = std::vector<Arg>;
+
+// Elements per CPU task: large enough that at::parallel_for's overhead is noise.
+constexpr int64_t kCpuGrain = 32768;
+
+bool is_supported_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// Undefined tensors (None from Python) fail here with the op's and the argument's name,
+// before anything asks them for a size, dtype or device.
+void check_defined(const std::string& op, const Args& args) {
+  for (const Arg& arg : args) {
+    TORCH_CHECK(arg.tensor.defined(), "fusegen::", op, ": argument '", arg.name,
+                "' is None (an undefined tensor); expected a tensor");
+  }
+}
+
+// Checks every argument (defined, floating, one device) and returns the dtype the op
+// computes and returns in: torch's type promotion over the arguments, as eager does.
+at::ScalarType check_args(const std::string& op, const Args& args) {
+  const Arg& first = args.front();
+  at::native::ResultTypeState state = {};
+  check_defined(op, args);
+  for (const Arg& arg : args) {
+    const at::Tensor& t = arg.tensor;
+    TORCH_CHECK(is_supported_dtype(t.scalar_type()), "fusegen::", op, ": argument '", arg.name,
+                "' must be a float32, float64, float16 or bfloat16 tensor, got ", t.scalar_type());
+    TORCH_CHECK(t.device() == first.tensor.device(), "fusegen::", op, ": argument '", arg.name,
+                "' is on ", t.device(), ", expected ", first.tensor.device(), " (the device of '",
+                first.name, "')");
+    state = at::native::update_result_type_state(t, state);
+  }
+  return at::native::result_type(state);
+}
+
+// The broadcast shape of all arguments, with an error that names the one that does not fit.
+c10::SymDimVector broadcast_shape(const std::string& op, const Args& args) {
+  c10::SymDimVector shape;
+  for (const Arg& arg : args) {
+    const c10::SymIntArrayRef sizes = arg.tensor.sym_sizes();
+    const size_t ndim = std::max(shape.size(), sizes.size());
+    c10::SymDimVector merged(ndim, c10::SymInt(1));
+    for (size_t i = 0; i < ndim; ++i) {
+      const c10::SymInt a = i < ndim - shape.size() ? c10::SymInt(1) : shape[i - (ndim - shape.size())];
+      const c10::SymInt b = i < ndim - sizes.size() ? c10::SymInt(1) : sizes[i - (ndim - sizes.size())];
+      TORCH_CHECK(a == 1 || b == 1 || a == b, "fusegen::", op, ": argument '", arg.name, "' of shape ",
+                  sizes, " does not broadcast with shape ", c10::SymIntArrayRef(shape),
+                  " of the arguments before it");
+      merged[i] = a == 1 ? b : a;
+    }
+    shape = std::move(merged);
+  }
+  return shape;
+}
+
+// Shape and options of the op's outputs: the broadcast shape, the promoted dtype.
+struct Layout {
+  c10::SymDimVector sizes;
+  at::TensorOptions options;
+
+  at::Tensor empty() const { return at::empty_symint(sizes, options); }
+  at::ScalarType dtype() const { return options.dtype().toScalarType(); }
+  // Only for real tensors (CPU/CUDA impls); Meta impls never ask.
+  int64_t numel() const {
+    int64_t n = 1;
+    for (const c10::SymInt& s : sizes) n *= s.expect_int();
+    return n;
+  }
+};
+
+// Checking and shape inference in one step. On its own this is the Meta implementation;
+// the CPU and CUDA ones start with it.
+Layout output_layout(const std::string& op, const Args& args) {
+  const at::ScalarType dtype = check_args(op, args);
+  return Layout{broadcast_shape(op, args), args.front().tensor.options().dtype(dtype)};
+}
+
+// Inputs as the kernels want them: promoted, broadcast to the output shape and contiguous,
+// so a kernel is one flat loop. This copies broadcast or strided inputs and is free for
+// contiguous ones of the output's shape and dtype.
+std::vector<at::Tensor> flat_inputs(const Layout& layout, const Args& args) {
+  std::vector<at::Tensor> out;
+  out.reserve(args.size());
+  for (const Arg& arg : args) {
+    out.push_back(arg.tensor.to(layout.dtype()).expand_symint(layout.sizes).contiguous());
+  }
+  return out;
+}
+
+Dtype kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return Dtype::kFloat64;
+    case at::kHalf: return Dtype::kFloat16;
+    case at::kBFloat16: return Dtype::kBFloat16;
+    default: return Dtype::kFloat32;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// One registered op: its descriptor, plus the names the runtime derives from it.
+
+struct Op {
+  const OpDef* def;
+  std::string name;           // "<name>"
+  std::string backward_name;  // "<name>_backward"
+  std::optional<c10::OperatorHandle> forward_op;   // fusegen::<name>, looked up once
+  std::optional<c10::OperatorHandle> backward_op;  // fusegen::<name>_backward
+  bool has_backward() const { return def->num_kernel_grads > 0; }
+};
+
+// A tensor argument off the dispatcher's stack; None (from Python) is an undefined tensor,
+// which check_defined reports by name.
+at::Tensor tensor_arg(const c10::IValue& v) { return v.isNone() ? at::Tensor() : v.toTensor(); }
+
+// The forward's arguments off the stack (tensors, then scalars), which stay on it.
+struct ForwardArgs {
+  std::vector<at::Tensor> tensors;
+  std::vector<double> scalars;
+
+  ForwardArgs(const OpDef& def, const torch::jit::Stack& stack) {
+    const size_t first = stack.size() - def.num_inputs - def.num_scalars;
+    for (int i = 0; i < def.num_inputs; ++i) tensors.push_back(tensor_arg(stack[first + i]));
+    for (int i = 0; i < def.num_scalars; ++i) scalars.push_back(stack[first + def.num_inputs + i].toDouble());
+  }
+  Args named(const OpDef& def) const {
+    Args args;
+    for (int i = 0; i < def.num_inputs; ++i) args.push_back({def.input_names[i], tensors[i]});
+    return args;
+  }
+};
+
+// The backward's arguments: dout, the inputs it reads, its scalars, output_mask.
+struct BackwardArgs {
+  std::vector<at::Tensor> tensors;  // dout first
+  std::vector<double> scalars;
+  std::vector<bool> mask;
+
+  BackwardArgs() = default;
+  BackwardArgs(const OpDef& def, const torch::jit::Stack& stack) {
+    const size_t count = 1 + def.num_backward_inputs + def.num_backward_scalars + 1;
+    const size_t first = stack.size() - count;
+    for (int i = 0; i <= def.num_backward_inputs; ++i) tensors.push_back(tensor_arg(stack[first + i]));
+    for (int i = 0; i < def.num_backward_scalars; ++i) {
+      scalars.push_back(stack[first + 1 + def.num_backward_inputs + i].toDouble());
+    }
+    for (bool b : stack[first + count - 1].toBoolList()) mask.push_back(b);
+  }
+  Args named(const OpDef& def) const {
+    Args args{{"dout", tensors[0]}};
+    for (int i = 0; i < def.num_backward_inputs; ++i) {
+      args.push_back({def.input_names[def.backward_inputs[i]], tensors[i + 1]});  // the user's name
+    }
+    return args;
+  }
+  void push(torch::jit::Stack& stack) const {
+    for (const at::Tensor& t : tensors) stack.emplace_back(t);
+    for (double s : scalars) stack.emplace_back(s);
+    c10::List<bool> list;
+    for (bool b : mask) list.push_back(b);
+    stack.emplace_back(std::move(list));
+  }
+};
+
+std::vector<const void*> data_of(const std::vector<at::Tensor>& flat) {
+  std::vector<const void*> ptrs;
+  for (const at::Tensor& t : flat) ptrs.push_back(t.const_data_ptr());
+  return ptrs;
+}
+
+// The gradients that were asked for (defined), in order: what <name>_backward returns.
+std::vector<at::Tensor> requested(const std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& g : grads) {
+    if (g.defined()) out.push_back(g);
+  }
+  return out;
+}
+
+enum class Device { kCpu, kMeta, kCuda };
+
+// The forward on one device: check, lay out, allocate, run the op's kernel.
+at::Tensor run_forward(const Op& op, Device device, const ForwardArgs& a) {
+  const OpDef& def = *op.def;
+  const Args args = a.named(def);
+  const Layout layout = output_layout(op.name, args);
+  if (device == Device::kMeta) return layout.empty();
+#ifdef FUSEGEN_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> device_guard;
+  if (device == Device::kCuda) device_guard.emplace(layout.options.device());  // checked: one device
+#endif
+  at::Tensor out = layout.empty();
+  const int64_t n = out.numel();
+  if (n == 0) return out;
+  const std::vector<at::Tensor> flat = flat_inputs(layout, args);
+  const std::vector<const void*> in = data_of(flat);
+  void* out_p = out.mutable_data_ptr();
+  const Dtype dtype = kernel_dtype(out.scalar_type());
+  if (device == Device::kCpu) {
+    at::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) {
+      def.forward_cpu(dtype, begin, end, in.data(), out_p, a.scalars.data());
+    });
+  } else {
+#ifdef FUSEGEN_WITH_CUDA
+    def.forward_cuda(dtype, n, in.data(), out_p, a.scalars.data(), c10::cuda::getCurrentCUDAStream().stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+#endif
+  }
+  return out;
+}
+
+// The backward on one device: the gradients selected by output_mask, in order, at the
+// broadcast shape.
+std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a) {
+  const OpDef& def = *op.def;
+  const Args args = a.named(def);
+  const Layout layout = output_layout(op.backward_name, args);
+  std::vector<at::Tensor> grads(def.num_kernel_grads);
+  if (device == Device::kMeta) {
+    for (int k = 0; k < def.num_kernel_grads; ++k) {
+      if (a.mask[k]) grads[k] = layout.empty();
+    }
+    return requested(grads);
+  }
+#ifdef FUSEGEN_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> device_guard;
+  if (device == Device::kCuda) device_guard.emplace(layout.options.device());  // checked: one device
+#endif
+  for (int k = 0; k < def.num_kernel_grads; ++k) {
+    if (a.mask[k]) grads[k] = layout.empty();
+  }
+  const int64_t n = layout.numel();
+  if (n == 0) return requested(grads);
+  const std::vector<at::Tensor> flat = flat_inputs(layout, args);
+  const std::vector<const void*> in = data_of(flat);
+  std::vector<void*> out(grads.size());
+  for (size_t k = 0; k < grads.size(); ++k) out[k] = grads[k].defined() ? grads[k].mutable_data_ptr() : nullptr;
+  const Dtype dtype = kernel_dtype(layout.dtype());
+  if (device == Device::kCpu) {
+    at::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) {
+      def.backward_cpu(dtype, begin, end, in.data(), out.data(), a.scalars.data());
+    });
+  } else {
+#ifdef FUSEGEN_WITH_CUDA
+    def.backward_cuda(dtype, n, in.data(), out.data(), a.scalars.data(), c10::cuda::getCurrentCUDAStream().stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+#endif
+  }
+  return requested(grads);
+}
+
+// ---------------------------------------------------------------------------------------
+// Autograd: the forward redispatches below autograd to fusegen::<name>; the backward calls
+// fusegen::<name>_backward. Both go through the dispatcher, so torch.compile and opcheck
+// see ordinary ops.
+
+// A gradient computed at the broadcast shape, summed back to the input's shape and cast
+// to its dtype. A gradient that already fits is returned as is (no kernel).
+at::Tensor reduce_to_input(AutogradContext* ctx, int index, const at::Tensor& grad) {
+  const std::string key = std::to_string(index);
+  const std::vector<c10::SymInt> sizes = ctx->saved_data["sizes" + key].toSymIntVector();
+  const at::ScalarType dtype = ctx->saved_data["dtype" + key].toScalarType();
+  return at::sum_to(grad, c10::SymIntArrayRef(sizes)).to(dtype);
+}
+
+// Arguments of apply(): the tensors first (one gradient each), then two non-tensors.
+class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList tensors, const Op* op, std::vector<double> scalars) {
+    const OpDef& def = *op->def;
+    ctx->saved_data["op"] = reinterpret_cast<int64_t>(op);
+    std::vector<at::Tensor> saved;
+    for (int i = 0; i < def.num_backward_inputs; ++i) saved.push_back(tensors[def.backward_inputs[i]]);
+    ctx->save_for_backward(saved);
+    for (int i = 0; i < def.num_backward_scalars; ++i) {
+      ctx->saved_data["scalar" + std::to_string(i)] = scalars[def.backward_scalars[i]];
+    }
+    for (int i = 0; i < def.num_inputs; ++i) {
+      ctx->saved_data["sizes" + std::to_string(i)] = tensors[i].sym_sizes();
+      ctx->saved_data["dtype" + std::to_string(i)] = tensors[i].scalar_type();
+    }
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    torch::jit::Stack stack;
+    for (const at::Tensor& t : tensors) stack.emplace_back(t);
+    for (double s : scalars) stack.emplace_back(s);
+    op->forward_op->callBoxed(stack);
+    return stack.back().toTensor();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list douts) {
+    const Op& op = *reinterpret_cast<const Op*>(ctx->saved_data["op"].toInt());
+    const OpDef& def = *op.def;
+    const at::Tensor& dout = douts[0];
+    variable_list grads(def.num_inputs + 2);  // one per tensor; the op and the scalars get none
+    if (def.num_kernel_grads > 0) {
+      BackwardArgs a;
+      a.tensors.push_back(dout);
+      for (const at::Tensor& t : ctx->get_saved_variables()) a.tensors.push_back(t);
+      for (int i = 0; i < def.num_backward_scalars; ++i) {
+        a.scalars.push_back(ctx->saved_data["scalar" + std::to_string(i)].toDouble());
+      }
+      bool any = false;
+      for (int k = 0; k < def.num_kernel_grads; ++k) {
+        a.mask.push_back(ctx->needs_input_grad(def.kernel_grads[k]));
+        any = any || a.mask.back();
+      }
+      if (any) {
+        torch::jit::Stack stack;
+        a.push(stack);
+        op.backward_op->callBoxed(stack);
+        const std::vector<at::Tensor> computed = stack.back().toTensorVector();
+        size_t next = 0;
+        for (int k = 0; k < def.num_kernel_grads; ++k) {
+          const int i = def.kernel_grads[k];
+          if (a.mask[k]) grads[i] = reduce_to_input(ctx, i, computed[next++]);
+        }
+      }
+    }
+    // d/dx = 1: dout passes through without a kernel.
+    for (int i = 0; i < def.num_inputs; ++i) {
+      if (def.passthrough[i] && ctx->needs_input_grad(i)) grads[i] = reduce_to_input(ctx, i, dout);
+    }
+    return grads;
+  }
+};
+
+// The backward's own derivative (double backward) is not implemented yet. Autograd reaches
+// this node only when a second derivative is asked for, and then it fails loudly instead
+// of treating the gradients as constants.
+class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, at::TensorList tensors, const Op* op,
+                               std::vector<double> scalars, std::vector<bool> mask) {
+    ctx->saved_data["op"] = reinterpret_cast<int64_t>(op);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    BackwardArgs a;
+    a.tensors.assign(tensors.begin(), tensors.end());
+    a.scalars = std::move(scalars);
+    a.mask = std::move(mask);
+    torch::jit::Stack stack;
+    a.push(stack);
+    op->backward_op->callBoxed(stack);
+    return stack.back().toTensorVector();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list /*douts*/) {
+    const Op& op = *reinterpret_cast<const Op*>(ctx->saved_data["op"].toInt());
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "fusegen::", op.name, ": the derivative of its backward (double backward, "
+                                "e.g. torch.autograd.grad(..., create_graph=True) differentiated again) "
+                                "is not supported yet");
+    return {};
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Boxed kernels: one class, told which op, which of its two schemas and which dispatch key.
+
+enum class Key { kCpu, kMeta, kCuda, kAutograd };
+
+class Kernel final : public c10::OperatorKernel {
+ public:
+  Kernel(const Op* op, bool backward, Key key) : op_(op), backward_(backward), key_(key) {}
+
+  void operator()(const c10::OperatorHandle& /*handle*/, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+    const OpDef& def = *op_->def;
+    if (!backward_) {
+      ForwardArgs a(def, *stack);
+      at::Tensor out;
+      if (key_ == Key::kAutograd) {
+        // Function::apply records every input's metadata first: catch None before it does.
+        check_defined(op_->name, a.named(def));
+        out = ForwardFunction::apply(at::TensorList(a.tensors), op_, a.scalars);
+      } else {
+        out = run_forward(*op_, device(), a);
+      }
+      torch::jit::drop(*stack, def.num_inputs + def.num_scalars);
+      stack->emplace_back(std::move(out));
+    } else {
+      BackwardArgs a(def, *stack);
+      std::vector<at::Tensor> out;
+      if (key_ == Key::kAutograd) {
+        check_defined(op_->backward_name, a.named(def));
+        out = BackwardFunction::apply(at::TensorList(a.tensors), op_, a.scalars, a.mask);
+      } else {
+        out = run_backward(*op_, device(), a);
+      }
+      torch::jit::drop(*stack, 1 + def.num_backward_inputs + def.num_backward_scalars + 1);
+      stack->emplace_back(std::move(out));
+    }
+  }
+
+ private:
+  Device device() const { return key_ == Key::kCpu ? Device::kCpu : key_ == Key::kMeta ? Device::kMeta : Device::kCuda; }
+
+  const Op* op_;
+  bool backward_;
+  Key key_;
+};
+
+// The registrations, alive for the rest of the process (never destroyed: unregistering at
+// exit, after torch's own teardown began, is not worth the risk). Function-local statics:
+// an op compiled into the same library (a standalone build) may register from its static
+// initializer before this file's namespace-scope objects would have been constructed.
+std::mutex& registry_mutex() {
+  static std::mutex* mutex = new std::mutex();
+  return *mutex;
+}
+
+std::vector<torch::Library*>& libraries() {
+  static std::vector<torch::Library*>* all = new std::vector<torch::Library*>();
+  return *all;
+}
+
+}  // namespace
+
+bool register_op(const OpDef& def) {
+  TORCH_CHECK(def.abi == kAbi, "fusegen::", def.name, ": built against fusegen-runtime.h ABI ", def.abi,
+              ", but the runtime has ABI ", kAbi, "; rebuild the op");
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  Op* op = new Op{&def, def.name, std::string(def.name) + "_backward", std::nullopt, std::nullopt};
+  const char* file = "fusegen-runtime.cpp";
+  auto* defs = new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
+  defs->def(def.schema);
+  if (op->has_backward()) defs->def(def.backward_schema);
+  libraries().push_back(defs);
+  op->forward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("fusegen::" + op->name).c_str(), "");
+  if (op->has_backward()) {
+    op->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("fusegen::" + op->backward_name).c_str(), "");
+  }
+  const std::pair<c10::DispatchKey, Key> keys[] = {
+      {c10::DispatchKey::CPU, Key::kCpu},
+      {c10::DispatchKey::Meta, Key::kMeta},
+      {c10::DispatchKey::CUDA, Key::kCuda},
+      {c10::DispatchKey::Autograd, Key::kAutograd},
+  };
+  for (const auto& [dispatch_key, key] : keys) {
+#ifndef FUSEGEN_WITH_CUDA
+    if (key == Key::kCuda) continue;  // a runtime built without CUDA
+#endif
+    if (key == Key::kCuda && def.forward_cuda == nullptr) continue;  // an op built without CUDA
+    auto* impls = new torch::Library(torch::Library::IMPL, "fusegen", dispatch_key, file, __LINE__);
+    impls->impl(op->name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(op, false, key)));
+    if (op->has_backward()) {
+      impls->impl(op->backward_name.c_str(),
+                  torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(op, true, key)));
+    }
+    libraries().push_back(impls);
+  }
+  return true;
+}
+
+}  // namespace fusegen
