@@ -41,10 +41,11 @@ def test_cli_no_build_writes_files(tmp_path):
     spec = json.loads((out / "spec.json").read_text())
     assert spec["expression"] == "a*b+c" and spec["inputs"] == ["a", "b", "c"] and spec["passthrough"] == ["c"]
     assert "torch.ops.fusegen.cli_fma(a, b, c)" in r.stdout
-    assert "d/dc = grad" in r.stdout
+    assert "d/dc = dout" in r.stdout
     cpp = (out / "cli_fma.cpp").read_text()
-    assert 'm.def("cli_fma(Tensor a, Tensor b, Tensor c) -> Tensor")' in cpp
-    assert "cli_fma_backward(Tensor grad, Tensor a, Tensor b, bool[2] output_mask) -> Tensor[]" in cpp
+    # The schemas the runtime defines: the user's names forward, the C names backward.
+    assert '"cli_fma(Tensor a, Tensor b, Tensor c) -> Tensor"' in cpp
+    assert '"cli_fma_backward(Tensor dout, Tensor in_a, Tensor in_b, bool[2] output_mask) -> Tensor[]"' in cpp
     # nothing was built: the cache holds no library for it
     assert "library" not in r.stdout
 
@@ -63,7 +64,7 @@ def test_cli_default_name_and_show(tmp_path):
     assert r.returncode == 0, r.stderr
     (out,) = list(tmp_path.iterdir())
     assert out.name.startswith("fused_")
-    assert "fusegen::sigmoid(x)" in r.stdout and f"===== {out}" in r.stdout
+    assert "sigmoid(in_x)" in r.stdout and f"===== {out}" in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -71,7 +72,7 @@ def test_cli_default_name_and_show(tmp_path):
     (["a % b"], "unsupported operator '%'"),
     (["__import__('os').system('echo hacked')"], "only named functions can be called"),
     (["a*b+c", "--inputs", "a,b"], "not among inputs"),
-    (["a*b+c", "--name", "bad name"], "C identifier"),
+    (["a*b+c", "--name", "bad name"], "ASCII identifier"),
     (["a*b+c", "--scalar", "z"], "scalar 'z' is not used"),
     (["x*" * 3000 + "x"], "too long"),
 ])

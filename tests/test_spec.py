@@ -210,6 +210,8 @@ def test_default_name_is_stable_and_content_based():
     assert differentiate(p).name == default_name(p)
 
 
+# `exp` or `t3` are fine op names (README: any non-keyword identifier; the op's C code lives
+# in fusegen::op_<name>).
 @pytest.mark.parametrize("bad", ["fma_backward", "has space", "__x", "int", "9lives", ""])
 def test_bad_op_names(bad):
     with pytest.raises(SpecError) as err:
