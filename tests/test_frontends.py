@@ -41,7 +41,7 @@ def test_cli_no_build_writes_files(tmp_path):
     spec = json.loads((out / "spec.json").read_text())
     assert spec["expression"] == "a*b+c" and spec["inputs"] == ["a", "b", "c"] and spec["passthrough"] == ["c"]
     assert "torch.ops.fusegen.cli_fma(a, b, c)" in r.stdout
-    assert "d/dc = dout" in r.stdout
+    assert "d/dc = grad" in r.stdout
     cpp = (out / "cli_fma.cpp").read_text()
     # The schemas the runtime defines: the user's names forward, the C names backward.
     assert '"cli_fma(Tensor a, Tensor b, Tensor c) -> Tensor"' in cpp
