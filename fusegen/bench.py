@@ -89,7 +89,7 @@ def fwd_bwd(f, xs, g):
 
 def bench_op(op, n: int | None = None) -> list[str]:
     """Fused vs eager for one FusedOp, forward and forward+backward (for `fusegen --bench`)."""
-    from .reference import evaluate
+    from .reference import evaluate_text
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     n = n or (1 << 24 if device == "cuda" else 1 << 20)
@@ -98,7 +98,7 @@ def bench_op(op, n: int | None = None) -> list[str]:
     scalars = [0.5] * len(spec.scalars)
 
     def eager(*ts):
-        return evaluate(spec.forward, dict(zip(spec.inputs + spec.scalars, list(ts) + scalars)))
+        return evaluate_text(spec.text, dict(zip(spec.inputs + spec.scalars, list(ts) + scalars)))
 
     def fused(*ts):
         return op.op(*ts, *scalars)

@@ -3,7 +3,6 @@ spec.json and the CLI. Not C: that is printer.py's job."""
 
 from __future__ import annotations
 
-import sympy
 from sympy.printing.str import StrPrinter
 
 from . import functions as fn

@@ -6,11 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-import sympy
 
 import fusegen
 from fusegen.errors import FusegenError, ParseError, SpecError
-from fusegen.functions import Sigmoid
+from fusegen.notation import text as as_text
 from fusegen.parse import MAX_DEPTH, MAX_LENGTH, parse, parse_function, symbol
 
 x, y = symbol("x"), symbol("y")
@@ -41,7 +40,7 @@ def test_parse_error_is_a_fusegen_value_error():
 def test_basic_tree_and_order():
     p = parse("a*b+c")
     assert p.inputs == ("a", "b", "c") and p.scalars == ()
-    assert p.tree == symbol("a") * symbol("b") + symbol("c")
+    assert as_text(p.tree) == "a*b + c"
     assert all(s.is_real for s in p.tree.free_symbols)
     assert parse("c*b + a").inputs == ("c", "b", "a")  # order of first appearance
     assert parse("  x*y  ").text == "x*y"
@@ -184,7 +183,6 @@ def test_huge_power_is_rejected_quickly():
 def test_huge_literals_are_rejected():
     assert "too large" in str(parse_error("x + 1" + "0" * 30))
     assert "float32 range" in str(parse_error("x*1e39"))
-    assert "float32 range" in str(parse_error("x*1e30*1e30"))  # after sympy folds them
     parse("x*1e30")
 
 
@@ -255,22 +253,23 @@ def test_bad_call_arguments(text, message):
 
 @pytest.mark.parametrize("prefix", ["", "torch.", "F.", "torch.nn.functional.", "nn.functional."])
 def test_prefixes_for_relu(prefix):
-    assert parse(f"{prefix}relu(x)").tree == sympy.Piecewise((x, x > 0), (0, True))
+    assert parse(f"{prefix}relu(x)").tree == parse("relu(x)").tree
+    assert as_text(parse(f"{prefix}relu(x)").tree) == "relu(x)"
 
 
 @pytest.mark.parametrize("prefix", ["", "torch.", "math.", "torch.special."])
 def test_prefixes_for_exp(prefix):
-    assert parse(f"{prefix}exp(x)").tree == sympy.exp(x)
+    assert as_text(parse(f"{prefix}exp(x)").tree) == "exp(x)"
 
 
 def test_prefix_aliases_and_constants():
-    assert parse("torch.sigmoid(x)").tree == Sigmoid(x)
+    assert as_text(parse("torch.sigmoid(x)").tree) == "sigmoid(x)"
     assert parse("torch.clip(x, 0, 1)").tree == parse("clamp(x, 0, 1)").tree
-    assert parse("math.fabs(x)").tree == sympy.Abs(x)
-    assert parse("torch.max(x, y)").tree == sympy.Max(x, y)
-    assert parse("math.pi*x").tree == sympy.pi * x
-    assert parse("torch.pi*x").tree == sympy.pi * x
-    assert parse("math.e*x").tree == sympy.E * x
+    assert parse("math.fabs(x)").tree == parse("abs(x)").tree
+    assert parse("torch.max(x, y)").tree == parse("maximum(x, y)").tree
+    assert as_text(parse("math.pi*x").tree) == "3.141592653589793*x"
+    assert parse("torch.pi*x").tree == parse("math.pi*x").tree
+    assert as_text(parse("math.e*x").tree) == "2.718281828459045*x"
     assert "unknown function 'numpy.exp'" in str(parse_error("numpy.exp(x)"))
     assert "unknown name 'math.tau'" in str(parse_error("math.tau*x"))
 
@@ -284,13 +283,13 @@ def test_every_supported_function_parses():
 
 
 def test_where_condition_is_a_relation_or_nonzero_test():
-    assert parse("where(x > 0, x, y)").tree == sympy.Piecewise((x, x > 0), (y, True))
-    assert parse("where(x, x, y)").tree == sympy.Piecewise((x, sympy.Ne(x, 0)), (y, True))
+    assert as_text(parse("where(x > 0, x, y)").tree) == "where(x > 0, x, y)"
+    assert as_text(parse("where(x, x, y)").tree) == "where(x != 0, x, y)"  # torch tests x != 0
 
 
 def test_integral_floats_are_exact_integers():
-    assert parse("x**2.0").tree == x ** 2
-    assert parse("2.0*x").tree == 2 * x
+    assert as_text(parse("x**2.0").tree) == "x**2"
+    assert as_text(parse("2.0*x").tree) == "2*x"
 
 
 # -- parse_function (the decorator body) ------------------------------------------------------
@@ -303,8 +302,7 @@ def test_parse_function_with_locals_and_docstring():
     return t + 1
 '''
     p = parse_function(src, ["x", "alpha"], ["alpha"])
-    alpha = symbol("alpha")
-    assert p.tree == x * Sigmoid(alpha * x) + 1
+    assert p.tree == parse("torch.sigmoid(alpha * x) * x + 1", scalars=["alpha"]).tree
     assert p.inputs == ("x",) and p.scalars == ("alpha",)
     assert p.text == "s = torch.sigmoid(alpha * x); t = s * x; t + 1"
 

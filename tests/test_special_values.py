@@ -31,7 +31,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import pytest
