@@ -172,7 +172,7 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=()) -> Fuse
     fixes the argument order (default: order of first appearance); `scalars` names
     runtime float arguments (changing their value never rebuilds). The op is registered
     as `torch.ops.fusegen.<name>`; its backward is one fused kernel."""
-    request = Request(expr, name, _names_arg("inputs", inputs), _names_arg("scalars", scalars) or ())
+    request = Request.of({"expr": expr, "name": name, "inputs": inputs, "scalars": scalars})
     with _LOCK:
         op = _MEMO.get(request)
     return op if op is not None else fuse_many([request])[0]

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from .errors import BuildError, FusegenError, LoadError
-from .files import templates_dir, write
+from .files import template_text, write
 from .spec import FUSEGEN_VERSION
 
 log = logging.getLogger("fusegen")
@@ -157,7 +157,7 @@ def _toolchain(cuda: bool) -> list[str]:
 
 def runtime_sources() -> dict[str, str]:
     """The shared runtime's sources, as shipped beside every op."""
-    return {f: (templates_dir() / f).read_text() for f in RUNTIME_SOURCES}
+    return {f: template_text(f) for f in RUNTIME_SOURCES}
 
 
 def runtime_key(cuda: bool) -> str:

@@ -12,6 +12,7 @@ bytes are already the ones to write is left untouched (same inode, same mtime).
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 import secrets
 from importlib import resources
 from pathlib import Path
@@ -60,6 +61,13 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"could not create a temp file beside {path}")
 
 
+@lru_cache(maxsize=None)
+def template_text(name: str) -> str:
+    """A file of templates/, read once per process (every op copies the helpers)."""
+    return (templates_dir() / name).read_text()
+
+
+@lru_cache(maxsize=None)
 def templates_dir() -> Path:
     """templates/ beside the package in a checkout (editable install, PYTHONPATH=.);
     the `fusegen.templates` package data in a wheel (pip install .)."""

@@ -31,10 +31,11 @@ ROLES = {
 }
 
 # The generated code's own local names. None may start with `<role>_` (tests check).
+# (`output_mask` and `dout` are also the backward schema's own argument names.)
 LOCALS = frozenset("""
     out out_v out_p dout dout_v dout_p n n_vec i k v stride first scalar_t acc_t kVec tag
-    layout flat grads saved computed next output_mask ctx douts begin end device_guard stream dtype
-    below_autograd op in scalars forward_loop backward_loop forward_cpu backward_cpu forward_cuda
+    grads output_mask begin end stream dtype in scalars forward backward forward_kernel
+    backward_kernel forward_loop backward_loop forward_cpu backward_cpu forward_cuda
     backward_cuda forward_launch backward_launch kDef registered kInputNames kScalarNames
     kBackwardInputs kBackwardScalars kKernelGrads kPassthrough
 """.split())
@@ -89,14 +90,12 @@ def role(role_name: str, name: str) -> str:
     return f"{role_name}_{name}"
 
 
-def for_c(program, user_names, gradient_symbol=None):
-    """`program` (a spec.Program) with every user name renamed to its C name (`x` -> `in_x`)
-    and the incoming gradient's symbol to `dout`, ready for the C printer."""
+def for_c(program, user_names):
+    """`program` (a spec.Program) with every user name renamed to its C name (`x` -> `in_x`),
+    ready for the C printer. The incoming gradient is already `dout` (functions.GRAD)."""
     import sympy
 
     rename = {sympy.Symbol(n, real=True): sympy.Symbol(value(n), real=True) for n in user_names}
-    if gradient_symbol is not None:
-        rename[gradient_symbol] = sympy.Symbol(DOUT, real=True)
     return type(program)(
         temps=tuple((s, e.xreplace(rename)) for s, e in program.temps),
         results=tuple((r, e.xreplace(rename)) for r, e in program.results),

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 import jinja2
 
 from . import names
-from .files import templates_dir
+from .files import template_text, templates_dir
 from .printer import PrintedOp
 from .spec import FUSEGEN_VERSION, OpSpec
 
@@ -34,6 +35,7 @@ TEMPLATES = {
 COMPUTE_TYPES = ("float", "double")
 
 
+@lru_cache(maxsize=None)
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -75,6 +77,7 @@ def _context(spec: OpSpec, printed: PrintedOp) -> dict:
     by_name = {x.name: x for x in inputs}
     kernel_grads = [Name(g.input, index=by_name[g.input].index, kernel_index=k)
                     for k, g in enumerate(spec.kernel_gradients)]
+    passthrough = {g.input for g in spec.gradients if g.passthrough}
     return {
         "name": spec.name,
         "ns": names.op_namespace(spec.name),
@@ -87,11 +90,8 @@ def _context(spec: OpSpec, printed: PrintedOp) -> dict:
         "backward_inputs": [by_name[x] for x in spec.backward_inputs],
         "backward_scalars": [Name(s, index=spec.scalars.index(s)) for s in spec.backward_scalars],
         "kernel_grads": kernel_grads,
-        "passthrough_grads": [by_name[g.input] for g in spec.gradients if g.passthrough],
-        "passthrough_flags": ["true" if x in {g.input for g in spec.gradients if g.passthrough} else "false"
-                              for x in spec.inputs],
+        "passthrough_flags": ["true" if x in passthrough else "false" for x in spec.inputs],
         "dout": names.DOUT,
-        "dout_arg": {"name": names.DOUT, "c": names.DOUT},
         "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}
                  for t in COMPUTE_TYPES],
     }
@@ -105,7 +105,7 @@ def render(spec: OpSpec, printed: PrintedOp) -> dict[str, str]:
     for pattern, (template, role) in TEMPLATES.items():
         files[pattern.format(name=spec.name)] = env.get_template(template).render(context, file_role=role)
     for helper in HELPERS:
-        files[helper] = (templates_dir() / helper).read_text()
+        files[helper] = template_text(helper)
     files["spec.json"] = spec.to_json(content_hash(files))
     return files
 

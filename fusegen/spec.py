@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import sympy
 
 from . import functions as fn
+from . import names
 from .errors import SpecError
 from .notation import text
 from .parse import Parsed, check_op_name, symbol
@@ -111,7 +112,7 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
     temps, reduced = sympy.cse([forward] + [g.expr for g in kernel_grads],
                                symbols=sympy.numbered_symbols("__cse"), order="none")
     forward_program = _program(temps, [("out", reduced[0])])
-    backward_program = _program(temps, [(f"grad_{g.input}", e) for g, e in zip(kernel_grads, reduced[1:])])
+    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(kernel_grads, reduced[1:])])
 
     used = set()
     for g in kernel_grads:
@@ -195,77 +196,68 @@ _ZERO, _ONE, _TWO = sympy.Integer(0), sympy.Integer(1), sympy.Integer(2)
 _TWO_OVER_SQRT_PI = sympy.Float(1.1283791670955126)  # 2.0 / sqrt(M_PI), in double as torch has it
 
 
-def _where(condition, a, b):
-    return fn.Where(condition, a, b)
-
-
 def _vjp(node, g):
     """[(argument, its gradient contribution, where-branch guard)] for one node, given the
-    gradient g of its result: derivatives.yaml's formula for that op."""
-    a = node.args
-    r = node                      # `result` in derivatives.yaml: the node's own value
-    t = type(node)
-    plain = lambda *pairs: [(arg, d, ()) for arg, d in pairs]  # noqa: E731
-    if t is fn.Plus:
-        return plain((a[0], g), (a[1], g))
-    if t is fn.Minus:
-        return plain((a[0], g), (a[1], fn.neg(g)))
-    if t is fn.Times:                                   # mul_tensor_backward: grad * other
-        return plain((a[0], fn.mul(g, a[1])), (a[1], fn.mul(g, a[0])))
-    if t is fn.Divide:                                  # grad / other, -grad * ((self / other) / other)
-        return plain((a[0], fn.div(g, a[1])), (a[1], fn.mul(fn.neg(g), fn.div(r, a[1]))))
-    if t is fn.Negative:
-        return plain((a[0], fn.neg(g)))
-    if t is fn.Reciprocal:                              # -grad * (result * result)
-        return plain((a[0], fn.mul(fn.neg(g), fn.mul(r, r))))
-    if t is fn.Power:
-        return plain(*_pow_backward(r, a[0], a[1], g))
-    if t is fn.Exp:
-        return plain((a[0], fn.mul(g, r)))
-    if t is fn.Expm1:
-        return plain((a[0], fn.mul(g, fn.add(r, _ONE))))
-    if t is fn.Log:
-        return plain((a[0], fn.div(g, a[0])))
-    if t is fn.Log1p:
-        return plain((a[0], fn.div(g, fn.add(a[0], _ONE))))
-    if t is fn.Sqrt:                                    # grad / (2 * result)
-        return plain((a[0], fn.div(g, fn.mul(_TWO, r))))
-    if t is fn.Rsqrt:                                   # -0.5 * grad * result.pow(3)
-        return plain((a[0], fn.mul(fn.mul(fn.number(-0.5), g), fn.power(r, sympy.Integer(3)))))
-    if t is fn.Sin:
-        return plain((a[0], fn.mul(g, fn.Cos(a[0]))))
-    if t is fn.Cos:
-        return plain((a[0], fn.mul(g, fn.neg(fn.Sin(a[0])))))
-    if t is fn.Tan:                                     # grad * (1 + result.pow(2))
-        return plain((a[0], fn.mul(g, fn.add(_ONE, fn.power(r, _TWO)))))
-    if t is fn.Tanh:                                    # tanh_backward: grad * (1 - y*y)
-        return plain((a[0], fn.mul(g, fn.sub(_ONE, fn.mul(r, r)))))
-    if t is fn.Atan:                                    # grad / (self * self + 1)
-        return plain((a[0], fn.div(g, fn.add(fn.mul(a[0], a[0]), _ONE))))
-    if t is fn.Sigmoid:                                 # sigmoid_backward: grad * (1 - y) * y
-        return plain((a[0], fn.mul(fn.mul(g, fn.sub(_ONE, r)), r)))
-    if t in (fn.Erf, fn.Erfc):                          # (+-2/sqrt(pi)) * exp(-(self.pow(2))) * grad
-        c = _TWO_OVER_SQRT_PI if t is fn.Erf else -_TWO_OVER_SQRT_PI
-        return plain((a[0], fn.mul(fn.mul(c, fn.Exp(fn.neg(fn.power(a[0], _TWO)))), g)))
-    if t is fn.Abs:                                     # grad * self.sgn()
-        return plain((a[0], fn.mul(g, fn.Sign(a[0]))))
-    if t is fn.Sign:                                    # zeros_like(grad)
-        return plain((a[0], _ZERO))
-    if t is fn.Relu:                                    # threshold_backward(grad, result, 0)
-        return plain((a[0], _where(fn.LessEqual(r, _ZERO), _ZERO, g)))
-    if t in (fn.Maximum, fn.Minimum):
-        # where(self == other, grad / 2, grad).masked_fill_(self < other, 0) for maximum's self
+    gradient g of its result: derivatives.yaml's formula for that op (_FORMULAS)."""
+    if type(node) is fn.Where:
+        c, x, y = node.args
+        return [(x, g, ((c, True),)), (y, g, ((c, False),))]
+    formula = _FORMULAS.get(type(node))
+    if formula is None:
+        raise SpecError(f"no backward formula for {type(node).__name__}")
+    # `r` is `result` in derivatives.yaml: the node's own value.
+    return [(arg, d, ()) for arg, d in formula(node.args, node, g)]
+
+
+def _erf_backward(c):
+    """(+-2/sqrt(pi)) * exp(-(self.pow(2))) * grad."""
+    return lambda a, r, g: [(a[0], fn.mul(fn.mul(c, fn.Exp(fn.neg(fn.power(a[0], _TWO)))), g))]
+
+
+def _min_max_backward(t):
+    """where(self == other, grad / 2, grad).masked_fill_(self < other, 0) for maximum's self."""
+    def formula(a, r, g):
         x, y = a
-        split = _where(fn.Equal(x, y), fn.div(g, _TWO), g)
+        split = fn.Where(fn.Equal(x, y), fn.div(g, _TWO), g)
         lose_x = fn.Less(x, y) if t is fn.Maximum else fn.Greater(x, y)
         lose_y = fn.Greater(x, y) if t is fn.Maximum else fn.Less(x, y)
-        return plain((x, _where(lose_x, _ZERO, split)), (y, _where(lose_y, _ZERO, split)))
-    if t is fn.Clamp:
-        return plain(*_clamp_backward(*a, g))
-    if t is fn.Where:
-        c, x, y = a
-        return [(x, g, ((c, True),)), (y, g, ((c, False),))]
-    raise SpecError(f"no backward formula for {t.__name__}")
+        return [(x, fn.Where(lose_x, _ZERO, split)), (y, fn.Where(lose_y, _ZERO, split))]
+    return formula
+
+
+# node class -> formula(args, result, grad) -> [(argument, gradient contribution)].
+_FORMULAS = {
+    fn.Plus: lambda a, r, g: [(a[0], g), (a[1], g)],
+    fn.Minus: lambda a, r, g: [(a[0], g), (a[1], fn.neg(g))],
+    fn.Times: lambda a, r, g: [(a[0], fn.mul(g, a[1])), (a[1], fn.mul(g, a[0]))],  # grad * other
+    # grad / other, -grad * ((self / other) / other)
+    fn.Divide: lambda a, r, g: [(a[0], fn.div(g, a[1])), (a[1], fn.mul(fn.neg(g), fn.div(r, a[1])))],
+    fn.Negative: lambda a, r, g: [(a[0], fn.neg(g))],
+    fn.Reciprocal: lambda a, r, g: [(a[0], fn.mul(fn.neg(g), fn.mul(r, r)))],  # -grad * (result * result)
+    fn.Power: lambda a, r, g: _pow_backward(r, a[0], a[1], g),
+    fn.Exp: lambda a, r, g: [(a[0], fn.mul(g, r))],
+    fn.Expm1: lambda a, r, g: [(a[0], fn.mul(g, fn.add(r, _ONE)))],
+    fn.Log: lambda a, r, g: [(a[0], fn.div(g, a[0]))],
+    fn.Log1p: lambda a, r, g: [(a[0], fn.div(g, fn.add(a[0], _ONE)))],
+    fn.Sqrt: lambda a, r, g: [(a[0], fn.div(g, fn.mul(_TWO, r)))],  # grad / (2 * result)
+    # -0.5 * grad * result.pow(3)
+    fn.Rsqrt: lambda a, r, g: [(a[0], fn.mul(fn.mul(fn.number(-0.5), g), fn.power(r, sympy.Integer(3))))],
+    fn.Sin: lambda a, r, g: [(a[0], fn.mul(g, fn.Cos(a[0])))],
+    fn.Cos: lambda a, r, g: [(a[0], fn.mul(g, fn.neg(fn.Sin(a[0]))))],
+    fn.Tan: lambda a, r, g: [(a[0], fn.mul(g, fn.add(_ONE, fn.power(r, _TWO))))],  # grad * (1 + result.pow(2))
+    fn.Tanh: lambda a, r, g: [(a[0], fn.mul(g, fn.sub(_ONE, fn.mul(r, r))))],  # tanh_backward
+    fn.Atan: lambda a, r, g: [(a[0], fn.div(g, fn.add(fn.mul(a[0], a[0]), _ONE)))],  # grad / (self*self + 1)
+    fn.Sigmoid: lambda a, r, g: [(a[0], fn.mul(fn.mul(g, fn.sub(_ONE, r)), r))],  # grad * (1 - y) * y
+    fn.Erf: _erf_backward(_TWO_OVER_SQRT_PI),
+    fn.Erfc: _erf_backward(-_TWO_OVER_SQRT_PI),
+    fn.Abs: lambda a, r, g: [(a[0], fn.mul(g, fn.Sign(a[0])))],  # grad * self.sgn()
+    fn.Sign: lambda a, r, g: [(a[0], _ZERO)],  # zeros_like(grad)
+    # threshold_backward(grad, result, 0)
+    fn.Relu: lambda a, r, g: [(a[0], fn.Where(fn.LessEqual(r, _ZERO), _ZERO, g))],
+    fn.Maximum: _min_max_backward(fn.Maximum),
+    fn.Minimum: _min_max_backward(fn.Minimum),
+    fn.Clamp: lambda a, r, g: _clamp_backward(*a, g),
+}
 
 
 def _pow_backward(r, base, exponent, g):
@@ -278,14 +270,14 @@ def _pow_backward(r, base, exponent, g):
     out = []
     if not fn.is_number(base):                          # tensor ** tensor: d/dself
         d = fn.mul(g, fn.mul(exponent, fn.power(base, fn.sub(exponent, _ONE))))
-        out.append((base, _where(fn.Equal(exponent, _ZERO), _ZERO, d)))
+        out.append((base, fn.Where(fn.Equal(exponent, _ZERO), _ZERO, d)))
         zero_base = fn.LogicalAnd(fn.Equal(base, _ZERO), fn.GreaterEqual(exponent, _ZERO))
-        out.append((exponent, fn.mul(g, _where(zero_base, _ZERO, fn.mul(r, fn.Log(base))))))
+        out.append((exponent, fn.mul(g, fn.Where(zero_base, _ZERO, fn.mul(r, fn.Log(base))))))
         return out
     # number ** tensor: grad * (result * log(base)), masked where base == 0 and exponent >= 0
     log_base = fn.number(_log(float(base)))
     if base == 0:
-        return [(exponent, fn.mul(g, _where(fn.GreaterEqual(exponent, _ZERO), _ZERO, fn.Times(r, log_base))))]
+        return [(exponent, fn.mul(g, fn.Where(fn.GreaterEqual(exponent, _ZERO), _ZERO, fn.Times(r, log_base))))]
     return [(exponent, fn.mul(g, fn.Times(r, log_base)))]
 
 
@@ -308,13 +300,13 @@ def _clamp_backward(x, lo, hi, g):
         inside = fn.LessEqual(x, hi)
     else:
         return [(x, g)]
-    out = [(x, _where(inside, g, _ZERO))]
+    out = [(x, fn.Where(inside, g, _ZERO))]
     if has_lo:
         below = fn.LogicalAnd(fn.Less(x, lo), fn.Less(lo, hi)) if has_hi else fn.Less(x, lo)
-        out.append((lo, _where(below, g, _ZERO)))
+        out.append((lo, fn.Where(below, g, _ZERO)))
     if has_hi:
         above = fn.LogicalOr(fn.Greater(x, hi), fn.Less(hi, lo)) if has_lo else fn.Greater(x, hi)
-        out.append((hi, _where(above, g, _ZERO)))
+        out.append((hi, fn.Where(above, g, _ZERO)))
     return out
 
 
@@ -339,7 +331,7 @@ def _program(temps, results) -> Program:
             frontier |= defs[s].free_symbols
     kept = [(s, e) for s, e in temps if s in needed]
     # No assumptions: a temporary never equals a user's name (real=True), even `t0`.
-    rename = {s: sympy.Symbol(f"t{i}") for i, (s, _) in enumerate(kept)}
+    rename = {s: sympy.Symbol(f"{names.TEMP_PREFIX}{i}") for i, (s, _) in enumerate(kept)}
     return Program(
         temps=tuple((rename[s], e.xreplace(rename)) for s, e in kept),
         results=tuple((n, e.xreplace(rename)) for n, e in results),
