@@ -213,14 +213,16 @@ def _cached(key: str, folder: str, filename: str, compile_into, what: str) -> Li
     """The library `folder/filename` of the cache, built by `compile_into(tmp)` under an
     flock in a private temp folder and published by one atomic rename when missing (the
     runtime and op libraries alike). A cache deleted during the build is recreated and the
-    build runs again, once."""
-    for attempt in (1, 2):
+    build runs again. Three attempts, not two: an `rm -rf` of the cache is not atomic, so the
+    build that lost its folder can retry while the removal is still under way and lose the
+    new folder as well; a third loss means something keeps deleting it."""
+    for attempt in (1, 2, 3):
         root = _cache_root(BuildError)
         try:
             return _build_in(root, key, folder, filename, compile_into, what)
         except _CacheDeleted:
-            if attempt == 2:
-                raise BuildError(f"fusegen: the cache directory {root} was deleted twice while "
+            if attempt == 3:
+                raise BuildError(f"fusegen: the cache directory {root} was deleted three times while "
                                  f"building {what}; stop whatever removes it, or set "
                                  "FUSEGEN_CACHE_DIR to another directory") from None
             log.info("fusegen: the cache %s was deleted while building %s; building again", root, what)

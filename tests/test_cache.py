@@ -188,6 +188,16 @@ def test_cache_deleted_mid_build_rebuilds_cleanly(cache):
     assert cache.loaded == [(str(lib.path), True)]
 
 
+def test_retry_outlasts_a_removal_in_progress(cache):
+    """`rm -rf` of the cache is not atomic: the build that lost its folder retries while the
+    removal still runs, and the retry loses its folder too (CI saw this once). The third
+    attempt, after the removal has ended, builds and publishes."""
+    cache.before = lambda call: shutil.rmtree(cache.root) if call <= 2 else None
+    lib = cache.build()
+    assert len(cache.calls) == 3 and lib.path.is_file() and lib.runtime.is_file()
+    assert entries(cache.root) == sorted([lib.key, runtime_entry()])
+
+
 def test_cache_deleted_at_every_try_is_a_one_line_error(cache):
     cache.before = lambda call: shutil.rmtree(cache.root)
     with pytest.raises(BuildError) as info:
@@ -261,7 +271,12 @@ def test_cache_deleted_during_a_real_compile(tmp_path, monkeypatch):
         while not stop.is_set():
             # ninja starts the compiler on the op now (not the runtime's rebuild)
             if any(p for p in root.glob(".build-*/build.ninja") if not p.parent.name.startswith(".build-runtime-")):
-                shutil.rmtree(root, ignore_errors=True)
+                # Moved aside in one step, then removed: an `rm -rf` in place races the
+                # retry (its own case, test_retry_outlasts_a_removal_in_progress); here the
+                # deletion happens once, at a known point.
+                trash = root.with_name("cache-deleted")
+                os.rename(root, trash)
+                shutil.rmtree(trash, ignore_errors=True)
                 deleted.append(time.perf_counter())
                 return
             time.sleep(0.01)
