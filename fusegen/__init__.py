@@ -6,8 +6,9 @@
 """
 
 from .errors import FusegenError
+from .version import FUSEGEN_VERSION
 from .api import FusedOp, Request, fuse, fuse_many
 from .decorator import fused
 
 __all__ = ["fuse", "fuse_many", "fused", "FusedOp", "Request", "FusegenError"]
-__version__ = "0.1.0"
+__version__ = FUSEGEN_VERSION

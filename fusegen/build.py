@@ -39,7 +39,7 @@ import torch
 
 from .errors import BuildError, FusegenError, LoadError
 from .files import template_text, write
-from .spec import FUSEGEN_VERSION
+from .version import FUSEGEN_VERSION
 
 log = logging.getLogger("fusegen")
 

@@ -18,7 +18,8 @@ import jinja2
 from . import names
 from .files import template_text, templates_dir
 from .printer import PrintedOp
-from .spec import FUSEGEN_VERSION, OpSpec
+from .spec import OpSpec
+from .version import FUSEGEN_VERSION
 
 # Hand-written headers copied beside every op, so `--out DIR` builds without fusegen.
 # fusegen-runtime.{h,cpp} is the shared runtime: fusegen compiles it once into its own cached

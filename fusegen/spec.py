@@ -29,8 +29,7 @@ from . import names
 from .errors import SpecError
 from .notation import text
 from .parse import Parsed, check_op_name, symbol
-
-FUSEGEN_VERSION = "0.1.0"
+from .version import FUSEGEN_VERSION
 
 GRAD = fn.GRAD  # the incoming gradient, d loss / d out (functions.py defines it)
 
