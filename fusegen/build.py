@@ -109,10 +109,12 @@ def _check_entry(library: Path, error: type[FusegenError]):
 def cuda_enabled() -> bool:
     """Build the CUDA impls when torch sees a GPU and nvcc is there. FUSEGEN_CPU_ONLY=1
     forces the CPU-only build (the same generated files, without FUSEGEN_WITH_CUDA)."""
-    if os.environ.get("FUSEGEN_CPU_ONLY") == "1":
+    if os.environ.get("FUSEGEN_CPU_ONLY") == "1" or not torch.cuda.is_available():
         return False
+    # Imported only with a GPU: cpp_extension imports setuptools (0.6 s), which a cached load
+    # on a CPU machine must not pay.
     from torch.utils.cpp_extension import CUDA_HOME
-    return torch.cuda.is_available() and CUDA_HOME is not None
+    return CUDA_HOME is not None
 
 
 @lru_cache(maxsize=None)
