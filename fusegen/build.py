@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -37,11 +38,18 @@ from pathlib import Path
 
 import torch
 
-from .errors import BuildError, FusegenError, LoadError
-from .files import template_text, write
+from . import cache as _cache
+from .cache import cache_dir
+from .errors import BuildError, CompilerError, FusegenError, LoadError
+from .files import template_text, write, write_text
 from .version import FUSEGEN_VERSION
 
+# Build messages (INFO: building, built, waiting for another process's build) go to the
+# "fusegen" logger. A library stays silent unless its user configures logging: the
+# NullHandler keeps Python's last-resort handler from printing them; the CLI installs its
+# own handler (a progress line) unless --quiet.
 log = logging.getLogger("fusegen")
+log.addHandler(logging.NullHandler())
 
 CXX_FLAGS = ["-O3", "-Wall"]
 # Accurate math by default: no --use_fast_math, so results match eager PyTorch.
@@ -57,10 +65,6 @@ class Library:
     seconds: float      # time spent building (0.0 on a cache hit)
     cached: bool
     runtime: Path | None = None  # an op library: the runtime library it links against
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("FUSEGEN_CACHE_DIR") or Path.home() / ".cache" / "fusegen")
 
 
 def _check_private(path: Path, what: str, fix: str, error: type[FusegenError]):
@@ -184,11 +188,20 @@ def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
 
 
 @contextmanager
-def _locked(path: Path):
-    """An exclusive flock: the kernel drops it when the process dies, so it never goes stale."""
+def _locked(path: Path, what: str = ""):
+    """An exclusive flock: the kernel drops it when the process dies, so it never goes stale.
+    `fusegen cache` takes the same lock (without waiting) before it removes the entry or the
+    temp folder it guards."""
     path.parent.mkdir(exist_ok=True)  # not parents=True: a deleted cache is not recreated here
     with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Say why nothing happens: another process builds the same library (it may be
+            # the runtime's one-time build, a minute on a small machine).
+            log.info("waiting for another process building %s", what or path.stem,
+                     extra={"fusegen_build": "wait"})
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -211,7 +224,18 @@ class _CacheDeleted(Exception):
     """The cache directory, or the build's temp folder in it, vanished during the build."""
 
 
-def _cached(key: str, folder: str, filename: str, compile_into, what: str) -> Library:
+@dataclass(frozen=True)
+class _Meta:
+    """What entry.json records of a library, and what the progress line says."""
+    kind: str                  # "op" or "runtime"
+    ops: tuple[str, ...]
+    cuda: bool
+
+    def targets(self) -> str:
+        return "CPU+CUDA" if self.cuda else "CPU"
+
+
+def _cached(key: str, folder: str, filename: str, compile_into, what: str, meta: _Meta) -> Library:
     """The library `folder/filename` of the cache, built by `compile_into(tmp)` under an
     flock in a private temp folder and published by one atomic rename when missing (the
     runtime and op libraries alike). A cache deleted during the build is recreated and the
@@ -221,38 +245,51 @@ def _cached(key: str, folder: str, filename: str, compile_into, what: str) -> Li
     for attempt in (1, 2, 3):
         root = _cache_root(BuildError)
         try:
-            return _build_in(root, key, folder, filename, compile_into, what)
+            return _build_in(root, key, folder, filename, compile_into, what, meta)
         except _CacheDeleted:
             if attempt == 3:
                 raise BuildError(f"fusegen: the cache directory {root} was deleted three times while "
                                  f"building {what}; stop whatever removes it, or set "
                                  "FUSEGEN_CACHE_DIR to another directory") from None
-            log.info("fusegen: the cache %s was deleted while building %s; building again", root, what)
+            log.info("the cache %s was deleted while building %s; building again", root, what)
     raise AssertionError("unreachable")
 
 
-def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, what: str) -> Library:
+def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, what: str,
+              meta: _Meta) -> Library:
     final = root / folder
     lib = final / filename
     if lib.is_file():
+        _mark_used(final, meta)
         return Library(lib, key, 0.0, True)
     start = time.perf_counter()
     try:
-        with _locked(root / "locks" / f"{folder}.lock"):
+        with _locked(_cache.lock_path(root, folder), what):
             if lib.is_file():  # another process built it while we waited
+                _mark_used(final, meta)
                 return Library(lib, key, 0.0, True)
-            log.info("fusegen: building %s", what)
+            _clean_stale(root)
+            log.info("building %s for %s", what, meta.targets(), extra={"fusegen_build": "start"})
             start = time.perf_counter()  # the build, not the wait
             tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{folder[:20]}-"))
             try:
+                # First thing in the folder: the lock that guards it, for `fusegen cache`'s
+                # stale-folder cleanup (a SIGKILLed build leaves the folder; its lock is freed).
+                _cache.write_owner(tmp, folder, what)
                 compile_into(tmp)
                 _seal(tmp / filename)
+                os.unlink(tmp / _cache.OWNER_FILE)
+                _cache.write_entry_json(tmp, meta.kind, list(meta.ops), meta.cuda, FUSEGEN_VERSION,
+                                        torch.__version__)
                 if final.exists():  # a leftover from a crash between rename and now: replace it
                     shutil.rmtree(final)
                 os.rename(tmp, final)
             except BaseException as err:
                 vanished = not tmp.is_dir()
                 shutil.rmtree(tmp, ignore_errors=True)
+                log.info("building %s %s after %.1f s", what,
+                         "interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
+                         time.perf_counter() - start, extra={"fusegen_build": "failed"})
                 if vanished and isinstance(err, (OSError, BuildError)):
                     raise _CacheDeleted from err
                 raise
@@ -268,8 +305,30 @@ def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, wh
             return Library(lib, key, time.perf_counter() - start, False)
         raise
     seconds = time.perf_counter() - start
-    log.info("fusegen: built %s in %.1f s", what, seconds)
+    log.info("built %s in %.1f s", what, seconds, extra={"fusegen_build": "done"})
     return Library(lib, key, seconds, False)
+
+
+def _mark_used(entry: Path, meta: _Meta | None = None):
+    """A cache hit: bump the entry's last use (`fusegen cache trim` goes by it). An entry
+    built before entry.json existed gets one now. Never fails: a read-only cache is usable."""
+    if _cache.mark_used(entry) or meta is None:
+        return
+    try:
+        _cache.write_entry_json(entry, meta.kind, list(meta.ops), meta.cuda, FUSEGEN_VERSION,
+                                torch.__version__)
+    except OSError:
+        pass
+
+
+def _clean_stale(root: Path):
+    """Opportunistic, before a build: remove temp folders of killed builds (one listdir when
+    there are none). Their locks are taken without waiting, so a live build's folder stays."""
+    try:
+        for temp in _cache.clean_stale(root):
+            log.info("removed the temp folder of a killed build: %s", temp.path)
+    except OSError:
+        pass  # cleanup is a courtesy; the build does not depend on it
 
 
 def _seal(library: Path):
@@ -294,7 +353,8 @@ def runtime_library(verbose: bool = False) -> Library:
         _cpp_extension(name, [tmp / "fusegen-runtime.cpp"], flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
                        tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in RUNTIME_SOURCES])
 
-    return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)")
+    return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)",
+                   _Meta("runtime", (), cuda))
 
 
 def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
@@ -312,7 +372,8 @@ def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Libra
         runtime[0] = runtime_library(verbose)
         _compile(ops, cuda, tmp, key, verbose, runtime[0])
 
-    lib = _cached(key, key, f"fusegen_{key}.so", compile_into, "op(s) " + ", ".join(n for n, _ in ops))
+    lib = _cached(key, key, f"fusegen_{key}.so", compile_into, "op(s) " + ", ".join(n for n, _ in ops),
+                  _Meta("op", tuple(n for n, _ in ops), cuda))
     return Library(lib.path, lib.key, lib.seconds, lib.cached, runtime[0].path)
 
 
@@ -335,11 +396,9 @@ def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda:
             verbose=verbose,
         )
     except (RuntimeError, subprocess.CalledProcessError, OSError) as err:
-        ninja = tmp / "build.ninja"
-        log_text = str(err)
-        if ninja.is_file():
-            log_text += "\n--- build.ninja ---\n" + ninja.read_text()
-        raise BuildError(f"fusegen: building {what} failed", log_text, tuple(files)) from None
+        if not tmp.is_dir():  # the cache was deleted under the build: _build_in retries
+            raise BuildError(f"fusegen: building {what} failed", str(err), tuple(files)) from None
+        raise _failed_build(tmp, what, str(err), files) from None
     # A second build of one name in a process (a retry after a failed or deleted build) is
     # named <name>_v1.so by cpp_extension's versioner; the cache entry holds <name>.so, for
     # the runtime (libfusegen_runtime_<key>) as for an op library (fusegen_<key>).
@@ -384,3 +443,72 @@ def load(library: Library):
     except (OSError, RuntimeError) as err:
         raise LoadError(f"fusegen: could not load {library.path}: {err}") from None
     _LOADED.add(library.key)
+    # Last use, for `fusegen cache trim`: the runtime is used by every op library loaded, so
+    # it is never older than the ops that need it. One utime each; never fails the load.
+    for path in (library.path,) + ((library.runtime,) if library.runtime else ()):
+        _cache.mark_used(path.parent)
+
+
+# The first error in a compiler log: g++/clang `file:line:col: error: msg` (also `fatal
+# error:`), nvcc `file(line): error: msg` (also `catastrophic error`, `error #20-D:`).
+_GCC_ERROR = re.compile(r"^(?P<file>[^\s:(][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal )?error:\s*(?P<msg>.*)$")
+_NVCC_ERROR = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\):\s*(?:catastrophic )?error(?: #[\w-]+)?:\s*(?P<msg>.*)$")
+# Without a file and line: the linker (`undefined reference to`, `ld: cannot find -l...`).
+_OTHER_ERROR = re.compile(r"undefined reference|cannot find -l|\berror:")
+
+
+def first_compiler_error(log_text: str) -> tuple[str | None, int | None, int | None, str] | None:
+    """(file, line, column, message) of the first error in a compiler log, or None."""
+    lines = log_text.splitlines()
+    for line in lines:
+        m = _GCC_ERROR.match(line) or _NVCC_ERROR.match(line)
+        if m:
+            col = m.groupdict().get("col")
+            return m["file"], int(m["line"]), int(col) if col else None, m["msg"].strip()
+    for line in lines:
+        # cpp_extension's own first line ("Error building extension 'x': [1/2] c++ ...") is
+        # not an error message.
+        if _OTHER_ERROR.search(line) and not line.startswith("Error building extension"):
+            return None, None, None, line.strip()
+    return None
+
+
+def _failed_build(tmp: Path, what: str, log_text: str, files) -> BuildError:
+    """A BuildError naming the first compiler error and its source line, with the full log
+    and the failed build's sources kept in a private temp folder (the build folder itself is
+    deleted: a failed build leaves nothing in the cache)."""
+    ninja = tmp / "build.ninja"
+    full = log_text
+    if ninja.is_file():
+        full += "\n--- build.ninja ---\n" + ninja.read_text(errors="replace")
+    try:
+        kept = Path(tempfile.mkdtemp(prefix="fusegen-failed-"))  # 0700, in $TMPDIR
+        # The sources, so that the file:line of the message can be opened (and the build
+        # rerun with ninja once the paths in build.ninja are adjusted).
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file() and path.suffix in (".cpp", ".cu", ".h", ".cuh", ".ninja"):
+                rel = path.relative_to(tmp)
+                write({rel.name: path.read_text(errors="replace")}, kept / rel.parent)
+        log_path = str(write_text(kept / "build.log", full))
+    except OSError:  # no room to keep it: the message still has the first error
+        kept, log_path = tmp, None
+    first = None
+    found = first_compiler_error(log_text)
+    if found:
+        file, line, col, message = found
+        shown, source_line = file, None
+        if file is not None:
+            where = Path(file) if Path(file).is_absolute() else tmp / file
+            try:
+                shown = str(kept / where.relative_to(tmp))  # the copy that outlives the build
+            except ValueError:
+                shown = str(where)  # a header outside the build folder (torch's, the system's)
+            try:
+                text = where.read_text(errors="replace").splitlines()
+                source_line = text[line - 1] if 0 < line <= len(text) else None
+            except OSError:
+                pass
+        first = CompilerError(shown, line, col, message, source_line)
+    kept_sources = tuple(str(kept / Path(f).relative_to(tmp)) if Path(f).is_relative_to(tmp) else str(f)
+                         for f in files)
+    return BuildError(f"fusegen: building {what} failed", log_text, kept_sources, first, log_path)
