@@ -8,7 +8,7 @@
 from .errors import FusegenError
 from .version import FUSEGEN_VERSION
 from .api import FusedOp, Request, fuse, fuse_many
-from .decorator import fused
+from .decorator import build_pending, fused
 
-__all__ = ["fuse", "fuse_many", "fused", "FusedOp", "Request", "FusegenError"]
+__all__ = ["fuse", "fuse_many", "fused", "build_pending", "FusedOp", "Request", "FusegenError"]
 __version__ = FUSEGEN_VERSION

@@ -5,26 +5,33 @@
 
 `generate` runs the stages up to the files, `fuse_many` adds the compiler and the loader
 for many ops at once (one library), and `fuse` is `fuse_many` of one. The in-process
-memo and the check that one name means one expression wrap the pipeline; they are not
-part of it.
+memo, the request index (index.py: a request built before, in any process, is found
+without running the pipeline) and the check that one name means one expression wrap the
+pipeline; they are not part of it.
+
+Only the cached path is imported with fusegen: the stages (sympy, Jinja) are imported when
+a request is not in the index, so a cached load costs milliseconds, not a second of imports.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import build as _build
+from . import index as _index
 from . import names
 from .errors import LoadError, SpecError
-from .parse import Parsed, parse, parse_function
-from .printer import print_op
-from .render import render
-from .spec import OpSpec, differentiate
+
+if TYPE_CHECKING:
+    from .parse import Parsed
+    from .spec import OpSpec
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,8 @@ class Request:
         raise SpecError(f"fuse_many: expected expressions (str), dicts of fuse() arguments or "
                         f"Requests, got {type(item).__name__}")
 
-    def parse(self) -> Parsed:
+    def parse(self) -> "Parsed":
+        from .parse import parse, parse_function
         if self.params is None:
             return parse(self.expr, inputs=self.inputs, scalars=self.scalars)
         return parse_function(self.expr, list(self.params), list(self.scalars))
@@ -66,12 +74,16 @@ class Request:
 class Generated:
     """An op's spec and its rendered files: everything but the binary."""
 
-    spec: OpSpec
+    spec: "OpSpec"
     files: dict
 
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
+    from .printer import print_op
+    from .render import render
+    from .spec import differentiate
+
     parsed = request.parse()                                                    # parse
     spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
     printed = print_op(_with_c_names(spec))                                     # print
@@ -81,7 +93,13 @@ def generate(request: Request) -> Generated:
 def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
     library = _build.build([(g.spec.name, g.files) for g in generated])         # build
     _build.load(library)                                                        # load
-    return [FusedOp(g, library) for g in generated]
+    return [FusedOp(_entry(g, library), g) for g in generated]
+
+
+def _entry(g: Generated, library: _build.Library) -> _index.Entry:
+    spec = g.spec
+    return _index.Entry(spec.name, tuple(spec.inputs), tuple(spec.scalars), spec.text,
+                        bool(spec.kernel_gradients), _index.files_digest(g.files), library)
 
 
 def _with_c_names(spec: OpSpec) -> OpSpec:
@@ -95,22 +113,38 @@ class FusedOp:
     """A built, loaded fusegen op. Call it like the expression: `op(a, b, c, alpha=0.5)`.
 
     Tensors come first in `inputs` order, then scalars (positional or by keyword).
-    `op.op` is `torch.ops.fusegen.<name>`; calling that directly skips the Python binding."""
+    `op.op` is `torch.ops.fusegen.<name>`; calling that directly skips the Python binding.
+    An op found through the index has no spec until `.spec` or `.files` is asked for; then
+    the pipeline runs once (sympy and all) to produce them."""
 
-    def __init__(self, generated: Generated, library: _build.Library):
-        self.spec = generated.spec
-        self.files = generated.files
-        self.library = library
-        self.name = self.spec.name
+    def __init__(self, entry: _index.Entry, generated: Generated | None = None,
+                 request: Request | None = None):
+        self.entry = entry
+        self.library = entry.library
+        self.name = entry.name
         self.op = getattr(torch.ops.fusegen, self.name)
-        self.params = self.spec.inputs + self.spec.scalars
+        self.params = entry.inputs + entry.scalars
+        self._generated = generated
+        self._request = request
         self._signature = inspect.Signature(
             [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in self.params])
+
+    @functools.cached_property
+    def generated(self) -> Generated:
+        return self._generated if self._generated is not None else generate(self._request)
+
+    @property
+    def spec(self) -> "OpSpec":
+        return self.generated.spec
+
+    @property
+    def files(self) -> dict:
+        return self.generated.files
 
     @property
     def backward_op(self):
         """torch.ops.fusegen.<name>_backward, or None when every gradient passes grad through."""
-        return getattr(torch.ops.fusegen, f"{self.name}_backward") if self.spec.kernel_gradients else None
+        return getattr(torch.ops.fusegen, f"{self.name}_backward") if self.entry.backward_kernel else None
 
     def __call__(self, *args, **kwargs):
         if kwargs or len(args) != len(self.params):
@@ -123,7 +157,7 @@ class FusedOp:
         return self.op(*args)
 
     def __repr__(self):
-        return f"FusedOp(torch.ops.fusegen.{self.name}: {self.spec.text})"
+        return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"
 
 
 # The in-process memo: the same request returns the same FusedOp, a name loaded once stays
@@ -134,22 +168,41 @@ _MEMO: dict[Request, FusedOp] = {}
 _LOCK = threading.RLock()
 
 
+def _check_one_expression(entry: _index.Entry):
+    known = _OPS.get(entry.name)
+    if known is not None and known.entry.digest != entry.digest:
+        raise LoadError(f"fusegen op '{entry.name}' is already defined in this process as "
+                        f"{known.entry.text!r}; expected the same expression, got {entry.text!r}. "
+                        "Pick another name.")
+
+
 def load_generated(generated: list[Generated]) -> list[FusedOp]:
     """Build and load the ops not yet loaded in this process, all in one library."""
     with _LOCK:
         todo = []
         for g in generated:
-            known = _OPS.get(g.spec.name)
-            if known is not None and known.files != g.files:
-                raise LoadError(f"fusegen op '{g.spec.name}' is already defined in this process as "
-                                f"{known.spec.text!r}; expected the same expression, got {g.spec.text!r}. "
-                                "Pick another name.")
-            if known is None and all(t.spec.name != g.spec.name for t in todo):
+            _check_one_expression(_entry(g, None))
+            if g.spec.name not in _OPS and all(t.spec.name != g.spec.name for t in todo):
                 todo.append(g)
         if todo:
             for op in _build_and_load(todo):
                 _OPS[op.name] = op
         return [_OPS[g.spec.name] for g in generated]
+
+
+def _from_index(request: Request) -> FusedOp | None:
+    """The op of a request built before (in any process), loaded without the pipeline."""
+    entry = _index.lookup(request)
+    if entry is None:
+        return None
+    _check_one_expression(entry)
+    if entry.name not in _OPS:
+        try:
+            _build.load(entry.library)
+        except LoadError:
+            return None  # deleted or unsafe since the lookup: the long way says why
+        _OPS[entry.name] = FusedOp(entry, request=request)
+    return _OPS[entry.name]
 
 
 def fuse_many(requests) -> list[FusedOp]:
@@ -159,10 +212,33 @@ def fuse_many(requests) -> list[FusedOp]:
     (`{"expr": "x*alpha+y", "name": "axpy", "scalars": ["alpha"]}`) or a Request."""
     requests = [Request.of(r) for r in requests]
     with _LOCK:
-        new = [r for r in dict.fromkeys(requests) if r not in _MEMO]
-        for request, op in zip(new, load_generated([generate(r) for r in new])):
-            _MEMO[request] = op
+        load_requests([(r, None) for r in dict.fromkeys(requests) if r not in _MEMO])
         return [_MEMO[r] for r in requests]
+
+
+def load_requests(pending: list[tuple[Request, Generated | None]]):
+    """Each request's op into the memo: from the index when it is there, else generated
+    (unless already given) and built, all the new ones into one library."""
+    with _LOCK:
+        todo = []
+        for request, generated in pending:
+            op = _MEMO.get(request) or _from_index(request)
+            if op is not None:
+                _MEMO[request] = op
+            else:
+                todo.append((request, generated or generate(request)))
+        for (request, _), op in zip(todo, load_generated([g for _, g in todo])):
+            _index.record(request, op.entry)
+            _MEMO[request] = op
+
+
+def cached(request: Request) -> FusedOp | None:
+    """The request's op when this process or the index has it (no pipeline, no compiler)."""
+    with _LOCK:
+        op = _MEMO.get(request) or _from_index(request)
+        if op is not None:
+            _MEMO[request] = op
+        return op
 
 
 def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=()) -> FusedOp:

@@ -8,6 +8,12 @@ The function is read as source (never run) by the same parser as the CLI, so the
 undecorated function stays valid eager PyTorch and serves as the reference.
 A parameter is a runtime scalar when it is annotated `float` or `int`, or when its
 default is a number; defaults work as in Python.
+
+Functions decorated together are built together. The decorator checks the function at once
+(a bad body fails at the `def`), and an op built before in any process is loaded at once;
+a new one waits, and the first call of any waiting function (or `fusegen.build_pending()`)
+builds every waiting one into one library in one compiler run. So a module with three
+@fused functions costs one build at its first use, not three at import.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import functools
 import inspect
 import numbers
 import textwrap
+import threading
 
-from .api import Request, fuse_many
+from . import api
+from .api import Request
 from .errors import ParseError, SpecError
 
 _SCALAR_ANNOTATIONS = (float, int, "float", "int")
@@ -50,15 +58,55 @@ def fused(fn=None, *, name: str | None = None):
     scalars = tuple(p for p, v in signature.parameters.items() if _is_scalar(v))
     request = Request(source, name=name or fn.__name__, scalars=scalars, params=params,
                       command=f"@fusegen.fused on {fn.__module__}.{fn.__qualname__}")
-    op = fuse_many([request])[0]
-    order = list(op.params)
+    return FusedFunction(fn, signature, request)
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
+
+class FusedFunction:
+    """What @fused returns: call it like the function. `.op` is the FusedOp (building it and
+    every other waiting @fused function, if not built yet); `.eager` is the undecorated
+    function, the reference."""
+
+    def __init__(self, fn, signature: inspect.Signature, request: Request):
+        functools.update_wrapper(self, fn)
+        self.eager = fn
+        self._signature = signature
+        self._request = request
+        self._op = api.cached(request)
+        if self._op is None:
+            # Checked now, so a bad body fails at its `def`, not at first use.
+            self._generated = api.generate(request)
+            with _PENDING_LOCK:
+                _PENDING.append(self)
+
+    @property
+    def op(self) -> api.FusedOp:
+        if self._op is None:
+            build_pending()
+        return self._op
+
+    def __call__(self, *args, **kwargs):
+        op = self._op if self._op is not None else self.op
+        bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return op.op(*(bound.arguments[p] for p in order))
+        return op.op(*(bound.arguments[p] for p in op.params))
 
-    wrapper.op = op           # the FusedOp (torch.ops.fusegen.<name> is op.op)
-    wrapper.eager = fn        # the undecorated function: the reference
-    return wrapper
+    def __repr__(self):
+        return f"<@fused {self.eager.__module__}.{self.eager.__qualname__}>"
+
+
+_PENDING: list[FusedFunction] = []
+_PENDING_LOCK = threading.Lock()
+
+
+def build_pending():
+    """Build every @fused function not built yet, all into one library, in one compiler run."""
+    with _PENDING_LOCK:
+        waiting, _PENDING[:] = list(_PENDING), []
+    try:
+        api.load_requests([(f._request, f._generated) for f in waiting])
+    except BaseException:
+        with _PENDING_LOCK:  # nothing built: they wait for the next try
+            _PENDING[:0] = waiting
+        raise
+    for function in waiting:
+        function._op = api.cached(function._request)

@@ -1,0 +1,120 @@
+"""The request index: what makes a cached load cheap.
+
+A library's cache key is a hash of its generated sources, so finding it the long way means
+parsing, differentiating (sympy, about a second to import) and rendering (Jinja) the
+expression again. The index remembers the answer: `index/<request key>.json` in the cache
+names the library a request was built into and what a FusedOp needs to exist without its
+spec (the op's name, parameters, whether it has a backward kernel, a digest of its files).
+A cached `fuse("a*b+c")` in a new process is then a hash, a small JSON read and a dlopen.
+
+The request key hashes the request (all its fields) and everything else that decides the
+generated files or the library: fusegen's own sources and templates (so editing the
+generator never finds a stale library), fusegen's, torch's, CUDA's and Python's versions,
+and whether the CUDA kernels are built. It does not hash the compilers' versions (asking
+them means running them): after a compiler upgrade, the index keeps finding libraries the
+old compiler built, which are still valid for this torch. A miss, a corrupt entry or an
+entry whose library was trimmed from the cache falls back to the long way, which then
+rewrites the entry. The index holds keys, never paths: the library is always looked for
+under the current cache directory and goes through build.load's privacy checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from . import build
+from .files import templates_dir, write_text
+from .version import FUSEGEN_VERSION
+
+_FORMAT = 1  # bump when the entry's fields change
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One request's op in its library: what a FusedOp needs before (or without) its spec."""
+
+    name: str
+    inputs: tuple[str, ...]
+    scalars: tuple[str, ...]
+    text: str                 # the expression in the user's notation (repr, messages)
+    backward_kernel: bool     # whether <name>_backward exists
+    digest: str               # of the generated files: one name, one expression
+    library: build.Library
+
+
+@lru_cache(maxsize=None)
+def _generator_digest() -> str:
+    """fusegen's Python sources and templates, hashed once per process (about 1 ms)."""
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for folder in (package, templates_dir()):
+        for path in sorted(folder.iterdir()):
+            if path.is_file() and path.suffix in (".py", ".j2", ".h", ".cuh", ".cpp"):
+                h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def files_digest(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def request_key(request) -> str:
+    """The index key of a Request (api.Request: a frozen dataclass of strings and tuples)."""
+    cuda = build.cuda_enabled()
+    parts = [f"index-{_FORMAT}", FUSEGEN_VERSION, _generator_digest(), torch.__version__,
+             str(torch.version.cuda), sys.version, sys.platform, str(cuda), repr(request)]
+    if cuda:
+        parts.append(repr(build.cuda_arch_flags()))
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def _path(key: str) -> Path:
+    return build.cache_dir() / "index" / f"{key}.json"
+
+
+def lookup(request) -> Entry | None:
+    """The request's op and library when the index knows them and the library (and the
+    runtime it links against) are still in the cache; None otherwise."""
+    try:
+        data = json.loads(_path(request_key(request)).read_text())
+        if data.get("format") != _FORMAT:
+            return None
+        root = build.cache_dir()
+        key, runtime_key = data["library"], data["runtime"]
+        library = build.Library(root / key / f"fusegen_{key}.so", key, 0.0, True,
+                                root / f"runtime-{runtime_key}" / f"libfusegen_runtime_{runtime_key}.so")
+        if not (library.path.is_file() and library.runtime.is_file()):
+            return None
+        return Entry(data["name"], tuple(data["inputs"]), tuple(data["scalars"]), data["text"],
+                     bool(data["backward_kernel"]), data["digest"], library)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no entry, or one we cannot read: the long way, which rewrites it
+
+
+def record(request, entry: Entry):
+    """Remember where `request` was built. Best effort: a cache we cannot write loses only
+    the fast path, never the op."""
+    data = {"format": _FORMAT, "name": entry.name, "inputs": list(entry.inputs),
+            "scalars": list(entry.scalars), "text": entry.text, "backward_kernel": entry.backward_kernel,
+            "digest": entry.digest, "library": entry.library.key,
+            "runtime": entry.library.runtime.parent.name.removeprefix("runtime-")}
+    try:
+        path = _path(request_key(request))
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    except OSError as err:
+        build.log.debug("fusegen: could not write the index entry for %s: %s", entry.name, err)
+

@@ -1,0 +1,150 @@
+"""The cached path (issue 6, point 4): a request built before, in any process, is loaded
+through the request index (fusegen/index.py) without importing sympy or Jinja, and the
+index never hands back a library that is gone or that another generator made. And @fused
+functions defined together are built together, in one library."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fusegen
+from fusegen import api, index
+from fusegen import build as fbuild
+from fusegen.api import Request
+
+from conftest import TESTS
+
+CACHED_LOAD = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from corpus import CORPUS
+import fusegen
+from fusegen.api import Request
+case = next(c for c in CORPUS if c.name == "cp_fma")
+op = fusegen.fuse_many([Request(case.expr, case.name, case.inputs, case.scalars)])[0]
+light = not any(m in sys.modules for m in ("sympy", "jinja2", "fusegen.spec", "fusegen.render"))
+a, b, c = (torch.randn(7, dtype=torch.float64) for _ in range(3))
+torch.testing.assert_close(op(a, b, c), a * b + c)
+print(light, op.library.cached, op.library.key, op.backward_op is not None)
+spec = op.spec                           # asked for: the pipeline runs, once
+print(spec.inputs == op.params and "sympy" in sys.modules)
+"""
+
+
+def _run(script: str, *args: str) -> list[str]:
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          env=dict(os.environ), check=True).stdout.split()
+
+
+def test_a_cached_load_imports_neither_sympy_nor_jinja(corpus_ops):
+    out = _run(CACHED_LOAD, str(TESTS))
+    assert out == ["True", "True", corpus_ops["cp_fma"].library.key, "True", "True"]
+
+
+def _request(corpus_ops, name="cp_fma") -> Request:
+    from corpus import CORPUS
+    case = next(c for c in CORPUS if c.name == name)
+    return Request(case.expr, case.name, case.inputs, case.scalars)
+
+
+def test_the_index_points_at_the_library_the_pipeline_finds(corpus_ops):
+    entry = index.lookup(_request(corpus_ops))
+    op = corpus_ops["cp_fma"]
+    assert entry is not None and entry.library.path == op.library.path
+    assert entry.library.runtime == op.library.runtime
+    assert (entry.name, entry.inputs, entry.scalars, entry.text) == (op.name, op.spec.inputs, op.spec.scalars,
+                                                                      op.spec.text)
+    assert entry.digest == index.files_digest(op.files)
+
+
+def test_a_miss_on_anything_that_changes_the_files(corpus_ops, monkeypatch):
+    request = _request(corpus_ops)
+    key = index.request_key(request)
+    assert index.request_key(Request(request.expr, "other_name", request.inputs)) != key
+    assert index.request_key(Request(request.expr, request.name, ("c", "b", "a"))) != key
+    monkeypatch.setattr(index, "_generator_digest", lambda: "an edited template")
+    assert index.request_key(request) != key
+    assert index.lookup(request) is None
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A fresh cache with the runtime in it, and a fresh in-process memo."""
+    from conftest import seed_runtime
+    seed_runtime(tmp_path / "cache")
+    monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(api, "_MEMO", {})
+    return tmp_path / "cache"
+
+
+def test_an_index_entry_whose_library_is_gone_or_corrupt_is_a_miss(own_cache, monkeypatch):
+    request = Request("x*3.5 - y", name="ix_gone")
+    op = fusegen.fuse_many([request])[0]
+    assert index.lookup(request).library.path == op.library.path
+    path = own_cache / "index" / f"{index.request_key(request)}.json"
+    data = json.loads(path.read_text())
+    path.write_text("{not json")
+    assert index.lookup(request) is None
+    path.write_text(json.dumps(dict(data, format=0)))
+    assert index.lookup(request) is None
+    path.write_text(json.dumps(data))
+    shutil.rmtree(op.library.path.parent)            # trimmed from the cache
+    assert index.lookup(request) is None
+    # the long way then rebuilds it (in a new process: this one has its ops) and rewrites the entry
+    script = ("import fusegen\nop = fusegen.fuse('x*3.5 - y', name='ix_gone')\n"
+              "print(op.library.cached, op.library.path.is_file())\n")
+    assert _run(script) == ["False", "True"]
+    assert index.lookup(request).library.path == op.library.path
+
+
+def test_fused_functions_defined_together_build_together(own_cache, monkeypatch):
+    builds = []
+    real = fbuild.build
+    monkeypatch.setattr(fbuild, "build", lambda ops, *a, **k: builds.append([n for n, _ in ops]) or real(ops, *a, **k))
+
+    def make_first():
+        @fusegen.fused(name="ix_first")
+        def first(x, y):
+            return torch.relu(x) * y
+        return first
+
+    first = make_first()
+
+    @fusegen.fused(name="ix_second")
+    def second(x, alpha: float = 2.0):
+        return torch.tanh(x) * alpha
+
+    assert builds == []                               # defined, checked, not built
+    x, y = torch.randn(11, dtype=torch.float64), torch.randn(11, dtype=torch.float64)
+    torch.testing.assert_close(second(x), torch.tanh(x) * 2.0)  # the first call builds both
+    assert builds == [["ix_first", "ix_second"]]
+    torch.testing.assert_close(first(x, y), torch.relu(x) * y)
+    assert builds == [["ix_first", "ix_second"]] and first.op.library.key == second.op.library.key
+    again = make_first()                              # the same source again: found, not built
+    assert again._op is first.op and builds == [["ix_first", "ix_second"]]
+
+
+def test_build_pending_builds_now_and_a_failed_build_keeps_them_waiting(own_cache, monkeypatch):
+    def broken(ops, *a, **k):
+        raise fusegen.FusegenError("fusegen: building failed (test)")
+
+    @fusegen.fused(name="ix_later")
+    def later(x):
+        return torch.sigmoid(x) * x
+
+    monkeypatch.setattr(fbuild, "build", broken)
+    with pytest.raises(fusegen.FusegenError, match="test"):
+        later(torch.randn(3))
+    monkeypatch.undo()
+    monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(own_cache))
+    fusegen.build_pending()
+    assert later._op is not None
+    x = torch.randn(5, dtype=torch.float64)
+    torch.testing.assert_close(later(x), torch.sigmoid(x) * x)
