@@ -287,9 +287,9 @@ def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, wh
             except BaseException as err:
                 vanished = not tmp.is_dir()
                 shutil.rmtree(tmp, ignore_errors=True)
-                log.info("building %s %s after %.1f s", what,
-                         "interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
-                         time.perf_counter() - start, extra={"fusegen_build": "failed"})
+                outcome = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+                log.info("building %s %s after %.1f s", what, outcome, time.perf_counter() - start,
+                         extra={"fusegen_build": outcome})
                 if vanished and isinstance(err, (OSError, BuildError)):
                     raise _CacheDeleted from err
                 raise

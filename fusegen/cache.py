@@ -6,6 +6,7 @@ Layout of `$FUSEGEN_CACHE_DIR` (default `~/.cache/fusegen`), written by `build.p
     <key>/                      an op library: fusegen_<key>.so, the ops' sources, entry.json
     runtime-<key>/              the shared runtime: libfusegen_runtime_<key>.so, its sources, entry.json
     locks/<folder>.lock         the flock a build of <folder> holds from start to publish
+    index/<request key>.json    which library a request was built into (fusegen/index.py)
     .build-<folder[:20]>-XXXX/  a build in progress (or killed), holding fusegen-owner
     .trash-<folder>-XXXX/       an entry being removed (renamed aside first, then deleted)
 
@@ -38,6 +39,7 @@ from .files import write_text
 ENTRY_FILE = "entry.json"
 OWNER_FILE = "fusegen-owner"  # not "lock": cpp_extension's FileBaton uses that name in the build folder
 LOCKS = "locks"
+INDEX = "index"
 TEMP_PREFIX = ".build-"
 TRASH_PREFIX = ".trash-"
 
@@ -149,7 +151,8 @@ class TempFolder:
     stale: bool            # its build is gone (its lock is free)
 
 
-def _size(path: Path) -> int:
+def size(path: Path) -> int:
+    """Bytes in the files under `path` (0 if it is gone)."""
     total = 0
     for dirpath, _, filenames in os.walk(path):
         for f in filenames:
@@ -184,7 +187,7 @@ def _entry(path: Path) -> Entry | None:
             last_use = max(os.stat(p).st_mtime for p in libs) if libs else os.stat(path).st_mtime
         except OSError:
             return None  # removed while we looked
-    return Entry(path, kind, [str(o) for o in ops] if kind == "op" else [], _size(path), last_use,
+    return Entry(path, kind, [str(o) for o in ops] if kind == "op" else [], size(path), last_use,
                  meta.get("torch"), meta.get("cuda"))
 
 
@@ -193,7 +196,7 @@ def entries(root: Path | None = None) -> list[Entry]:
     root = cache_dir() if root is None else root
     found = []
     for path in _children(root):
-        if path.name.startswith(".") or path.name == LOCKS or not path.is_dir():
+        if path.name.startswith(".") or path.name in (LOCKS, INDEX) or not path.is_dir():
             continue
         entry = _entry(path)
         if entry is not None:
@@ -234,7 +237,7 @@ def temp_folders(root: Path | None = None) -> list[TempFolder]:
         locks, what = _temp_locks(root, path)
         with ExitStack() as stack:
             free = all(stack.enter_context(_try_lock(lock, create=False)) for lock in locks)
-        found.append(TempFolder(path, _size(path), what, free))
+        found.append(TempFolder(path, size(path), what, free))
     return found
 
 
@@ -255,9 +258,9 @@ def clean_stale(root: Path | None = None) -> list[TempFolder]:
         with ExitStack() as stack:
             if not all(stack.enter_context(_try_lock(lock, create=False)) for lock in locks):
                 continue  # a live build
-            size = _size(path)
+            nbytes = size(path)
             if _remove_aside(root, path, path.name.lstrip(".")):
-                removed.append(TempFolder(path, size, what, True))
+                removed.append(TempFolder(path, nbytes, what, True))
     return removed
 
 
@@ -271,3 +274,29 @@ def remove(entry: Entry, root: Path | None = None) -> bool:
             return False
         _remove_aside(root, entry.path, entry.name)
         return True
+
+
+def index_files(root: Path | None = None) -> list[Path]:
+    root = cache_dir() if root is None else root
+    return sorted((root / INDEX).glob("*.json"))
+
+
+def prune_index(root: Path | None = None, everything: bool = False) -> int:
+    """Remove the request index's entries whose library or runtime is gone (or all of them):
+    such an entry is already ignored (a lookup checks both files), so this only frees the
+    folder of dead names. Each file is replaced atomically by its writer, so deleting one
+    under a writer loses at most that one fast lookup. Returns how many were removed."""
+    root = cache_dir() if root is None else root
+    removed = 0
+    for path in index_files(root):
+        data = {} if everything else _read_json(path)
+        library, runtime = data.get("library"), data.get("runtime")
+        if not everything and isinstance(library, str) and isinstance(runtime, str) \
+                and (root / library).is_dir() and (root / f"runtime-{runtime}").is_dir():
+            continue
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
