@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import pty
+import shutil
 import subprocess
 import sys
 import uuid
@@ -242,3 +243,14 @@ def test_a_log_without_a_recognised_error_shows_its_end():
     assert text.endswith("full compiler log: /k/build.log (the sources are beside it)")
     one_line = str(BuildError("fusegen: the cache directory was deleted three times"))
     assert "\n" not in one_line
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc")
+def test_first_error_of_a_real_nvcc_log(tmp_path):
+    source = tmp_path / "bad.cu"
+    source.write_text("// fusegen test\n__global__ void k(float* p) {\n    p[0] = undefined_thing;\n}\n")
+    r = subprocess.run(["nvcc", "-c", str(source), "-o", str(tmp_path / "bad.o")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0
+    assert build.first_compiler_error(r.stdout + r.stderr) == (
+        str(source), 3, None, 'identifier "undefined_thing" is undefined')
