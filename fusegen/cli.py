@@ -331,7 +331,8 @@ def _what(e) -> str:
         return f"shared runtime{torch}" + (", CUDA" if e.cuda else "")
     if not e.ops:
         return "op library"  # an entry whose metadata could not be read
-    return ("op " if len(e.ops) == 1 else f"{len(e.ops)} ops: ") + ", ".join(e.ops)
+    shown = e.ops if len(e.ops) <= 8 else e.ops[:6] + [f"... ({len(e.ops) - 6} more)"]  # one line
+    return ("op " if len(e.ops) == 1 else f"{len(e.ops)} ops: ") + ", ".join(shown)
 
 
 def _describe(e, now: float) -> str:
