@@ -283,9 +283,13 @@ def _cache_run(args) -> int:
     from . import cache
 
     root = cache.cache_dir()
-    if not root.is_dir():
+    if not root.exists():
         print(f"cache    {root}: empty (it does not exist yet; the first build creates it)")
         return 0
+    if not root.is_dir():
+        print(f"fusegen: error: the cache directory {root} is not a directory; set FUSEGEN_CACHE_DIR "
+              "to a directory", file=sys.stderr)
+        return 2
     for temp in cache.clean_stale(root):
         print(f"removed  {temp.path.name} ({_size(temp.size)}): the temp folder of a killed build")
     command = args.command or "list"
