@@ -220,6 +220,25 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     return units
 
 
+@contextmanager
+def _pinned(entry: Path):
+    """A shared flock on an entry's folder while a build depends on its files (an op build
+    links against the runtime's library): `fusegen cache` takes it exclusively, without
+    waiting, before it removes the entry, and keeps the entry while it is pinned. The folder
+    itself, not its lock file, so that pinning creates nothing. A folder already gone
+    pins nothing: the caller checks the file it needs after pinning."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
 class _CacheDeleted(Exception):
     """The cache directory, or the build's temp folder in it, vanished during the build."""
 
@@ -368,9 +387,17 @@ def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Libra
 
     def compile_into(tmp: Path):
         # Again inside the op's build: a cache deleted since (and recreated for this retry)
-        # has lost the runtime too, and the op links against its file.
-        runtime[0] = runtime_library(verbose)
-        _compile(ops, cuda, tmp, key, verbose, runtime[0])
+        # has lost the runtime too, and the op links against its file. Pinned while the op
+        # compiles and links, so that `fusegen cache trim/clear` in another process cannot
+        # remove it under the linker; removed between the check and the pin: build it again.
+        for _ in range(3):
+            runtime[0] = runtime_library(verbose)
+            with _pinned(runtime[0].path.parent):
+                if runtime[0].path.is_file():
+                    _compile(ops, cuda, tmp, key, verbose, runtime[0])
+                    return
+        raise BuildError(f"fusegen: the shared runtime {runtime[0].path.parent} was removed three times "
+                         "while an op was being built; stop whatever removes it")
 
     lib = _cached(key, key, f"fusegen_{key}.so", compile_into, "op(s) " + ", ".join(n for n, _ in ops),
                   _Meta("op", tuple(n for n, _ in ops), cuda))

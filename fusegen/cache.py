@@ -266,11 +266,14 @@ def clean_stale(root: Path | None = None) -> list[TempFolder]:
 
 def remove(entry: Entry, root: Path | None = None) -> bool:
     """Remove one published entry, under its build lock (taken without waiting): False, and
-    the entry kept, while a build of it holds the lock. A process that already loaded the
-    library keeps it (the file stays mapped); one that finds the entry gone rebuilds it."""
+    the entry kept, while a build of it holds that lock, or while builds pin the entry's
+    folder (a shared flock on the folder: op builds linking against the runtime, see
+    build._pinned). A process that already loaded the library keeps it (the file stays
+    mapped); one that finds the entry gone rebuilds it."""
     root = cache_dir() if root is None else root
-    with _try_lock(lock_path(root, entry.name), create=True) as free:
-        if not free:
+    with _try_lock(lock_path(root, entry.name), create=True) as free, \
+            _try_lock(entry.path, create=False) as unpinned:
+        if not (free and unpinned):
             return False
         _remove_aside(root, entry.path, entry.name)
         return True

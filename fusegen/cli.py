@@ -321,7 +321,7 @@ def _cache_run(args) -> int:
             print(f"removed  {e.name} ({_what(e)}, {_size(e.size)}, last used {_ago(now - e.last_use)})")
         else:
             kept += 1
-            print(f"kept     {e.name}: a build of it holds its lock")
+            print(f"kept     {e.name}: a build in progress holds its lock (building it, or linking against it)")
     cache.prune_index(root, everything=command == "clear" and not kept)
     left = cache.entries(root)
     print(f"cache    {root}: removed {removed} entr{'y' if removed == 1 else 'ies'} ({_size(freed)}); "

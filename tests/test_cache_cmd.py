@@ -25,7 +25,7 @@ from fusegen import build
 from fusegen import cache as fcache
 from fusegen.cli import main, parse_age
 import test_cache
-from test_cache import OPS, entries
+from test_cache import OPS, entries, runtime_entry
 
 cache = test_cache.cache  # the fake-compiler fixture: a fresh cache, compiles in milliseconds
 
@@ -211,7 +211,7 @@ def test_an_entry_whose_lock_is_held_is_kept(cache, capsys):
     finally:
         held.release()
     assert status == 0 and lib.path.is_file()
-    assert f"kept     {lib.key}: a build of it holds its lock" in out
+    assert f"kept     {lib.key}: a build in progress holds its lock" in out
     assert not lib.runtime.parent.exists()  # its lock was free
 
 
@@ -246,21 +246,26 @@ def test_a_temp_folder_whose_lock_is_held_is_kept(cache, capsys):
     assert not temp.exists() and not bare.exists()
 
 
-def test_a_build_in_progress_keeps_its_folder_through_clear(cache, capsys):
+def test_a_build_in_progress_keeps_its_folder_and_runtime_through_clear(cache, capsys):
     """`fusegen cache clear` and a listing, while the (fake) compiler runs inside the
-    build's temp folder: the folder stays and the build publishes."""
+    build's temp folder: the folder stays, so does the runtime the op links against, and
+    the build publishes."""
     seen = []
 
     def clear_mid_build(call):
         (temp,) = [p for p in cache.root.iterdir() if p.name.startswith(".build-")]
         assert (temp / fcache.OWNER_FILE).is_file()
         assert main(["cache", "clear"]) == 0 and main(["cache"]) == 0
-        seen.append(temp.is_dir())
+        seen.append((temp.is_dir(), (cache.root / runtime_entry()).is_dir()))
 
     cache.before = clear_mid_build
     lib = cache.build()
-    assert seen == [True] and lib.path.is_file()
-    assert "building op(s) fake" in capsys.readouterr().out
+    assert seen == [(True, True)] and lib.path.is_file() and lib.runtime.is_file()
+    out = capsys.readouterr().out
+    assert "building op(s) fake" in out and f"kept     {runtime_entry()}: a build in progress" in out
+    assert len(cache.runtime_calls) == 1
+    # once the build is over, the runtime is no longer pinned
+    assert main(["cache", "clear"]) == 0 and entries(cache.root) == []
 
 
 KILLED_BUILD = """
