@@ -14,6 +14,7 @@ import pty
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -175,6 +176,8 @@ def test_a_failing_build_shows_the_first_error_and_its_line(tmp_path, monkeypatc
     root = tmp_path / "cache"
     runtime = seed_runtime(root)
     monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(root))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the failed build is kept
     name = unique("broken")
     with pytest.raises(BuildError) as info:
         build.build([(name, {f"{name}.cpp": BROKEN + "int g( {\n"})])  # two errors: the first is shown
@@ -191,6 +194,8 @@ def test_a_failing_build_shows_the_first_error_and_its_line(tmp_path, monkeypatc
     assert Path(first.file).read_text() == BROKEN + "int g( {\n"
     log_text = Path(err.log_path).read_text()
     assert "expected primary-expression" in log_text and "int g(" in log_text and "build.ninja" in log_text
+    assert Path(err.log_path).parent.parent == tmp_path / "tmp" and Path(err.log_path).parent.name.startswith(
+        "fusegen-failed-")
     assert oct(os.stat(Path(err.log_path).parent).st_mode & 0o777) == "0o700"
     assert sorted(p.name for p in root.iterdir()) == sorted(["locks", runtime.name])  # nothing left in the cache
 
