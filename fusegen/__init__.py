@@ -3,12 +3,29 @@
     import fusegen
     fma = fusegen.fuse("a*b+c", name="fma")      # torch.ops.fusegen.fma
     y = fma(a, b, c)                             # forward and backward are fused kernels
+
+The public names are imported on first use (PEP 562), so `fusegen cache` and the other
+commands that need no torch do not import it.
 """
 
 from .errors import FusegenError
 from .version import FUSEGEN_VERSION
-from .api import FusedOp, Request, fuse, fuse_many
-from .decorator import build_pending, fused
 
 __all__ = ["fuse", "fuse_many", "fused", "build_pending", "FusedOp", "Request", "FusegenError"]
 __version__ = FUSEGEN_VERSION
+
+_LAZY = {"fuse": "api", "fuse_many": "api", "FusedOp": "api", "Request": "api",
+         "fused": "decorator", "build_pending": "decorator"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # once: later lookups do not come here
+        return value
+    raise AttributeError(f"module 'fusegen' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
