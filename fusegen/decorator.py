@@ -17,7 +17,7 @@ import inspect
 import numbers
 import textwrap
 
-from .api import Request, fuse_many
+from .api import Request, as_tensors, fuse_many
 from .errors import ParseError, SpecError
 
 _SCALAR_ANNOTATIONS = (float, int, "float", "int")
@@ -57,7 +57,7 @@ def fused(fn=None, *, name: str | None = None):
     def wrapper(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return op.op(*(bound.arguments[p] for p in order))
+        return op.op(*as_tensors(tuple(bound.arguments[p] for p in order), len(op.spec.inputs)))
 
     wrapper.op = op           # the FusedOp (torch.ops.fusegen.<name> is op.op)
     wrapper.eager = fn        # the undecorated function: the reference

@@ -33,11 +33,10 @@ ROLES = {
 # The generated code's own local names. None may start with `<role>_` (tests check).
 # (`output_mask` and `dout` are also the backward schema's own argument names.)
 LOCALS = frozenset("""
-    out out_v out_p dout dout_v dout_p n n_vec i k v stride first scalar_t acc_t kVec tag
-    grads output_mask begin end stream dtype in scalars forward backward forward_kernel
-    backward_kernel forward_loop backward_loop forward_cpu backward_cpu forward_cuda
-    backward_cuda forward_launch backward_launch kDef registered kInputNames kScalarNames
-    kBackwardInputs kBackwardScalars kKernelGrads kPassthrough
+    out dout n scalar_t acc_t tag grads output_mask stream dtype scalars forward backward
+    forward_cpu backward_cpu forward_cuda backward_cuda kDef registered kInputNames
+    kScalarNames kBackwardInputs kBackwardScalars kKernelGrads kPassthrough Forward Backward
+    kInputs kOutputs x y zero data strides loop T
 """.split())
 
 # Temporaries of the straight-line math: t0, t1, ... (`t` is not a role).
