@@ -16,35 +16,21 @@ namespace fusegen::op_add {
 
 #ifdef FUSEGEN_WITH_CUDA
 // Defined in add.cu, which holds the kernels and includes no torch header.
-void forward_launch(Dtype dtype, int64_t n, const void* in_a, const void* in_b, void* out, cudaStream_t stream);
+void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 #endif
 
 namespace {
 
-// ---------------------------------------------------------------------------------------
-// Forward: add(Tensor a, Tensor b) -> Tensor
-// Elements [begin, end) of flat, contiguous inputs; fp16/bf16 computed in float.
+// CPU kernels: the generic loop of fusegen-runtime.h over one run of TensorIterator's
+// loop, with Forward/Backward (add.h) in the compute type (fp16/bf16 compute in float).
 
-template <typename scalar_t>
-void forward_loop(int64_t begin, int64_t end, const void* const* in, void* out, const double* /*scalars*/) {
-  const scalar_t* ptr_a = static_cast<const scalar_t*>(in[0]);
-  const scalar_t* ptr_b = static_cast<const scalar_t*>(in[1]);
-  scalar_t* out_p = static_cast<scalar_t*>(out);
-  for (int64_t i = begin; i < end; ++i) {
-    out_p[i] = Host<scalar_t>::store(forward(Host<scalar_t>::load(ptr_a[i]), Host<scalar_t>::load(ptr_b[i])));
-  }
+// add(Tensor a, Tensor b) -> Tensor
+void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, const double* /*scalars*/) {
+  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    using T = decltype(zero);  // the compute type
+    return Forward<T>{};
+  });
 }
-
-void forward_cpu(Dtype dtype, int64_t begin, int64_t end, const void* const* in, void* out, const double* scalars) {
-  host_dispatch(dtype, [&](auto tag) { forward_loop<decltype(tag)>(begin, end, in, out, scalars); });
-}
-
-#ifdef FUSEGEN_WITH_CUDA
-// The launchers of add.cu, called with the runtime's argument arrays.
-void forward_cuda(Dtype dtype, int64_t n, const void* const* in, void* out, const double* /*scalars*/, void* stream) {
-  forward_launch(dtype, n, in[0], in[1], out, static_cast<cudaStream_t>(stream));
-}
-#endif
 
 // ---------------------------------------------------------------------------------------
 // The descriptor the runtime registers: fusegen::add.

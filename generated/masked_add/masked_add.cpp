@@ -16,64 +16,31 @@ namespace fusegen::op_masked_add {
 
 #ifdef FUSEGEN_WITH_CUDA
 // Defined in masked_add.cu, which holds the kernels and includes no torch header.
-void forward_launch(Dtype dtype, int64_t n, const void* in_x, const void* in_y, void* out, cudaStream_t stream);
-void backward_launch(Dtype dtype, int64_t n, const void* dout, const void* in_x, const void* in_y, void* grad_x, void* grad_y, cudaStream_t stream);
+void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 #endif
 
 namespace {
 
-// ---------------------------------------------------------------------------------------
-// Forward: masked_add(Tensor x, Tensor y) -> Tensor
-// Elements [begin, end) of flat, contiguous inputs; fp16/bf16 computed in float.
+// CPU kernels: the generic loop of fusegen-runtime.h over one run of TensorIterator's
+// loop, with Forward/Backward (masked_add.h) in the compute type (fp16/bf16 compute in float).
 
-template <typename scalar_t>
-void forward_loop(int64_t begin, int64_t end, const void* const* in, void* out, const double* /*scalars*/) {
-  const scalar_t* ptr_x = static_cast<const scalar_t*>(in[0]);
-  const scalar_t* ptr_y = static_cast<const scalar_t*>(in[1]);
-  scalar_t* out_p = static_cast<scalar_t*>(out);
-  for (int64_t i = begin; i < end; ++i) {
-    out_p[i] = Host<scalar_t>::store(forward(Host<scalar_t>::load(ptr_x[i]), Host<scalar_t>::load(ptr_y[i])));
-  }
+// masked_add(Tensor x, Tensor y) -> Tensor
+void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, const double* /*scalars*/) {
+  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    using T = decltype(zero);  // the compute type
+    return Forward<T>{};
+  });
 }
 
-void forward_cpu(Dtype dtype, int64_t begin, int64_t end, const void* const* in, void* out, const double* scalars) {
-  host_dispatch(dtype, [&](auto tag) { forward_loop<decltype(tag)>(begin, end, in, out, scalars); });
+// masked_add_backward(Tensor dout, Tensor in_x, Tensor in_y, bool[2] output_mask) -> Tensor[]
+// data: the gradients (null when not requested), dout, the inputs the backward reads.
+void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, const double* /*scalars*/) {
+  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    using T = decltype(zero);  // the compute type
+    return Backward<T>{};
+  });
 }
-
-// ---------------------------------------------------------------------------------------
-// Backward: masked_add_backward(Tensor dout, Tensor in_x, Tensor in_y, bool[2] output_mask) -> Tensor[]
-// in: dout, then the inputs the backward reads; a null gradient pointer means "not needed".
-
-template <typename scalar_t>
-void backward_loop(int64_t begin, int64_t end, const void* const* in, void* const* grads, const double* /*scalars*/) {
-  using acc_t = typename Host<scalar_t>::acc;
-  const scalar_t* dout_p = static_cast<const scalar_t*>(in[0]);
-  const scalar_t* ptr_x = static_cast<const scalar_t*>(in[1]);
-  const scalar_t* ptr_y = static_cast<const scalar_t*>(in[2]);
-  scalar_t* gptr_x = static_cast<scalar_t*>(grads[0]);
-  scalar_t* gptr_y = static_cast<scalar_t*>(grads[1]);
-  for (int64_t i = begin; i < end; ++i) {
-    acc_t gval_x, gval_y;
-    backward(Host<scalar_t>::load(dout_p[i]), Host<scalar_t>::load(ptr_x[i]), Host<scalar_t>::load(ptr_y[i]), gval_x, gval_y);
-    if (gptr_x != nullptr) gptr_x[i] = Host<scalar_t>::store(gval_x);
-    if (gptr_y != nullptr) gptr_y[i] = Host<scalar_t>::store(gval_y);
-  }
-}
-
-void backward_cpu(Dtype dtype, int64_t begin, int64_t end, const void* const* in, void* const* grads, const double* scalars) {
-  host_dispatch(dtype, [&](auto tag) { backward_loop<decltype(tag)>(begin, end, in, grads, scalars); });
-}
-
-#ifdef FUSEGEN_WITH_CUDA
-// The launchers of masked_add.cu, called with the runtime's argument arrays.
-void forward_cuda(Dtype dtype, int64_t n, const void* const* in, void* out, const double* /*scalars*/, void* stream) {
-  forward_launch(dtype, n, in[0], in[1], out, static_cast<cudaStream_t>(stream));
-}
-
-void backward_cuda(Dtype dtype, int64_t n, const void* const* in, void* const* grads, const double* /*scalars*/, void* stream) {
-  backward_launch(dtype, n, in[0], in[1], in[2], grads[0], grads[1], static_cast<cudaStream_t>(stream));
-}
-#endif
 
 // ---------------------------------------------------------------------------------------
 // The descriptor the runtime registers: fusegen::masked_add and fusegen::masked_add_backward.

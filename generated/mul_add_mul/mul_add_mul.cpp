@@ -17,68 +17,31 @@ namespace fusegen::op_mul_add_mul {
 
 #ifdef FUSEGEN_WITH_CUDA
 // Defined in mul_add_mul.cu, which holds the kernels and includes no torch header.
-void forward_launch(Dtype dtype, int64_t n, const void* in_a, const void* in_b, const void* in_c, void* out, cudaStream_t stream);
-void backward_launch(Dtype dtype, int64_t n, const void* dout, const void* in_a, const void* in_b, const void* in_c, void* grad_a, void* grad_b, void* grad_c, cudaStream_t stream);
+void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 #endif
 
 namespace {
 
-// ---------------------------------------------------------------------------------------
-// Forward: mul_add_mul(Tensor a, Tensor b, Tensor c) -> Tensor
-// Elements [begin, end) of flat, contiguous inputs; fp16/bf16 computed in float.
+// CPU kernels: the generic loop of fusegen-runtime.h over one run of TensorIterator's
+// loop, with Forward/Backward (mul_add_mul.h) in the compute type (fp16/bf16 compute in float).
 
-template <typename scalar_t>
-void forward_loop(int64_t begin, int64_t end, const void* const* in, void* out, const double* /*scalars*/) {
-  const scalar_t* ptr_a = static_cast<const scalar_t*>(in[0]);
-  const scalar_t* ptr_b = static_cast<const scalar_t*>(in[1]);
-  const scalar_t* ptr_c = static_cast<const scalar_t*>(in[2]);
-  scalar_t* out_p = static_cast<scalar_t*>(out);
-  for (int64_t i = begin; i < end; ++i) {
-    out_p[i] = Host<scalar_t>::store(forward(Host<scalar_t>::load(ptr_a[i]), Host<scalar_t>::load(ptr_b[i]), Host<scalar_t>::load(ptr_c[i])));
-  }
+// mul_add_mul(Tensor a, Tensor b, Tensor c) -> Tensor
+void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, const double* /*scalars*/) {
+  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    using T = decltype(zero);  // the compute type
+    return Forward<T>{};
+  });
 }
 
-void forward_cpu(Dtype dtype, int64_t begin, int64_t end, const void* const* in, void* out, const double* scalars) {
-  host_dispatch(dtype, [&](auto tag) { forward_loop<decltype(tag)>(begin, end, in, out, scalars); });
+// mul_add_mul_backward(Tensor dout, Tensor in_a, Tensor in_b, Tensor in_c, bool[3] output_mask) -> Tensor[]
+// data: the gradients (null when not requested), dout, the inputs the backward reads.
+void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, const double* /*scalars*/) {
+  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    using T = decltype(zero);  // the compute type
+    return Backward<T>{};
+  });
 }
-
-// ---------------------------------------------------------------------------------------
-// Backward: mul_add_mul_backward(Tensor dout, Tensor in_a, Tensor in_b, Tensor in_c, bool[3] output_mask) -> Tensor[]
-// in: dout, then the inputs the backward reads; a null gradient pointer means "not needed".
-
-template <typename scalar_t>
-void backward_loop(int64_t begin, int64_t end, const void* const* in, void* const* grads, const double* /*scalars*/) {
-  using acc_t = typename Host<scalar_t>::acc;
-  const scalar_t* dout_p = static_cast<const scalar_t*>(in[0]);
-  const scalar_t* ptr_a = static_cast<const scalar_t*>(in[1]);
-  const scalar_t* ptr_b = static_cast<const scalar_t*>(in[2]);
-  const scalar_t* ptr_c = static_cast<const scalar_t*>(in[3]);
-  scalar_t* gptr_a = static_cast<scalar_t*>(grads[0]);
-  scalar_t* gptr_b = static_cast<scalar_t*>(grads[1]);
-  scalar_t* gptr_c = static_cast<scalar_t*>(grads[2]);
-  for (int64_t i = begin; i < end; ++i) {
-    acc_t gval_a, gval_b, gval_c;
-    backward(Host<scalar_t>::load(dout_p[i]), Host<scalar_t>::load(ptr_a[i]), Host<scalar_t>::load(ptr_b[i]), Host<scalar_t>::load(ptr_c[i]), gval_a, gval_b, gval_c);
-    if (gptr_a != nullptr) gptr_a[i] = Host<scalar_t>::store(gval_a);
-    if (gptr_b != nullptr) gptr_b[i] = Host<scalar_t>::store(gval_b);
-    if (gptr_c != nullptr) gptr_c[i] = Host<scalar_t>::store(gval_c);
-  }
-}
-
-void backward_cpu(Dtype dtype, int64_t begin, int64_t end, const void* const* in, void* const* grads, const double* scalars) {
-  host_dispatch(dtype, [&](auto tag) { backward_loop<decltype(tag)>(begin, end, in, grads, scalars); });
-}
-
-#ifdef FUSEGEN_WITH_CUDA
-// The launchers of mul_add_mul.cu, called with the runtime's argument arrays.
-void forward_cuda(Dtype dtype, int64_t n, const void* const* in, void* out, const double* /*scalars*/, void* stream) {
-  forward_launch(dtype, n, in[0], in[1], in[2], out, static_cast<cudaStream_t>(stream));
-}
-
-void backward_cuda(Dtype dtype, int64_t n, const void* const* in, void* const* grads, const double* /*scalars*/, void* stream) {
-  backward_launch(dtype, n, in[0], in[1], in[2], in[3], grads[0], grads[1], grads[2], static_cast<cudaStream_t>(stream));
-}
-#endif
 
 // ---------------------------------------------------------------------------------------
 // The descriptor the runtime registers: fusegen::mul_add_mul and fusegen::mul_add_mul_backward.
