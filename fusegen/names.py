@@ -21,13 +21,8 @@ import re
 
 # role -> what an identifier `<role>_<name>` holds.
 ROLES = {
-    "in": "the value of input or scalar <name>: math parameter, kernel pointer, host argument",
-    "grad": "the gradient of input <name>: math result, kernel pointer, host tensor",
-    "vec": "16 bytes of input <name>, loaded at once (CUDA)",
-    "gvec": "16 bytes of the gradient of <name>, stored at once (CUDA)",
-    "gval": "one element of the gradient of <name>, in the compute type",
-    "ptr": "the data pointer of input <name> (CPU)",
-    "gptr": "the data pointer of the gradient of <name> (CPU)",
+    "in": "the value of input or scalar <name>: math parameter, functor member, schema name",
+    "grad": "the gradient of input <name>: math result, schema name",
 }
 
 # The generated code's own local names. None may start with `<role>_` (tests check).
