@@ -50,6 +50,16 @@ double pow(double, double) noexcept __attribute__((simd("notinbranch")));
 #undef FUSEGEN_SIMD_MATH
 #endif
 
+// The CPU loop is compiled twice, for x86-64's baseline (SSE2, 4 floats a step) and for
+// AVX2 (8 floats a step, libmvec's AVX2 variants), and the loader picks one for the CPU
+// it runs on (an ifunc), so a cached library stays valid on any x86-64 machine. AVX2
+// without FMA: `a*b + c` stays two roundings, as eager computes it.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && defined(__GLIBC__)
+#define FUSEGEN_CPU_TARGETS __attribute__((target_clones("avx2", "default")))
+#else
+#define FUSEGEN_CPU_TARGETS
+#endif
+
 namespace fusegen {
 
 // The kernel interface: the runtime lays out the operands with at::TensorIterator
@@ -203,7 +213,7 @@ void host_dispatch(Dtype dtype, F&& f) {
 constexpr int64_t kCpuBlock = 256;  // elements per block: the buffers of a block stay in L1
 
 template <typename A, typename F>
-inline void compute_block(const A* const* x, A* const* y, int64_t m, const F& f) {
+FUSEGEN_CPU_TARGETS void compute_block(const A* const* x, A* const* y, int64_t m, const F& f) {
   // Local copies: the compiler then knows the stores through y[k] cannot move a pointer.
   const A* xs[F::kInputs];
   A* ys[F::kOutputs];
