@@ -12,6 +12,7 @@ peers (and Liger Kernel's SwiGLU where installed) on the layouts real models pas
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 
 import torch
@@ -28,6 +29,15 @@ CPU_CASES = {
     "gelu (tanh form)": (GELU, lambda x: 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x))),
                          "0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))"),
 }
+
+
+def _optional(module: str):
+    """A peer to compare with when it is installed (numexpr, Liger Kernel); never a
+    dependency of fusegen, so it is imported by name, not declared."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
 
 
 def _fwd_bwd(f, xs, g):
@@ -47,10 +57,7 @@ def run_cpu(n: int, reps: int, out_json: str | None):
 
     ops = dict(zip(CPU_CASES, fuse_many([dict(expr=e, name=f"bench_cpu_{i}") for i, (e, _, _) in
                                          enumerate(CPU_CASES.values())])))
-    try:
-        import numexpr
-    except ImportError:
-        numexpr = None
+    numexpr = _optional("numexpr")
     print(f"cpu, {torch.get_num_threads()} threads, torch {torch.__version__}, n = {n}, fp32, median ms of {reps}")
     results = []
     for key, (_, eager, ne_expr) in CPU_CASES.items():
@@ -129,10 +136,8 @@ def run_layouts(n: int, dtypes, reps: int, out_json: str | None):
     ops = dict(zip(["scale_bias", "fma", "swiglu"], fuse_many([
         dict(expr="x*scale+bias", name="bench_scale_bias"), dict(expr="a*b+c", name="bench_fma"),
         dict(expr="a*sigmoid(a)*b", name="bench_swiglu")])))
-    try:
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    except ImportError:
-        LigerSiLUMulFunction = None
+    liger = _optional("liger_kernel.ops.swiglu")
+    LigerSiLUMulFunction = getattr(liger, "LigerSiLUMulFunction", None)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"{name}, torch {torch.__version__}, n about {n}, median ms of {reps}")
     results = []

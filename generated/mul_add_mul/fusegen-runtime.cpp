@@ -3,9 +3,10 @@
 // against (or, in a standalone build of generated/<name>/, into the op's own library).
 // Each op describes itself with an OpDef (fusegen-runtime.h) and calls register_op; this
 // file turns that into the schemas fusegen::<name> and fusegen::<name>_backward with
-// boxed CPU, Meta, CUDA and Autograd kernels: argument checks, type promotion and
-// broadcasting, allocation, the CPU parallel loop, the CUDA device guard and stream,
-// and a torch::autograd::Function whose backward calls <name>_backward.
+// boxed CPU, Meta, CUDA and Autograd kernels: argument checks, type promotion, the layout
+// of every call by ATen's TensorIterator (broadcasting, strides, memory format, output
+// allocation), its parallel CPU loop, the CUDA device guard and stream, and a
+// torch::autograd::Function whose backward calls <name>_backward.
 // Hand-written, not templated.
 #include "fusegen-runtime.h"
 
@@ -183,9 +184,10 @@ struct Operands {
   int size() const { return static_cast<int>(slot.size()); }
 };
 
-void launch_cpu(const at::TensorIterator& iter_const, const Operands& ops, CpuKernel kernel, Dtype dtype,
-             const double* scalars) {
-  at::TensorIterator& iter = const_cast<at::TensorIterator&>(iter_const);  // for_each is not const
+// The CPU kernel over the iterator: TensorIterator::for_each splits it over threads
+// (at::parallel_for) and calls back with 1-D runs; each run goes to the kernel with the
+// kernel's operand order (absent outputs null).
+void launch_cpu(at::TensorIterator& iter, const Operands& ops, CpuKernel kernel, Dtype dtype, const double* scalars) {
   const int count = ops.size();
   iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
     c10::SmallVector<char*, 16> d(count);
@@ -200,8 +202,10 @@ void launch_cpu(const at::TensorIterator& iter_const, const Operands& ops, CpuKe
 }
 
 #ifdef FUSEGEN_WITH_CUDA
+// The CUDA kernel over the whole iterator, on the current stream: pointers, and sizes and
+// byte strides unless it is contiguous.
 void launch_cuda(const at::TensorIterator& iter, const Operands& ops, CudaKernel kernel, Dtype dtype,
-              const double* scalars) {
+                 const double* scalars) {
   const int count = ops.size();
   std::vector<char*> data(count);
   for (int k = 0; k < count; ++k) data[k] = ops.slot[k] < 0 ? nullptr : static_cast<char*>(iter.data_ptr(ops.slot[k]));
@@ -323,7 +327,7 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
     }
     return outputs;
   }
-  const at::TensorIterator iter = make_iterator(num_outputs, inputs);
+  at::TensorIterator iter = make_iterator(num_outputs, inputs);
   for (size_t k = 0, next = 0; k < present.size(); ++k) {
     if (present[k]) outputs[k] = iter.output(static_cast<int64_t>(next++));
   }
