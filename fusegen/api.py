@@ -154,10 +154,27 @@ class FusedOp:
                 raise TypeError(f"fusegen op '{self.name}': {err}; expected "
                                 f"{self.name}({', '.join(self.params)})") from None
             args = tuple(bound.arguments[p] for p in self.params)
-        return self.op(*args)
+        return self.op(*as_tensors(args, len(self.entry.inputs)))
 
     def __repr__(self):
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"
+
+
+def as_tensors(args, count: int):
+    """`args` with each Python number among the first `count` (the tensor arguments) made a
+    0-d CPU tensor, so that it promotes as eager's wrapped numbers do: a number takes the
+    dtype eager's result would have (torch's own rule, `elementwise_dtypes`), so it never
+    widens it (`bf16_tensor * 2.0` stays bfloat16) and lifts integer tensors to the default
+    float dtype (`int_tensor + 0.5` is float32). The runtime moves it to the op's device."""
+    tensors = args[:count]
+    if not any(isinstance(a, (bool, int, float)) for a in tensors):
+        return args
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    known = [a for a in tensors if isinstance(a, (torch.Tensor, bool, int, float))]
+    _, dtype = elementwise_dtypes(*known, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    wrapped = tuple(torch.tensor(a, dtype=dtype) if isinstance(a, (bool, int, float)) else a for a in tensors)
+    return wrapped + tuple(args[count:])
 
 
 # The in-process memo: the same request returns the same FusedOp, a name loaded once stays

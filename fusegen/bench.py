@@ -3,6 +3,8 @@
     python -m fusegen.bench                    # the mission's expressions, GPU if present
     python -m fusegen.bench --json out.json    # also write every row
     python -m fusegen.bench build              # build latency (fusegen/bench_build.py)
+    python -m fusegen.bench cpu                # CPU kernels vs eager, compile, numexpr (bench_layouts.py)
+    python -m fusegen.bench layouts            # broadcast/strided/channels_last/SwiGLU (bench_layouts.py)
 
 Same method as shared/anchors/anchor_bench.py: 1-D tensors, CUDA-event medians, % of
 the measured device-to-device copy rate, host microseconds per call at n = 4096. Also
@@ -190,6 +192,9 @@ def main(argv=None):
     if argv[:1] == ["build"]:  # build latency: fusegen/bench_build.py
         from . import bench_build
         return bench_build.main(argv[1:])
+    if argv[:1] in (["cpu"], ["layouts"]):
+        from . import bench_layouts
+        return bench_layouts.main(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="4096,1048576,134217728",
                    help="comma-separated element counts (default: 2^12, 2^20, 2^27)")

@@ -21,23 +21,17 @@ import re
 
 # role -> what an identifier `<role>_<name>` holds.
 ROLES = {
-    "in": "the value of input or scalar <name>: math parameter, kernel pointer, host argument",
-    "grad": "the gradient of input <name>: math result, kernel pointer, host tensor",
-    "vec": "16 bytes of input <name>, loaded at once (CUDA)",
-    "gvec": "16 bytes of the gradient of <name>, stored at once (CUDA)",
-    "gval": "one element of the gradient of <name>, in the compute type",
-    "ptr": "the data pointer of input <name> (CPU)",
-    "gptr": "the data pointer of the gradient of <name> (CPU)",
+    "in": "the value of input or scalar <name>: math parameter, functor member, schema name",
+    "grad": "the gradient of input <name>: math result, schema name",
 }
 
 # The generated code's own local names. None may start with `<role>_` (tests check).
 # (`output_mask` and `dout` are also the backward schema's own argument names.)
 LOCALS = frozenset("""
-    out out_v out_p dout dout_v dout_p n n_vec i k v stride first scalar_t acc_t kVec tag
-    grads output_mask begin end stream dtype in scalars forward backward forward_kernel
-    backward_kernel forward_loop backward_loop forward_cpu backward_cpu forward_cuda
-    backward_cuda forward_launch backward_launch kDef registered kInputNames kScalarNames
-    kBackwardInputs kBackwardScalars kKernelGrads kPassthrough
+    out dout n scalar_t acc_t tag grads output_mask stream dtype scalars forward backward
+    forward_cpu backward_cpu forward_cuda backward_cuda kDef registered kInputNames
+    kScalarNames kBackwardInputs kBackwardScalars kKernelGrads kPassthrough Forward Backward
+    kInputs kOutputs x y zero data strides loop T
 """.split())
 
 # Temporaries of the straight-line math: t0, t1, ... (`t` is not a role).

@@ -62,7 +62,7 @@ class Name:
     index: int = -1               # position among the forward's arguments
     kernel_index: int = -1        # position among the gradients the backward kernel writes
 
-    def __getattr__(self, role):  # x.vec -> "vec_x", x.gptr -> "gptr_x"
+    def __getattr__(self, role):  # x.grad -> "grad_x"
         if role in names.ROLES:
             return names.role(role, self.name)
         raise AttributeError(role)

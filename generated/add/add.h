@@ -22,4 +22,13 @@ FUSEGEN_HD double forward(double in_a, double in_b) {
   return in_a + in_b;
 }
 
+// The forward as one elementwise function of 2 inputs and 1 output in the compute type T:
+// the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
+template <typename T>
+struct Forward {
+  static constexpr int kInputs = 2;
+  static constexpr int kOutputs = 1;
+  FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1]); }
+};
+
 }  // namespace fusegen::op_add

@@ -35,4 +35,23 @@ FUSEGEN_HD void backward(double dout, double in_a, double in_b, double& grad_a, 
   grad_b = dout*in_a;
 }
 
+// The forward as one elementwise function of 3 inputs and 1 output in the compute type T:
+// the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
+template <typename T>
+struct Forward {
+  static constexpr int kInputs = 3;
+  static constexpr int kOutputs = 1;
+  FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1], x[2]); }
+};
+
+// The backward likewise: dout and the 2 inputs it reads in, the 2 gradients out.
+template <typename T>
+struct Backward {
+  static constexpr int kInputs = 3;
+  static constexpr int kOutputs = 2;
+  FUSEGEN_HD void operator()(const T* x, T* y) const {
+    backward(x[0], x[1], x[2], y[0], y[1]);
+  }
+};
+
 }  // namespace fusegen::op_fma

@@ -3,14 +3,16 @@
 // against (or, in a standalone build of generated/<name>/, into the op's own library).
 // Each op describes itself with an OpDef (fusegen-runtime.h) and calls register_op; this
 // file turns that into the schemas fusegen::<name> and fusegen::<name>_backward with
-// boxed CPU, Meta, CUDA and Autograd kernels: argument checks, type promotion and
-// broadcasting, allocation, the CPU parallel loop, the CUDA device guard and stream,
-// and a torch::autograd::Function whose backward calls <name>_backward.
+// boxed CPU, Meta, CUDA and Autograd kernels: argument checks, type promotion, the layout
+// of every call by ATen's TensorIterator (broadcasting, strides, memory format, output
+// allocation), its parallel CPU loop, the CUDA device guard and stream, and a
+// torch::autograd::Function whose backward calls <name>_backward.
 // Hand-written, not templated.
 #include "fusegen-runtime.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/TypeProperties.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -43,9 +45,12 @@ using Args = std::vector<Arg>;
 // Elements per CPU task: large enough that at::parallel_for's overhead is noise.
 constexpr int64_t kCpuGrain = 32768;
 
-bool is_supported_dtype(at::ScalarType t) {
+bool is_computed_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
+
+// A 0-dim CPU tensor is allowed with tensors of any device, as eager allows it.
+bool is_cpu_scalar(const at::Tensor& t) { return t.dim() == 0 && t.device().is_cpu(); }
 
 // Undefined tensors (None from Python) fail here with the op's and the argument's name,
 // before anything asks them for a size, dtype or device.
@@ -56,22 +61,43 @@ void check_defined(const std::string& op, const Args& args) {
   }
 }
 
-// Checks every argument (defined, floating, one device) and returns the dtype the op
-// computes and returns in: torch's type promotion over the arguments, as eager does.
+// The device the op runs on: that of the first argument that is not a 0-dim CPU tensor.
+const Arg& device_arg(const Args& args) {
+  for (const Arg& arg : args) {
+    if (!is_cpu_scalar(arg.tensor)) return arg;
+  }
+  return args.front();
+}
+
+// Checks every argument (defined, a real dtype, one device) and returns the dtype the op
+// computes and returns in: torch's type promotion over the arguments, as eager does (bool
+// and integer tensors promote, a 0-dim tensor only within its category). The kernels
+// compute in floating point, so a promoted type that is not floating (every argument
+// integer or bool, where eager's `a*b+c` would return an integer tensor and its `sigmoid`
+// a float one) is refused rather than returned in a dtype eager would not give.
 at::ScalarType check_args(const std::string& op, const Args& args) {
-  const Arg& first = args.front();
-  at::native::ResultTypeState state = {};
   check_defined(op, args);
+  const Arg& first = device_arg(args);
+  at::native::ResultTypeState state = {};
   for (const Arg& arg : args) {
     const at::Tensor& t = arg.tensor;
-    TORCH_CHECK(is_supported_dtype(t.scalar_type()), "fusegen::", op, ": argument '", arg.name,
-                "' must be a float32, float64, float16 or bfloat16 tensor, got ", t.scalar_type());
-    TORCH_CHECK(t.device() == first.tensor.device(), "fusegen::", op, ": argument '", arg.name,
-                "' is on ", t.device(), ", expected ", first.tensor.device(), " (the device of '",
+    const at::ScalarType type = t.scalar_type();
+    TORCH_CHECK(is_computed_dtype(type) || at::isIntegralType(type, /*includeBool=*/true), "fusegen::", op,
+                ": argument '", arg.name, "' must be a floating, integer or bool tensor, got ", type);
+    TORCH_CHECK(t.device() == first.tensor.device() || is_cpu_scalar(t), "fusegen::", op, ": argument '",
+                arg.name, "' is on ", t.device(), ", expected ", first.tensor.device(), " (the device of '",
                 first.name, "')");
     state = at::native::update_result_type_state(t, state);
   }
-  return at::native::result_type(state);
+  const at::ScalarType dtype = at::native::result_type(state);
+  if (!is_computed_dtype(dtype)) {
+    std::string types;
+    for (const Arg& arg : args) types += std::string(types.empty() ? "" : ", ") + arg.name + ": " + c10::toString(arg.tensor.scalar_type());
+    TORCH_CHECK(false, "fusegen::", op, ": the arguments promote to ", dtype, " (", types,
+                "), but fusegen computes in float32, float64, float16 or bfloat16; make one argument "
+                "floating (e.g. a.float()), or pass a float number");
+  }
+  return dtype;
 }
 
 // The broadcast shape of all arguments, with an error that names the one that does not fit.
@@ -94,38 +120,45 @@ c10::SymDimVector broadcast_shape(const std::string& op, const Args& args) {
   return shape;
 }
 
-// Shape and options of the op's outputs: the broadcast shape, the promoted dtype.
-struct Layout {
-  c10::SymDimVector sizes;
-  at::TensorOptions options;
-
-  at::Tensor empty() const { return at::empty_symint(sizes, options); }
-  at::ScalarType dtype() const { return options.dtype().toScalarType(); }
-  // Only for real tensors (CPU/CUDA impls); Meta impls never ask.
-  int64_t numel() const {
-    int64_t n = 1;
-    for (const c10::SymInt& s : sizes) n *= s.expect_int();
-    return n;
-  }
-};
-
-// Checking and shape inference in one step. On its own this is the Meta implementation;
-// the CPU and CUDA ones start with it.
-Layout output_layout(const std::string& op, const Args& args) {
-  const at::ScalarType dtype = check_args(op, args);
-  return Layout{broadcast_shape(op, args), args.front().tensor.options().dtype(dtype)};
-}
-
-// Inputs as the kernels want them: promoted, broadcast to the output shape and contiguous,
-// so a kernel is one flat loop. This copies broadcast or strided inputs and is free for
-// contiguous ones of the output's shape and dtype.
-std::vector<at::Tensor> flat_inputs(const Layout& layout, const Args& args) {
+// The tensors the kernels read: each in the computed dtype (a converting copy only for an
+// argument of another dtype: the kernels read one dtype, as eager's CPU kernels do after
+// TensorIterator's own promotion copies) and on the op's device: a 0-dim CPU tensor with
+// CUDA tensors becomes a 0-dim device tensor filled from its value (a fill kernel, no host
+// synchronisation). Broadcast, strided and channels_last tensors are not copied.
+std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype, const c10::Device device) {
   std::vector<at::Tensor> out;
   out.reserve(args.size());
   for (const Arg& arg : args) {
-    out.push_back(arg.tensor.to(layout.dtype()).expand_symint(layout.sizes).contiguous());
+    at::Tensor t = arg.tensor;
+    if (t.device() != device) {  // a CPU scalar (check_args allowed nothing else)
+      const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
+      t = device.is_meta() ? at::empty({}, options) : at::full({}, t.item(), options);
+    }
+    out.push_back(t.scalar_type() == dtype ? t : t.to(dtype));
   }
   return out;
+}
+
+// Symbolic sizes (torch.compile with dynamic shapes, in the Meta impl) cannot go through
+// TensorIterator, which needs concrete ones.
+bool any_symbolic(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return true;
+  }
+  return false;
+}
+
+// `num_outputs` new outputs and the inputs, laid out by ATen's TensorIterator: the
+// broadcast shape, the outputs allocated in the inputs' dtype with the memory format
+// eager would give them (channels_last in, channels_last out), dimensions coalesced and
+// ordered for the loop. Works for Meta tensors too, so the Meta impl's strides are the
+// real impl's.
+at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs) {
+  at::TensorIteratorConfig config;
+  config.set_check_mem_overlap(false);  // the outputs are new; inputs may overlap each other
+  for (int k = 0; k < num_outputs; ++k) config.add_owned_output(at::Tensor());
+  for (const at::Tensor& t : inputs) config.add_const_input(t);
+  return config.build();
 }
 
 Dtype kernel_dtype(at::ScalarType t) {
@@ -136,6 +169,62 @@ Dtype kernel_dtype(at::ScalarType t) {
     default: return Dtype::kFloat32;
   }
 }
+
+// The kernel's operands for one step of TensorIterator's loop: `present[k]` says whether
+// output k of the kernel is one of the iterator's outputs (a requested gradient); absent
+// ones get a null pointer and stride 0. Inputs follow, as the iterator has them.
+struct Operands {
+  std::vector<int> slot;  // per kernel operand: its index in the iterator, or -1
+
+  Operands(const std::vector<bool>& present, int num_inputs) {
+    int next = 0;
+    for (bool p : present) slot.push_back(p ? next++ : -1);
+    for (int j = 0; j < num_inputs; ++j) slot.push_back(next++);
+  }
+  int size() const { return static_cast<int>(slot.size()); }
+};
+
+// The CPU kernel over the iterator: TensorIterator::for_each splits it over threads
+// (at::parallel_for) and calls back with 1-D runs; each run goes to the kernel with the
+// kernel's operand order (absent outputs null).
+void launch_cpu(at::TensorIterator& iter, const Operands& ops, CpuKernel kernel, Dtype dtype, const double* scalars) {
+  const int count = ops.size();
+  iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
+    c10::SmallVector<char*, 16> d(count);
+    c10::SmallVector<int64_t, 16> s(count);
+    for (int k = 0; k < count; ++k) {
+      const int i = ops.slot[k];
+      d[k] = i < 0 ? nullptr : data[i];
+      s[k] = i < 0 ? 0 : strides[i];
+    }
+    kernel(dtype, d.data(), s.data(), n, scalars);
+  }, kCpuGrain);
+}
+
+#ifdef FUSEGEN_WITH_CUDA
+// The CUDA kernel over the whole iterator, on the current stream: pointers, and sizes and
+// byte strides unless it is contiguous.
+void launch_cuda(const at::TensorIterator& iter, const Operands& ops, CudaKernel kernel, Dtype dtype,
+                 const double* scalars) {
+  const int count = ops.size();
+  std::vector<char*> data(count);
+  for (int k = 0; k < count; ++k) data[k] = ops.slot[k] < 0 ? nullptr : static_cast<char*>(iter.data_ptr(ops.slot[k]));
+  // Contiguous after coalescing: the kernels' 16-byte path needs no strides.
+  const bool contiguous = iter.is_contiguous();
+  const int ndim = contiguous ? 0 : iter.ndim();
+  TORCH_INTERNAL_ASSERT(ndim <= kMaxDims);
+  std::vector<int64_t> sizes(iter.shape().begin(), iter.shape().end());
+  std::vector<int64_t> strides(static_cast<size_t>(ndim) * count, 0);
+  for (int d = 0; d < ndim; ++d) {
+    for (int k = 0; k < count; ++k) {
+      if (ops.slot[k] >= 0) strides[d * count + k] = iter.strides(ops.slot[k])[d];
+    }
+  }
+  const CudaLoop loop{iter.numel(), ndim, count, sizes.data(), strides.data(), data.data()};
+  kernel(dtype, loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#endif
 
 // ---------------------------------------------------------------------------------------
 // One registered op: its descriptor, plus the names the runtime derives from it.
@@ -202,12 +291,6 @@ struct BackwardArgs {
   }
 };
 
-std::vector<const void*> data_of(const std::vector<at::Tensor>& flat) {
-  std::vector<const void*> ptrs;
-  for (const at::Tensor& t : flat) ptrs.push_back(t.const_data_ptr());
-  return ptrs;
-}
-
 // The gradients that were asked for (defined), in order: what <name>_backward returns.
 std::vector<at::Tensor> requested(const std::vector<at::Tensor>& grads) {
   std::vector<at::Tensor> out;
@@ -219,74 +302,61 @@ std::vector<at::Tensor> requested(const std::vector<at::Tensor>& grads) {
 
 enum class Device { kCpu, kMeta, kCuda };
 
-// The forward on one device: check, lay out, allocate, run the op's kernel.
-at::Tensor run_forward(const Op& op, Device device, const ForwardArgs& a) {
-  const OpDef& def = *op.def;
-  const Args args = a.named(def);
-  const Layout layout = output_layout(op.name, args);
-  if (device == Device::kMeta) return layout.empty();
+// What the forward and the backward share: check the arguments, then lay out `num_outputs`
+// outputs over the kernel's inputs and run `cpu` or `cuda` on them. present[k]: whether the
+// kernel's output k is wanted (allocated); returns the outputs, an undefined tensor for
+// each absent one.
+std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const Args& args,
+                                   const std::vector<bool>& present, CpuKernel cpu, CudaKernel cuda,
+                                   const double* scalars) {
+  const at::ScalarType dtype = check_args(name, args);
+  const c10::SymDimVector shape = broadcast_shape(name, args);  // names the argument that does not fit
+  const c10::Device on = device_arg(args).tensor.device();
 #ifdef FUSEGEN_WITH_CUDA
   std::optional<c10::cuda::CUDAGuard> device_guard;
-  if (device == Device::kCuda) device_guard.emplace(layout.options.device());  // checked: one device
+  if (device == Device::kCuda) device_guard.emplace(on);  // checked: one device
 #endif
-  at::Tensor out = layout.empty();
-  const int64_t n = out.numel();
-  if (n == 0) return out;
-  const std::vector<at::Tensor> flat = flat_inputs(layout, args);
-  const std::vector<const void*> in = data_of(flat);
-  void* out_p = out.mutable_data_ptr();
-  const Dtype dtype = kernel_dtype(out.scalar_type());
+  const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
+  int num_outputs = 0;
+  for (bool p : present) num_outputs += p;
+  std::vector<at::Tensor> outputs(present.size());
+  if (device == Device::kMeta && any_symbolic(inputs)) {
+    // Dynamic shapes: no TensorIterator; contiguous outputs of the broadcast shape.
+    for (size_t k = 0; k < present.size(); ++k) {
+      if (present[k]) outputs[k] = at::empty_symint(shape, inputs.front().options());
+    }
+    return outputs;
+  }
+  at::TensorIterator iter = make_iterator(num_outputs, inputs);
+  for (size_t k = 0, next = 0; k < present.size(); ++k) {
+    if (present[k]) outputs[k] = iter.output(static_cast<int64_t>(next++));
+  }
+  if (device == Device::kMeta || iter.numel() == 0 || num_outputs == 0) return outputs;
+  const Operands ops(present, static_cast<int>(inputs.size()));
   if (device == Device::kCpu) {
-    at::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) {
-      def.forward_cpu(dtype, begin, end, in.data(), out_p, a.scalars.data());
-    });
+    launch_cpu(iter, ops, cpu, kernel_dtype(dtype), scalars);
   } else {
 #ifdef FUSEGEN_WITH_CUDA
-    def.forward_cuda(dtype, n, in.data(), out_p, a.scalars.data(), c10::cuda::getCurrentCUDAStream().stream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_cuda(iter, ops, cuda, kernel_dtype(dtype), scalars);
+#else
+    (void)cuda;
 #endif
   }
-  return out;
+  return outputs;
+}
+
+// The forward on one device: one output.
+at::Tensor run_forward(const Op& op, Device device, const ForwardArgs& a) {
+  const OpDef& def = *op.def;
+  return run_kernel(op.name, device, a.named(def), {true}, def.forward_cpu, def.forward_cuda, a.scalars.data())[0];
 }
 
 // The backward on one device: the gradients selected by output_mask, in order, at the
-// broadcast shape.
+// broadcast shape (the autograd Function sums them to each input's shape).
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a) {
   const OpDef& def = *op.def;
-  const Args args = a.named(def);
-  const Layout layout = output_layout(op.backward_name, args);
-  std::vector<at::Tensor> grads(def.num_kernel_grads);
-  if (device == Device::kMeta) {
-    for (int k = 0; k < def.num_kernel_grads; ++k) {
-      if (a.mask[k]) grads[k] = layout.empty();
-    }
-    return requested(grads);
-  }
-#ifdef FUSEGEN_WITH_CUDA
-  std::optional<c10::cuda::CUDAGuard> device_guard;
-  if (device == Device::kCuda) device_guard.emplace(layout.options.device());  // checked: one device
-#endif
-  for (int k = 0; k < def.num_kernel_grads; ++k) {
-    if (a.mask[k]) grads[k] = layout.empty();
-  }
-  const int64_t n = layout.numel();
-  if (n == 0) return requested(grads);
-  const std::vector<at::Tensor> flat = flat_inputs(layout, args);
-  const std::vector<const void*> in = data_of(flat);
-  std::vector<void*> out(grads.size());
-  for (size_t k = 0; k < grads.size(); ++k) out[k] = grads[k].defined() ? grads[k].mutable_data_ptr() : nullptr;
-  const Dtype dtype = kernel_dtype(layout.dtype());
-  if (device == Device::kCpu) {
-    at::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) {
-      def.backward_cpu(dtype, begin, end, in.data(), out.data(), a.scalars.data());
-    });
-  } else {
-#ifdef FUSEGEN_WITH_CUDA
-    def.backward_cuda(dtype, n, in.data(), out.data(), a.scalars.data(), c10::cuda::getCurrentCUDAStream().stream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-#endif
-  }
-  return requested(grads);
+  return requested(run_kernel(op.backward_name, device, a.named(def), a.mask, def.backward_cpu, def.backward_cuda,
+                              a.scalars.data()));
 }
 
 // ---------------------------------------------------------------------------------------

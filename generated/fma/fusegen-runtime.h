@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "fusegen-math.h"
 
@@ -20,21 +21,73 @@ struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;
 #endif
 
+// Vector versions of the C math functions for the CPU loop: glibc's libmvec has a SIMD
+// variant of each (exp, log, tanh, erf, ... in float and double), which GCC calls from a
+// vectorized loop when the function is declared `simd` and errno is off (-fno-math-errno,
+// part of fusegen's flags; the op library links -lmvec). glibc declares them so only under
+// -ffast-math; declaring them here keeps IEEE semantics otherwise. Their accuracy is within
+// a few ulp, like the Sleef functions eager's vectorized CPU kernels use.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
+    defined(__GLIBC__) && defined(FUSEGEN_LIBMVEC)
+#define FUSEGEN_SIMD_MATH(name)                                            \
+  float name##f(float) noexcept __attribute__((simd("notinbranch")));     \
+  double name(double) noexcept __attribute__((simd("notinbranch")));
+extern "C" {
+FUSEGEN_SIMD_MATH(exp)
+FUSEGEN_SIMD_MATH(expm1)
+FUSEGEN_SIMD_MATH(log)
+FUSEGEN_SIMD_MATH(log1p)
+FUSEGEN_SIMD_MATH(sin)
+FUSEGEN_SIMD_MATH(cos)
+FUSEGEN_SIMD_MATH(tan)
+FUSEGEN_SIMD_MATH(tanh)
+FUSEGEN_SIMD_MATH(atan)
+FUSEGEN_SIMD_MATH(erf)
+FUSEGEN_SIMD_MATH(erfc)
+float powf(float, float) noexcept __attribute__((simd("notinbranch")));
+double pow(double, double) noexcept __attribute__((simd("notinbranch")));
+}
+#undef FUSEGEN_SIMD_MATH
+#endif
+
+// The CPU loop is compiled twice, for x86-64's baseline (SSE2, 4 floats a step) and for
+// AVX2 (8 floats a step, libmvec's AVX2 variants), and the loader picks one for the CPU
+// it runs on (an ifunc), so a cached library stays valid on any x86-64 machine. AVX2
+// without FMA: `a*b + c` stays two roundings, as eager computes it.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && defined(__GLIBC__)
+#define FUSEGEN_CPU_TARGETS __attribute__((target_clones("avx2", "default")))
+#else
+#define FUSEGEN_CPU_TARGETS
+#endif
+
 namespace fusegen {
 
-// CPU kernels: elements [begin, end) of flat, contiguous arrays of the op's dtype.
-// in: the forward's tensors (forward), or dout then the tensors the backward reads
-// (backward); scalars: the forward's scalars, or those the backward reads; grads: one per
-// kernel gradient, nullptr when not requested.
-using ForwardCpu = void (*)(Dtype dtype, int64_t begin, int64_t end, const void* const* in,
-                            void* out, const double* scalars);
-using BackwardCpu = void (*)(Dtype dtype, int64_t begin, int64_t end, const void* const* in,
-                             void* const* grads, const double* scalars);
-// CUDA launchers, the same arrays over all n elements, on `stream` (a cudaStream_t).
-using ForwardCuda = void (*)(Dtype dtype, int64_t n, const void* const* in, void* out,
-                             const double* scalars, void* stream);
-using BackwardCuda = void (*)(Dtype dtype, int64_t n, const void* const* in, void* const* grads,
-                              const double* scalars, void* stream);
+// The kernel interface: the runtime lays out the operands with at::TensorIterator
+// (broadcasting, type promotion, output allocation and memory format, as eager does) and
+// hands an op's kernels data pointers and byte strides, never tensors. Operands come
+// outputs first, then inputs, as TensorIterator orders them: the forward's one output and
+// its tensors; the backward's gradients (one per kernel gradient, a null pointer when not
+// requested) and dout, then the tensors the backward reads. scalars: the forward's scalars,
+// or those the backward reads.
+//
+// CPU: one 1-D run of n elements, the inner loop of TensorIterator::for_each (which splits
+// the work over threads with at::parallel_for). strides[k] is operand k's step in bytes.
+using CpuKernel = void (*)(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
+                           const double* scalars);
+
+// CUDA: the whole iteration space. ndim == 0 when it is contiguous (after TensorIterator
+// has coalesced its dimensions); otherwise sizes[ndim] (dimension 0 the fastest) and
+// strides[d * num_operands + k], operand k's byte stride along dimension d.
+constexpr int kMaxDims = 25;  // at::MAX_DIMS, so no dimension count ATen allows is refused
+struct CudaLoop {
+  int64_t numel;
+  int ndim;
+  int num_operands;
+  const int64_t* sizes;
+  const int64_t* strides;
+  char* const* data;
+};
+using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
 // One op, described by its generated code. Names are strings (any user name works); all
 // arrays are static data of the op's translation unit.
@@ -54,13 +107,13 @@ struct OpDef {
   int num_kernel_grads;             // gradients the backward kernel computes
   const int* kernel_grads;          // ... as indices into the inputs
   const bool* passthrough;          // per input: its gradient is dout itself (no kernel)
-  ForwardCpu forward_cpu;
-  BackwardCpu backward_cpu;         // nullptr without kernel gradients
-  ForwardCuda forward_cuda;         // nullptr in a build without CUDA
-  BackwardCuda backward_cuda;
+  CpuKernel forward_cpu;
+  CpuKernel backward_cpu;           // nullptr without kernel gradients
+  CudaKernel forward_cuda;          // nullptr in a build without CUDA
+  CudaKernel backward_cuda;
 };
 
-constexpr int kAbi = 1;
+constexpr int kAbi = 2;
 
 // Defines fusegen::<name> (and <name>_backward) and registers the op's CPU, Meta, CUDA and
 // Autograd kernels. Called once per op from a static initializer of the op's library.
@@ -145,6 +198,106 @@ void host_dispatch(Dtype dtype, F&& f) {
     case Dtype::kFloat16: f(Half{}); break;
     case Dtype::kBFloat16: f(BFloat16{}); break;
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// The CPU loop every kernel shares: one elementwise function F of F::kInputs inputs and
+// F::kOutputs outputs in the compute type (F(const acc* x, acc* y)), over one CpuKernel run.
+//
+// The math runs in one loop over contiguous arrays of the compute type, which the compiler
+// vectorizes (no branch, no stride, no aliasing: `ivdep`). All contiguous float/double
+// operands are used in place. Anything else goes through small per-block buffers:
+// strided and fp16/bf16 inputs are gathered and converted into one, a broadcast (stride 0)
+// input is converted once, strided or narrow outputs are scattered from one, and a
+// gradient nobody asked for (a null pointer) is written to one and dropped.
+constexpr int64_t kCpuBlock = 256;  // elements per block: the buffers of a block stay in L1
+
+template <typename A, typename F>
+FUSEGEN_CPU_TARGETS void compute_block(const A* const* x, A* const* y, int64_t m, const F& f) {
+  // Local copies: the compiler then knows the stores through y[k] cannot move a pointer.
+  const A* xs[F::kInputs];
+  A* ys[F::kOutputs];
+  for (int j = 0; j < F::kInputs; ++j) xs[j] = x[j];
+  for (int k = 0; k < F::kOutputs; ++k) ys[k] = y[k];
+#pragma GCC ivdep
+  for (int64_t i = 0; i < m; ++i) {
+    A xi[F::kInputs];
+    A yi[F::kOutputs];
+    for (int j = 0; j < F::kInputs; ++j) xi[j] = xs[j][i];
+    f(xi, yi);
+    for (int k = 0; k < F::kOutputs; ++k) ys[k][i] = yi[k];
+  }
+}
+
+template <typename T, typename F>
+void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const F& f) {
+  using A = typename Host<T>::acc;
+  constexpr int kIn = F::kInputs;
+  constexpr int kOut = F::kOutputs;
+  constexpr bool kNarrow = !std::is_same<T, A>::value;  // fp16/bf16: converted on the way
+  char* const* out = data;
+  char* const* in = data + kOut;
+  const int64_t* out_strides = strides;
+  const int64_t* in_strides = strides + kOut;
+  constexpr int64_t kSize = static_cast<int64_t>(sizeof(T));
+
+  bool direct = !kNarrow;  // every operand contiguous and present: no buffer at all
+  for (int k = 0; k < kOut; ++k) direct = direct && out[k] != nullptr && out_strides[k] == kSize;
+  for (int j = 0; j < kIn; ++j) direct = direct && in_strides[j] == kSize;
+  if (direct) {
+    const A* x[kIn > 0 ? kIn : 1];
+    A* y[kOut];
+    for (int j = 0; j < kIn; ++j) x[j] = reinterpret_cast<const A*>(in[j]);
+    for (int k = 0; k < kOut; ++k) y[k] = reinterpret_cast<A*>(out[k]);
+    compute_block(x, y, n, f);
+    return;
+  }
+
+  A in_buf[kIn > 0 ? kIn : 1][kCpuBlock];
+  A out_buf[kOut][kCpuBlock];
+  const A* x[kIn > 0 ? kIn : 1];
+  A* y[kOut];
+  bool in_place[kIn > 0 ? kIn : 1];
+  bool out_place[kOut];
+  for (int j = 0; j < kIn; ++j) {
+    in_place[j] = !kNarrow && in_strides[j] == kSize;
+    if (in_strides[j] == 0) {  // broadcast: one value, converted once
+      const A v = Host<T>::load(*reinterpret_cast<const T*>(in[j]));
+      for (int64_t i = 0; i < kCpuBlock; ++i) in_buf[j][i] = v;
+    }
+  }
+  for (int k = 0; k < kOut; ++k) out_place[k] = !kNarrow && out[k] != nullptr && out_strides[k] == kSize;
+
+  for (int64_t begin = 0; begin < n; begin += kCpuBlock) {
+    const int64_t m = n - begin < kCpuBlock ? n - begin : kCpuBlock;
+    for (int j = 0; j < kIn; ++j) {
+      if (in_place[j]) {
+        x[j] = reinterpret_cast<const A*>(in[j]) + begin;
+        continue;
+      }
+      x[j] = in_buf[j];
+      if (in_strides[j] == 0) continue;
+      const char* p = in[j] + begin * in_strides[j];
+      for (int64_t i = 0; i < m; ++i) in_buf[j][i] = Host<T>::load(*reinterpret_cast<const T*>(p + i * in_strides[j]));
+    }
+    for (int k = 0; k < kOut; ++k) y[k] = out_place[k] ? reinterpret_cast<A*>(out[k]) + begin : out_buf[k];
+    compute_block(x, y, m, f);
+    for (int k = 0; k < kOut; ++k) {
+      if (out_place[k] || out[k] == nullptr) continue;
+      char* p = out[k] + begin * out_strides[k];
+      for (int64_t i = 0; i < m; ++i) *reinterpret_cast<T*>(p + i * out_strides[k]) = Host<T>::store(out_buf[k][i]);
+    }
+  }
+}
+
+// A CpuKernel for the elementwise function F, in the compute type of `dtype`. `make(tag)`
+// builds F for the compute type of tag's storage type (the scalars converted to it).
+template <typename Make>
+void run_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, Make&& make) {
+  host_dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    elementwise_cpu<T>(data, strides, n, make(typename Host<T>::acc{}));
+  });
 }
 
 }  // namespace fusegen

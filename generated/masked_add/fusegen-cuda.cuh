@@ -11,9 +11,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <initializer_list>
 
 #include "fusegen-math.h"
+#include "fusegen-runtime.h"
 
 namespace fusegen {
 
@@ -50,15 +50,6 @@ __device__ __forceinline__ Vec<T, kVec> load(const T* __restrict__ base, int64_t
 template <int kVec, typename T>
 __device__ __forceinline__ void store(T* __restrict__ base, int64_t index, const Vec<T, kVec>& value) {
   reinterpret_cast<Vec<T, kVec>*>(base)[index] = value;
-}
-
-// The vector path needs every pointer 16-byte aligned (x[1:] of a float tensor is not).
-// Null pointers (gradients nobody asked for) do not count.
-inline bool aligned16(std::initializer_list<const void*> pointers) {
-  for (const void* p : pointers) {
-    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
-  }
-  return true;
 }
 
 template <typename T> struct TypeTag { using type = T; };
@@ -100,16 +91,166 @@ inline unsigned grid_size(int64_t items) {
   return static_cast<unsigned>(wanted < cap ? (wanted > 0 ? wanted : 1) : cap);
 }
 
-// Launches the kVec-wide kernel when every pointer is aligned, the scalar one otherwise.
-// Both are the same template; kVec == 1 is the scalar path.
-template <int kVec, typename... KernelArgs, typename... Args>
-void launch(bool aligned, int64_t n, cudaStream_t stream, void (*vector_kernel)(KernelArgs...),
-            void (*scalar_kernel)(KernelArgs...), Args... args) {
-  if (aligned) {
-    vector_kernel<<<grid_size((n + kVec - 1) / kVec), kThreads, 0, stream>>>(args...);
-  } else {
-    scalar_kernel<<<grid_size(n), kThreads, 0, stream>>>(args...);
+// The data pointers of a kernel's operands, by value: outputs first (null: not wanted),
+// then inputs, as the runtime's CudaLoop orders them.
+template <int kN>
+struct Pointers {
+  char* p[kN];
+};
+
+// Division by a fixed divisor as a multiply and a shift (Granlund and Montgomery, as
+// PyTorch's IntDivider, but 64-bit): q = (umulhi(n, magic) + n) >> shift, exact for every
+// n < 2^63 (so the sum cannot overflow) and divisor in [1, 2^63).
+struct IntDivider {
+  uint64_t divisor;
+  uint64_t magic;
+  unsigned shift;
+
+  IntDivider() = default;
+  explicit IntDivider(uint64_t d) : divisor(d), shift(0) {
+    while (shift < 63 && (uint64_t(1) << shift) < d) ++shift;
+    const unsigned __int128 one = 1;
+    magic = static_cast<uint64_t>(((one << 64) * ((one << shift) - d)) / d + 1);
   }
+  __device__ __forceinline__ uint64_t div(uint64_t n) const { return (__umul64hi(n, magic) + n) >> shift; }
+};
+
+// A linear element index -> the byte offset of each operand, for any layout TensorIterator
+// produces (broadcast: stride 0; transposed; sliced; channels_last): sizes with dimension
+// 0 the fastest, as the runtime passes them. 64-bit, so more than 2^31 elements work.
+template <int kN>
+struct OffsetCalculator {
+  int ndim;
+  IntDivider sizes[kMaxDims];
+  int64_t strides[kMaxDims][kN];
+
+  __device__ __forceinline__ void offsets(int64_t linear, int64_t (&out)[kN]) const {
+#pragma unroll
+    for (int k = 0; k < kN; ++k) out[k] = 0;
+    uint64_t rest = static_cast<uint64_t>(linear);
+#pragma unroll
+    for (int d = 0; d < kMaxDims; ++d) {
+      if (d == ndim) break;
+      const uint64_t q = sizes[d].div(rest);
+      const int64_t index = static_cast<int64_t>(rest - q * sizes[d].divisor);
+      rest = q;
+#pragma unroll
+      for (int k = 0; k < kN; ++k) out[k] += index * strides[d][k];
+    }
+  }
+};
+
+// The one elementwise kernel shape, for any F (Forward, Backward, or any later function of
+// F::kInputs inputs and F::kOutputs outputs, fusegen-runtime.h): F runs in the compute type
+// on values loaded as T.
+
+// Contiguous and 16-byte aligned: grid-stride over kVec-element vectors, every input's
+// vector loaded before the math, then the last n % kVec elements one per thread.
+template <typename T, int kVec, typename F>
+__global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInputs + F::kOutputs> p, int64_t n, F f) {
+  constexpr int kIn = F::kInputs;
+  constexpr int kOut = F::kOutputs;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t n_vec = n / kVec;
+  for (int64_t v = first; v < n_vec; v += stride) {
+    Vec<T, kVec> x_v[kIn > 0 ? kIn : 1];
+    Vec<T, kVec> y_v[kOut];
+#pragma unroll
+    for (int j = 0; j < kIn; ++j) x_v[j] = load<kVec>(reinterpret_cast<const T*>(p.p[kOut + j]), v);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      acc_t<T> x[kIn > 0 ? kIn : 1];
+      acc_t<T> y[kOut];
+#pragma unroll
+      for (int j = 0; j < kIn; ++j) x[j] = to_acc(x_v[j].v[e]);
+      f(x, y);
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) y_v[k].v[e] = from_acc<T>(y[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) {
+      if (p.p[k] != nullptr) store<kVec>(reinterpret_cast<T*>(p.p[k]), v, y_v[k]);
+    }
+  }
+  for (int64_t i = n_vec * kVec + first; i < n; i += stride) {
+    acc_t<T> x[kIn > 0 ? kIn : 1];
+    acc_t<T> y[kOut];
+#pragma unroll
+    for (int j = 0; j < kIn; ++j) x[j] = to_acc(reinterpret_cast<const T*>(p.p[kOut + j])[i]);
+    f(x, y);
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) {
+      if (p.p[k] != nullptr) reinterpret_cast<T*>(p.p[k])[i] = from_acc<T>(y[k]);
+    }
+  }
+}
+
+// Anything else (broadcast, strided, misaligned): grid-stride over elements, each
+// operand's address from the offset calculator.
+template <typename T, typename F>
+__global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs + F::kOutputs> p,
+                                                           OffsetCalculator<F::kInputs + F::kOutputs> calc, int64_t n,
+                                                           F f) {
+  constexpr int kIn = F::kInputs;
+  constexpr int kOut = F::kOutputs;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t offset[kIn + kOut];
+    calc.offsets(i, offset);
+    acc_t<T> x[kIn > 0 ? kIn : 1];
+    acc_t<T> y[kOut];
+#pragma unroll
+    for (int j = 0; j < kIn; ++j) x[j] = to_acc(*reinterpret_cast<const T*>(p.p[kOut + j] + offset[kOut + j]));
+    f(x, y);
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) {
+      if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + offset[k]) = from_acc<T>(y[k]);
+    }
+  }
+}
+
+// Launches F over the runtime's CudaLoop on `stream`: the 16-byte kernel when the loop is
+// contiguous and every pointer 16-byte aligned (x[1:] of a float tensor is not), the
+// offset-calculator kernel otherwise.
+template <typename T, typename F>
+void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
+  constexpr int kN = F::kInputs + F::kOutputs;
+  Pointers<kN> p;
+  bool aligned = true;
+  for (int k = 0; k < kN; ++k) {
+    p.p[k] = loop.data[k];
+    aligned = aligned && reinterpret_cast<std::uintptr_t>(p.p[k]) % 16 == 0;  // null counts as aligned
+  }
+  const int64_t n = loop.numel;
+  if (loop.ndim == 0 && aligned) {
+    constexpr int kVec = kVecWidth<T>;
+    contiguous_kernel<T, kVec, F><<<grid_size((n + kVec - 1) / kVec), kThreads, 0, stream>>>(p, n, f);
+    return;
+  }
+  OffsetCalculator<kN> calc;
+  if (loop.ndim == 0) {  // contiguous but misaligned: one dimension of unit steps
+    calc.ndim = 1;
+    calc.sizes[0] = IntDivider(static_cast<uint64_t>(n));
+    for (int k = 0; k < kN; ++k) calc.strides[0][k] = p.p[k] != nullptr ? int64_t(sizeof(T)) : 0;
+  } else {
+    calc.ndim = loop.ndim;
+    for (int d = 0; d < loop.ndim; ++d) {
+      calc.sizes[d] = IntDivider(static_cast<uint64_t>(loop.sizes[d]));
+      for (int k = 0; k < kN; ++k) calc.strides[d][k] = loop.strides[d * loop.num_operands + k];
+    }
+  }
+  strided_kernel<T, F><<<grid_size(n), kThreads, 0, stream>>>(p, calc, n, f);
+}
+
+// The entry point of an op's kernel (forward_cuda, backward_cuda): F built by make(zero of
+// the compute type), run in the storage type of `dtype`.
+template <typename Make>
+void run_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&& make) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_elementwise<T>(loop, make(acc_t<T>{}), stream);
+  });
 }
 
 }  // namespace fusegen

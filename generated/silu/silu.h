@@ -35,4 +35,23 @@ FUSEGEN_HD void backward(double dout, double in_x, double& grad_x) {
   grad_x = dout*t0 + dout*in_x*(1.0 - t0)*t0;
 }
 
+// The forward as one elementwise function of 1 input and 1 output in the compute type T:
+// the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
+template <typename T>
+struct Forward {
+  static constexpr int kInputs = 1;
+  static constexpr int kOutputs = 1;
+  FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0]); }
+};
+
+// The backward likewise: dout and the 1 input it reads in, the 1 gradient out.
+template <typename T>
+struct Backward {
+  static constexpr int kInputs = 2;
+  static constexpr int kOutputs = 1;
+  FUSEGEN_HD void operator()(const T* x, T* y) const {
+    backward(x[0], x[1], y[0]);
+  }
+};
+
 }  // namespace fusegen::op_silu

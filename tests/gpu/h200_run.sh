@@ -17,5 +17,7 @@ fi
 if [[ $what == bench || $what == all ]]; then
   python3 -m fusegen.bench --sizes 4096,134217728 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
   status=$((status | ${PIPESTATUS[0]}))
+  python3 -m fusegen.bench layouts --json "$OUT/bench_layouts.json" 2>&1 | tee "$OUT/bench_layouts.log"
+  status=$((status | ${PIPESTATUS[0]}))
 fi
 exit $status

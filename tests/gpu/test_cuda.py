@@ -160,3 +160,104 @@ def test_torch_compile_cuda(cuda_ops):
     compiled = torch.compile(lambda x: op.op(x) * 2.0, fullgraph=True)
     (x,) = on_cuda(case, 4097, torch.float32)
     torch.testing.assert_close(compiled(x), case.eager(x) * 2.0, **TOL[torch.float32])
+
+
+# -- issue 8: real layouts with no copies, CPU scalars, numbers, integers (CPU twins in
+# tests/test_layouts.py) ------------------------------------------------------------------------
+
+def _layout_check(op, eager, tensors, dtype):
+    """Values (fp32/fp64: TOL; bf16/fp16: no worse than eager against float64) and the
+    layout (shape, dtype, strides, memory format) of the output and of every gradient, as
+    eager gives them."""
+    got, got_grads = forward_backward(op, tensors)
+    want, want_grads = forward_backward(eager, tensors)
+    for g, w in zip([got] + got_grads, [want] + want_grads):
+        assert g.device == w.device and g.shape == w.shape and g.dtype == w.dtype
+        assert g.stride() == w.stride(), (g.stride(), w.stride())
+        if g.dim() == 4:
+            assert g.is_contiguous(memory_format=torch.channels_last) == w.is_contiguous(memory_format=torch.channels_last)
+    if dtype in TOL:
+        for g, w in zip([got] + got_grads, [want] + want_grads):
+            torch.testing.assert_close(g, w, **TOL[dtype])
+        return
+    ref, ref_grads = forward_backward(eager, [t.double() for t in tensors])
+    for g, w, r in zip([got] + got_grads, [want] + want_grads, [ref] + ref_grads):
+        assert_no_worse_than_eager("layout", g, w, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
+def test_cuda_per_channel_scale_bias(cuda_ops, memory_format, dtype):
+    x = torch.randn(4, 19, 33, 17, device="cuda", dtype=dtype).contiguous(memory_format=memory_format)
+    s, b = torch.randn(1, 19, 1, 1, device="cuda", dtype=dtype), torch.randn(19, 1, 1, device="cuda", dtype=dtype)
+    _layout_check(cuda_ops["cp_fma"], lambda x, s, b: x * s + b, [x, s, b], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("kind", ["transposed", "sliced", "permuted", "chunked"])
+def test_cuda_strided_inputs(cuda_ops, kind, dtype):
+    """The offset-calculator kernel: every operand at its own strides, no copies."""
+    kw = dict(device="cuda", dtype=dtype)
+    if kind == "transposed":
+        a, b, c = torch.randn(129, 67, **kw).t(), torch.randn(67, 129, **kw), torch.randn(129, **kw)
+    elif kind == "sliced":
+        a, b, c = torch.randn(2 * 4099 + 1, **kw)[1::2], torch.randn(4099, **kw), torch.randn(4099, **kw)
+    elif kind == "permuted":
+        a, b, c = torch.randn(5, 6, 7, 8, **kw).permute(3, 1, 0, 2), torch.randn(8, 6, 5, 7, **kw), torch.randn(7, **kw)
+    else:  # SwiGLU's layout: two halves of one tensor
+        a, b = torch.randn(33, 2 * 257, **kw).chunk(2, -1)
+        c = torch.randn(33, 257, **kw)
+    _layout_check(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, [a, b, c], dtype)
+    _layout_check(cuda_ops["cp_silu"], lambda x: x * torch.sigmoid(x), [a], dtype)
+
+
+def test_cuda_no_copy_of_strided_inputs(cuda_ops):
+    x = torch.randn(8, 16, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
+    s = torch.randn(1, 16, 1, 1, device="cuda")
+    t = torch.randn(64, 2 * 96, device="cuda")[:, ::2]
+    for args in [(x, s, s), (t, t.t().t(), t[0])]:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            cuda_ops["cp_fma"].op(*args)
+        names = [e.name for e in prof.events()]
+        assert not [n for n in names if n in ("aten::copy_", "aten::contiguous", "aten::clone", "aten::to")], names
+
+
+def test_cuda_with_cpu_zero_dim_tensors_and_numbers(cuda_ops):
+    """A 0-d CPU tensor (as eager allows) or a Python number for a tensor argument."""
+    op = cuda_ops["cp_fma"]
+    x = torch.randn(1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for s, b in [(torch.tensor(2.0), torch.tensor(1.0, dtype=torch.float64)), (2.0, 1), (torch.tensor(3), True)]:
+        out = op(x, s, b)
+        want = x * s + b
+        assert out.device == x.device and out.dtype == want.dtype
+        torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)
+        (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
+        torch.testing.assert_close(g, torch.ones_like(x) * float(s))
+    scale = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)  # CPU, gets a CPU gradient
+    out = op(x.detach().float(), scale, 0.0)
+    (gs,) = torch.autograd.grad(out.sum(), scale)
+    assert gs.device.type == "cpu"
+    torch.testing.assert_close(gs, x.detach().double().sum(), rtol=1e-2, atol=1e-1)
+
+
+def test_cuda_integer_and_bool_inputs(cuda_ops):
+    x = torch.randn(4097, device="cuda", requires_grad=True)
+    mask, k = torch.rand(4097, device="cuda") > 0.5, torch.arange(4097, device="cuda")
+    out = cuda_ops["cp_fma"](mask, x, k)
+    torch.testing.assert_close(out, mask * x + k)
+    (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    torch.testing.assert_close(g, mask.float())
+
+
+def test_cuda_strided_past_2_31_elements(cuda_ops):
+    """64-bit offsets: a stride-2 view of more than 2^31 elements (8 GiB of bf16)."""
+    n = 2 ** 31 + 8
+    base = torch.empty(2 * n, device="cuda", dtype=torch.bfloat16)
+    base[::2] = 1.5
+    base[1::2] = -7.0
+    a = base[::2]
+    out = cuda_ops["cp_fma"].op(a, torch.tensor(2.0), torch.tensor(1.0))
+    assert out.shape == (n,) and out.is_contiguous()
+    idx = torch.tensor([0, 1, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 1, n - 1], device="cuda")
+    torch.testing.assert_close(out[idx].float(), torch.full((6,), 4.0, device="cuda"))
+    del base, out

@@ -1,0 +1,190 @@
+"""Real tensors as eager takes them (issue 8): broadcast, transposed, sliced and
+channels_last inputs run without copies and give eager's values, dtypes, shapes, strides
+and memory format, forward and backward; Python numbers and 0-d tensors stand for tensor
+arguments; bool and integer tensors promote as eager does. CUDA twins: tests/gpu/test_cuda.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import TOL, forward_backward
+
+CL = torch.channels_last
+F64, F32 = torch.float64, torch.float32
+
+
+def scale_bias(x, s, b):
+    return x * s + b
+
+
+def same_layout(got: torch.Tensor, want: torch.Tensor, what: str):
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape, got.dtype, want.dtype)
+    assert got.stride() == want.stride(), (what, got.stride(), want.stride())
+    for fmt in (torch.contiguous_format, CL):
+        if got.dim() == 4:
+            assert got.is_contiguous(memory_format=fmt) == want.is_contiguous(memory_format=fmt), (what, fmt)
+
+
+def compare(op, eager, tensors, dtype=F64, requires=None):
+    """Values against eager (float64 oracle), and the layout of the output and of every
+    gradient against eager's own."""
+    got, got_grads = forward_backward(op, tensors, requires=requires)
+    want, want_grads = forward_backward(eager, tensors, requires=requires)
+    same_layout(got, want, "forward")
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    for k, (g, w) in enumerate(zip(got_grads, want_grads)):
+        same_layout(g, w, f"gradient {k}")
+        torch.testing.assert_close(g, w, **TOL[dtype])
+
+
+def nchw(dtype=F64, memory_format=torch.contiguous_format, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, 5, 7, generator=g, dtype=dtype).contiguous(memory_format=memory_format)
+    return x, torch.randn(1, 3, 1, 1, generator=g, dtype=dtype), torch.randn(3, 1, 1, generator=g, dtype=dtype)
+
+
+# -- layouts ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["nchw", "channels_last"])
+def test_per_channel_scale_and_bias(corpus_ops, memory_format, dtype):
+    """x * scale[None, :, None, None] + bias: the output keeps x's memory format, the
+    gradients of scale and bias are summed back to their shapes, as eager's are."""
+    compare(corpus_ops["cp_fma"], scale_bias, list(nchw(dtype, memory_format)), dtype)
+
+
+def test_channels_last_against_a_contiguous_tensor(corpus_ops):
+    """Mixed formats: TensorIterator decides, as it does for eager."""
+    x, _, _ = nchw(memory_format=CL)
+    y = torch.randn(x.shape, dtype=F64)
+    compare(corpus_ops["cp_fma"], scale_bias, [x, y, y.clone()])
+    compare(corpus_ops["cp_fma"], scale_bias, [y, x, y.clone()])
+
+
+@pytest.mark.parametrize("kind", ["transposed", "sliced", "expanded", "permuted_3d"])
+def test_strided_inputs(corpus_ops, kind):
+    g = torch.Generator().manual_seed(3)
+    if kind == "transposed":
+        a, b, c = torch.randn(9, 31, generator=g, dtype=F64).t(), torch.randn(31, 9, dtype=F64), torch.randn(9, dtype=F64)
+    elif kind == "sliced":  # stride 2, odd offset
+        a, b, c = torch.randn(203, generator=g, dtype=F64)[1::2], torch.randn(101, dtype=F64), torch.randn(101, dtype=F64)
+    elif kind == "expanded":
+        a, b, c = torch.randn(1, 33, dtype=F64).expand(5, 33), torch.randn(5, 33, dtype=F64), torch.randn(5, 1, dtype=F64)
+    else:
+        a = torch.randn(4, 5, 6, generator=g, dtype=F64).permute(2, 0, 1)
+        b, c = torch.randn(6, 4, 5, dtype=F64).transpose(0, 2).transpose(0, 2), torch.randn(6, 1, 5, dtype=F64)
+    compare(corpus_ops["cp_fma"], scale_bias, [a, b, c])
+    compare(corpus_ops["cp_gelu_tanh"], lambda x: 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x))),
+            [a])
+
+
+def test_low_precision_strided_and_broadcast(corpus_ops):
+    """fp16/bf16 through the gather path: computed in float, rounded once."""
+    for dtype in (torch.bfloat16, torch.float16):
+        x, s, b = nchw(F32, CL)
+        xs = [x.to(dtype), s.to(dtype), b.to(dtype)]
+        got = corpus_ops["cp_fma"](*xs)
+        want = (xs[0].float() * xs[1].float() + xs[2].float()).to(dtype)
+        same_layout(got, xs[0] * xs[1] + xs[2], str(dtype))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_no_copy_of_broadcast_strided_or_channels_last_inputs(corpus_ops):
+    """The only tensor allocated is the output (forward) or the gradients (backward): no
+    contiguous(), copy_ or to() of an input, checked with the profiler."""
+    x, s, b = nchw(F32, CL)
+    t = torch.randn(7, 5, 3, 2, dtype=F32).permute(3, 2, 1, 0)[:, :, ::2]
+    cases = [(corpus_ops["cp_fma"], [x, s, b]), (corpus_ops["cp_fma"], [t, t, t[0, 0]])]
+    for op, args in cases:
+        leaves = [a.clone().requires_grad_(True) for a in args]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = op.op(*args)
+        names = [e.name for e in prof.events()]
+        assert not [n for n in names if n in ("aten::copy_", "aten::contiguous", "aten::clone", "aten::to",
+                                              "aten::_to_copy")], names
+        assert out.shape == torch.broadcast_shapes(*(a.shape for a in args))
+        out = op.op(*leaves)
+        g = torch.ones_like(out)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            torch.autograd.grad(out, leaves[:2], g)
+        names = [e.name for e in prof.events()]
+        assert not [n for n in names if n in ("aten::copy_", "aten::contiguous", "aten::clone")], names
+
+
+def test_meta_output_has_the_real_layout(corpus_ops):
+    x, s, b = nchw(F32, CL)
+    real = corpus_ops["cp_fma"].op(x, s, b)
+    meta = corpus_ops["cp_fma"].op(x.to("meta"), s.to("meta"), b.to("meta"))
+    assert meta.device.type == "meta" and meta.shape == real.shape and meta.stride() == real.stride()
+
+
+def test_opcheck_with_real_layouts(corpus_ops):
+    x, s, b = nchw(F64, CL)
+    for args in [(x, s, b), (x.transpose(1, 3), s.transpose(1, 3), b.transpose(0, 2)), (x, torch.tensor(2.0, dtype=F64), b)]:
+        args = tuple(a.clone().requires_grad_(True) for a in args)
+        result = torch.library.opcheck(corpus_ops["cp_fma"].op, args)
+        assert all(v == "SUCCESS" for v in result.values()), result
+
+
+# -- numbers, 0-d tensors, integers ---------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ("bf16", 2.0, 1), ("f32", 0.5, True), (3, "f16", "f64_0d"), ("i64", 2.5, 1), ("f16_0d", 3.0, 1.0),
+    ("f32", "f64_0d", "f16_0d"), ("bool", "f32", "i32_0d"),
+], ids=str)
+def test_numbers_and_zero_dim_tensors_promote_like_eager(corpus_ops, args):
+    dtypes = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": F32, "f64": F64, "i64": torch.int64,
+              "i32": torch.int32, "bool": torch.bool}
+
+    def make(a):
+        if not isinstance(a, str):
+            return a
+        name, _, zero_d = a.partition("_")
+        shape = () if zero_d else (6,)
+        return (torch.rand(shape) * 4).to(dtypes[name]) if name != "bool" else torch.rand(shape) > 0.5
+
+    values = [make(a) for a in args]
+    got = corpus_ops["cp_fma"](*values)
+    want = values[0] * values[1] + values[2]
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype)
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_every_dtype_pair_with_integers_and_bool_promotes_like_eager(corpus_ops):
+    dtypes = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64,
+              torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    for da in dtypes:
+        for db in dtypes:
+            a, b = (torch.arange(-3, 4) % 3).to(da), (torch.arange(7) % 2 + 1).to(db)
+            want = a + b
+            if not want.is_floating_point():
+                with pytest.raises(RuntimeError, match="fusegen computes in"):
+                    corpus_ops["cp_add"](a, b)
+                continue
+            got = corpus_ops["cp_add"](a, b)
+            assert got.dtype == want.dtype, (da, db, got.dtype, want.dtype)
+            torch.testing.assert_close(got, want)
+
+
+def test_mask_times_tensor_and_integer_inputs_get_no_gradient(corpus_ops):
+    """`mask * x + k` with a bool mask and an int k: float result, gradient for x only."""
+    x = torch.randn(4, 5, dtype=F64, requires_grad=True)
+    mask, k = torch.rand(4, 5) > 0.5, torch.arange(5)
+    out = corpus_ops["cp_fma"](mask, x, k)
+    torch.testing.assert_close(out, mask * x + k)
+    (gx,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    torch.testing.assert_close(gx, mask.to(F64))
+
+
+def test_fused_decorator_takes_numbers(corpus_ops):
+    from fusegen import fused
+
+    @fused(name="lay_axpb")
+    def axpb(a, x, b):
+        return a * x + b
+
+    x = torch.randn(8, dtype=torch.bfloat16)
+    out = axpb(2.0, x, 1)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, axpb.eager(2.0, x, 1))
