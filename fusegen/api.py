@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
+from . import autograd as _autograd
 from . import build as _build
 from . import names
 from .errors import LoadError, SpecError
 from .parse import Parsed, parse, parse_function
 from .printer import print_op
 from .render import render
-from .spec import OpSpec, differentiate
+from .spec import OpSpec, auxiliary_specs, differentiate
 
 
 @dataclass(frozen=True)
@@ -64,23 +65,30 @@ class Request:
 
 @dataclass(frozen=True)
 class Generated:
-    """An op's spec and its rendered files: everything but the binary."""
+    """An op's spec and its rendered files: everything but the binary. `auxiliary`: the
+    ops derived from it for higher-order and forward-mode AD (`<name>_grad2`,
+    `<name>_jvp`), whose files are among `files`."""
 
     spec: OpSpec
     files: dict
+    auxiliary: tuple[OpSpec, ...] = ()
 
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
     parsed = request.parse()                                                    # parse
     spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
-    printed = print_op(_with_c_names(spec))                                     # print
-    return Generated(spec, render(spec, printed))                               # render
+    auxiliary = auxiliary_specs(spec)                                           # ... again
+    printed = [print_op(_with_c_names(s)) for s in (spec,) + auxiliary]         # print
+    files = render(spec, printed[0], tuple(zip(auxiliary, printed[1:])))        # render
+    return Generated(spec, files, auxiliary)
 
 
 def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
     library = _build.build([(g.spec.name, g.files) for g in generated])         # build
     _build.load(library)                                                        # load
+    for g in generated:
+        _autograd.register(g.spec, g.auxiliary)                                 # autograd, torch.func
     return [FusedOp(g, library) for g in generated]
 
 
@@ -120,7 +128,7 @@ class FusedOp:
                 raise TypeError(f"fusegen op '{self.name}': {err}; expected "
                                 f"{self.name}({', '.join(self.params)})") from None
             args = tuple(bound.arguments[p] for p in self.params)
-        return self.op(*args)
+        return _autograd.call(self.name, *args)
 
     def __repr__(self):
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.spec.text})"

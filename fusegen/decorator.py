@@ -57,7 +57,7 @@ def fused(fn=None, *, name: str | None = None):
     def wrapper(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return op.op(*(bound.arguments[p] for p in order))
+        return op(*(bound.arguments[p] for p in order))  # FusedOp: autograd, torch.func
 
     wrapper.op = op           # the FusedOp (torch.ops.fusegen.<name> is op.op)
     wrapper.eager = fn        # the undecorated function: the reference
