@@ -225,27 +225,15 @@ def test_double_backward_is_fused_one_op(corpus_ops, monkeypatch):
 # -- a real use: gradient penalty -----------------------------------------------------------------
 
 def gradient_penalty_run(silu, gelu, device="cpu", steps=4, dtype=torch.float64):
-    """A small MLP with fused activations, trained with loss + the squared norm of its
-    input-gradient (WGAN-GP / R1 style): the penalty's backward is a double backward.
-    Returns the parameters after each step."""
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(8, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 1)]
-    params = [p.to(device=device, dtype=dtype).detach().requires_grad_() for l in layers for p in l.parameters()]
-    opt = torch.optim.SGD(params, lr=0.05)
+    """The benchmark's gradient-penalty step (fusegen/bench.py), a few times: the
+    parameters after each step."""
+    from fusegen.bench import GradientPenaltyMLP
+    model = GradientPenaltyMLP(silu, gelu, device=device, dtype=dtype)
     g = torch.Generator().manual_seed(1)
     history = []
     for _ in range(steps):
-        x = torch.randn(32, 8, generator=g, dtype=dtype).to(device).requires_grad_()
-        w1, b1, w2, b2, w3, b3 = params
-        h = silu(x @ w1.T + b1)
-        h = gelu(h @ w2.T + b2)
-        out = h @ w3.T + b3
-        (dx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
-        loss = out.mean() + 10.0 * ((dx.norm(dim=1) - 1) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        history.append([p.detach().clone() for p in params])
+        model.step(torch.randn(32, 8, generator=g, dtype=dtype).to(device))
+        history.append([p.detach().clone() for p in model.params])
     return history
 
 
