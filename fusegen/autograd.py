@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
+from torch.autograd import forward_ad
 
 from . import composite
 from . import functions as fn
@@ -343,7 +344,10 @@ def _function(info: OpInfo):
 
 
 def _has_tangent(tensors) -> bool:
-    return torch._C._is_fwd_grad_enabled() and any(_unpack_dual(t, 0).tangent is not None for t in tensors)
+    """A forward-mode tangent on any tensor (only possible inside `forward_ad.dual_level()`,
+    which torch.func.jvp enters too)."""
+    return (forward_ad._current_level >= 0 and torch._C._is_fwd_grad_enabled()
+            and any(_unpack_dual(t, 0).tangent is not None for t in tensors))
 
 
 def call(name: str, *args):
@@ -354,8 +358,8 @@ def call(name: str, *args):
     tensors = args[:len(info.tensors)]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return info.op(*args)  # the op's own checks name the argument
-    if not (torch._C._are_functorch_transforms_active() or _has_tangent(tensors)
-            or (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors))):
+    if not ((torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors))
+            or torch._C._are_functorch_transforms_active() or _has_tangent(tensors)):
         return info.op(*args)
     if info.backward:
         return list(info.function.apply(*args[:-1], _Mask(args[-1])))
