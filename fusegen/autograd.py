@@ -355,6 +355,8 @@ def call(name: str, *args):
     when nothing can differentiate it, else its autograd.Function (fused derivatives where
     the family has them, the composite beyond)."""
     info = _INFOS[name]
+    if torch.compiler.is_compiling():
+        return info.op(*args)  # torch.compile traces the op (its C++ autograd kernel, Meta impl)
     tensors = args[:len(info.tensors)]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return info.op(*args)  # the op's own checks name the argument

@@ -95,3 +95,17 @@ def test_torch_compile_inductor_forward_backward(corpus_ops):
     out.sum().backward()
     torch.testing.assert_close(a.grad, b.detach() * (a * b + c).detach().cos())
     torch.testing.assert_close(c.grad, (a * b + c).detach().cos())
+
+
+def test_torch_compile_fullgraph_of_a_fusedop_call(corpus_ops):
+    """A FusedOp call (the Python autograd.Function path outside torch.compile) compiles
+    with fullgraph=True: under dynamo it is the op itself."""
+    op = corpus_ops["cp_swish_beta"]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, y: op(x, y, beta=1.5, alpha=0.25).sin(), fullgraph=True, backend="aot_eager")
+    x, y = (torch.randn(65, requires_grad=True) for _ in range(2))
+    out = compiled(x, y)
+    want = BY_NAME["cp_swish_beta"].eager(x, y, 1.5, 0.25).sin()
+    torch.testing.assert_close(out, want)
+    for got, w in zip(torch.autograd.grad(out.sum(), (x, y)), torch.autograd.grad(want.sum(), (x, y))):
+        torch.testing.assert_close(got, w)

@@ -114,8 +114,8 @@ CHECK = textwrap.dedent("""
     # second order, fused in the standalone library too (fma_grad2 is among its sources)
     ga, gb, gc = torch.autograd.grad(out, (a, b, c), g, create_graph=True)
     gga, ggb = torch.autograd.grad((ga * gb).sum(), (a, b))
-    torch.testing.assert_close(gga, g * g * a)
-    torch.testing.assert_close(ggb, g * g * b)
+    torch.testing.assert_close(gga, g * g * b)
+    torch.testing.assert_close(ggb, g * g * a)
     print("standalone ok")
 """)
 
