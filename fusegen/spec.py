@@ -179,7 +179,7 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
     return differentiate(parsed, name=spec.name + names.GRAD2_SUFFIX, command=spec.command, auxiliary=True)
 
 
-def jvp_spec(spec: OpSpec) -> OpSpec:
+def jvp_spec(spec: OpSpec) -> OpSpec | None:
     """<name>_jvp(<inputs it reads>, t_<x> for every input with a gradient, <scalars it
     reads>) = sum_i grad_i with the tangent t_i in place of the incoming gradient."""
     taken = set(spec.inputs) | set(spec.scalars)
@@ -193,7 +193,7 @@ def jvp_spec(spec: OpSpec) -> OpSpec:
         term = g.expr.xreplace({GRAD: symbol(t)})
         tree = term if tree is None else fn.add(tree, term)
     if tree is None:
-        tree = sympy.Integer(0)
+        return None  # every gradient is zero (sign(x)): nothing moves, no op
     used = {s.name for s in tree.free_symbols}
     inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents)
     scalars = tuple(s for s in spec.scalars if s in used)
@@ -203,9 +203,8 @@ def jvp_spec(spec: OpSpec) -> OpSpec:
 
 def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
     """The ops built beside `spec` into its library: <name>_grad2 (when it has a backward
-    kernel) and <name>_jvp."""
-    grad2 = grad2_spec(spec)
-    return ((grad2,) if grad2 is not None else ()) + (jvp_spec(spec),)
+    kernel) and <name>_jvp (when some gradient is not zero)."""
+    return tuple(s for s in (grad2_spec(spec), jvp_spec(spec)) if s is not None)
 
 
 # -- the reverse pass ---------------------------------------------------------------------------
