@@ -82,9 +82,31 @@ def test_third_order_matches_eager(third_order_ops, name):
 
 
 @pytest.fixture(scope="module")
-def third_order_ops(corpus_ops):
-    import fusegen
-    exp_sin = fusegen.fuse("exp(x)*sin(x)", name="cp_exp_sin")
+def extra_ops():
+    """Two more ops, one library: a third-order case and user names spelled like the
+    auxiliary ops' own inputs (dout, gg_<x>, t_<x>)."""
+    from fusegen.api import Request, fuse_many
+    exp_sin, weird = fuse_many([Request("exp(x)*sin(x)", name="cp_exp_sin"),
+                                Request("dout*sin(gg_dout)*t_dout + grad*x", name="cp_aux_names")])
+    return {"cp_exp_sin": exp_sin, "cp_aux_names": weird}
+
+
+def test_user_names_spelled_like_auxiliary_inputs(extra_ops):
+    op = extra_ops["cp_aux_names"]
+    grad2 = torch.ops.fusegen.cp_aux_names_grad2.default._schema
+    assert [a.name for a in grad2.arguments][:2] == ["dout_", "dout"]
+    tensors = tuple(torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in op.spec.inputs)
+    assert torch.autograd.gradgradcheck(op, tensors)
+    assert torch.autograd.gradgradcheck(op.op, tensors)
+    tangents = tuple(torch.randn(3, dtype=torch.float64) for _ in tensors)
+    primals = tuple(t.detach() for t in tensors)
+    eager = lambda d, g, t, gr, x: d * torch.sin(g) * t + gr * x  # noqa: E731
+    torch.testing.assert_close(torch.func.jvp(op, primals, tangents), torch.func.jvp(eager, primals, tangents))
+
+
+@pytest.fixture(scope="module")
+def third_order_ops(corpus_ops, extra_ops):
+    exp_sin = extra_ops["cp_exp_sin"]
     beta = 1.702
     return {
         "cp_silu": (corpus_ops["cp_silu"], BY_NAME["cp_silu"].eager, ()),
