@@ -48,7 +48,9 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
     memo: dict = {}
 
     def tensor(v):
-        return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=dtype, device=device)
+        if isinstance(v, torch.Tensor):
+            return v
+        return torch.tensor(v, dtype=torch.bool if isinstance(v, bool) else dtype, device=device)
 
     def value(node):
         if node in memo:

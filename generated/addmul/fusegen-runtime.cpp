@@ -5,7 +5,8 @@
 // file turns that into the schemas fusegen::<name> and fusegen::<name>_backward with
 // boxed CPU, Meta, CUDA and Autograd kernels: argument checks, type promotion and
 // broadcasting, allocation, the CPU parallel loop, the CUDA device guard and stream,
-// and a torch::autograd::Function whose backward calls <name>_backward.
+// and torch::autograd::Functions: the forward's backward calls <name>_backward, whose own
+// backward (double backward) calls <name>_grad2_backward.
 // Hand-written, not templated.
 #include "fusegen-runtime.h"
 
