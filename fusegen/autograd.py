@@ -351,21 +351,51 @@ def _has_tangent(tensors) -> bool:
 
 
 def call(name: str, *args):
-    """Call fusegen::<name> with autograd, forward-mode AD and torch.func support: the raw op
-    when nothing can differentiate it, else its autograd.Function (fused derivatives where
-    the family has them, the composite beyond)."""
+    """Call fusegen::<name> with autograd, forward-mode AD and torch.func support. Plain
+    reverse mode (no torch.func transform, no forward-mode tangent) calls the op itself:
+    its C++ autograd kernel fuses first and second order, and the composite kernel
+    (`_composite_kernel`) of <name>_grad2_backward takes any order beyond. Under torch.func
+    or forward_ad it applies the op's autograd.Function (fused derivatives where the family
+    has them, the composite beyond)."""
     info = _INFOS[name]
     if torch.compiler.is_compiling():
         return info.op(*args)  # torch.compile traces the op (its C++ autograd kernel, Meta impl)
     tensors = args[:len(info.tensors)]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return info.op(*args)  # the op's own checks name the argument
-    if not ((torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors))
-            or torch._C._are_functorch_transforms_active() or _has_tangent(tensors)):
+    if not (torch._C._are_functorch_transforms_active() or _has_tangent(tensors)):
         return info.op(*args)
     if info.backward:
         return list(info.function.apply(*args[:-1], _Mask(args[-1])))
     return info.function.apply(*args)
+
+
+def _composite_forward(info: OpInfo, args):
+    """The op's outputs computed by eager torch ops of its expression: differentiable by
+    autograd to any order."""
+    _note(info, "its derivative (third order and above)")
+    tensors, scalars, mask = _split(info, args)
+    dtype = composite.promoted_dtype(tensors)
+    values = _values(info, tensors, scalars)
+    exprs = list(info.outputs) if mask is None else [e for e, m in zip(info.outputs, mask) if m]
+    out = composite.evaluate(exprs, values, _shape(tensors), dtype, tensors[0].device)
+    return out if info.backward else out[0]
+
+
+def _composite_kernel(info: OpInfo):
+    """The autograd kernel (AutogradCPU/CUDA/Meta, which win over the shared runtime's C++
+    kernel at the Autograd alias key) of an op with no fused derivative
+    (<name>_grad2_backward, <name>_jvp_backward): when something differentiates it, its
+    composite; otherwise the kernel below autograd."""
+    after = torch._C._after_autograd_keyset
+
+    def kernel(keyset, *args):
+        tensors = [t for t in args[:len(info.tensors)] if isinstance(t, torch.Tensor)]
+        if len(tensors) == len(info.tensors) and torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
+            return _composite_forward(info, args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return info.op.redispatch(keyset & after, *args)
+    return kernel
 
 
 # -- vmap: broadcasting, no loop --------------------------------------------------------------
@@ -388,9 +418,16 @@ def _vmap_rule(info: OpInfo):
     return rule
 
 
+_AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
+
+
 def _register(info: OpInfo, lib):
     info.function = _function(info)
     torch.library.register_vmap(f"fusegen::{info.name}", _vmap_rule(info), lib=lib)
+    if info.vjp is None:
+        kernel = _composite_kernel(info)
+        for key in _AUTOGRAD_KEYS:
+            lib.impl(info.name, kernel, key, with_keyset=True)
     _INFOS[info.name] = info
 
 
