@@ -1,19 +1,26 @@
-"""Autograd, forward-mode AD and torch.func for fusegen ops: a Python
-`torch.autograd.Function` per op, applied by FusedOp (and @fused), plus a vmap rule
-registered for every op.
+"""Autograd beyond first order, forward-mode AD and torch.func for fusegen ops.
 
-Why at the Python level: torch.func refuses a C++ `torch::autograd::Function` in any
-transform ("cannot use C++ torch::autograd::Function with functorch transforms"), a C++
-custom Function has no forward-mode AD, and a Python autograd.Function applied from inside
-a dispatcher kernel (as `torch.library.register_autograd` does) fails under torch.func too
-(functorch's `custom_function_call` must see the transforms from above). So a FusedOp call
-is an autograd.Function with `setup_context`, `jvp` and `generate_vmap_rule=True`, whose
-forward calls `torch.ops.fusegen.<name>` below autograd and whose backward and jvp call the
-fused auxiliary ops the same way. `torch.ops.fusegen.<name>` called directly keeps the
-shared runtime's C++ autograd kernel (fast, first and second order, no forward mode, no
-torch.func grad transforms) and this file's vmap rule.
+Two paths, one set of fused kernels:
 
-Each op of an op's family, and what differentiates it here:
+- Plain reverse mode (no torch.func transform, no forward-mode tangent), through a FusedOp
+  or `torch.ops.fusegen.<name>` alike: the shared runtime's C++ autograd kernels. Their
+  backward calls <name>_backward, whose own backward (double backward) calls
+  <name>_grad2_backward; beyond that, `_composite_kernel` (registered here at the
+  AutogradCPU/CUDA/Meta keys of <name>_grad2_backward and <name>_jvp_backward, which win
+  over the runtime's kernel at the Autograd alias key) computes the op as eager torch ops
+  of its expression, which autograd differentiates to any order. Fewest host µs.
+- torch.func transforms and forward_ad, through a FusedOp (`call`): a Python
+  `torch.autograd.Function` per op, with `setup_context`, `backward`, `jvp` and
+  `generate_vmap_rule=True`, whose forward calls the op below autograd and whose backward
+  and jvp call the fused auxiliary ops through `call` again. Why Python: torch.func refuses
+  a C++ `torch::autograd::Function` in any transform ("cannot use C++
+  torch::autograd::Function with functorch transforms"), a C++ custom Function has no
+  forward-mode AD, and a Python autograd.Function applied from inside a dispatcher kernel
+  (as `torch.library.register_autograd` does) fails under torch.func too (functorch's
+  `custom_function_call` must see the transforms from above). So torch.func and forward
+  mode need the FusedOp; `torch.ops.fusegen.<name>` directly has neither.
+
+What differentiates each op of a family on the autograd.Function path:
 
     op                      reverse mode (vjp)                    forward mode (jvp)
     <name>                  <name>_backward (fused)               <name>_jvp (fused)
@@ -24,12 +31,12 @@ Each op of an op's family, and what differentiates it here:
 
 So first and second reverse-mode derivatives, first-order forward mode and reverse over
 forward are fused kernels; anything beyond runs the op's sympy tree as eager torch ops
-(composite.py), which autograd and torch.func differentiate to any order. That path logs
+(composite.py), differentiated by autograd and torch.func to any order. That path logs
 once per op and mode (logger "fusegen", INFO); it never compiles.
 
-vmap: every op is elementwise with broadcasting, so a batched call is one call with the
-batch dimension moved to the front and the ranks aligned (no per-sample loop, no
-fallback warning).
+vmap (both paths): every op is elementwise with broadcasting, so a batched call is one
+call with the batch dimension moved to the front and the ranks aligned
+(`torch.library.register_vmap` for every op; no per-sample loop, no fallback warning).
 """
 
 from __future__ import annotations

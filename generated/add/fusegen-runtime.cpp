@@ -378,9 +378,10 @@ const Op* find_op(const std::string& name);
 // grad_k = dout * f_k(x); the gradients gg_k arriving at its outputs make
 // h(dout, x, gg) = sum_k gg_k * grad_k, whose gradients are the double backward. fusegen
 // builds the op <name>_grad2 with forward h into the same library, so this calls
-// <name>_grad2_backward once with incoming gradient 1. Above second order (the backward of
-// <name>_grad2_backward has no <name>_grad2_grad2) it fails loudly: a FusedOp call computes
-// those as an eager composite (fusegen/autograd.py).
+// <name>_grad2_backward once with incoming gradient 1. Above second order fusegen's Python
+// side registers an autograd kernel for <name>_grad2_backward that computes it as eager
+// torch ops (fusegen/autograd.py); without it (a standalone build) this fails loudly, as
+// <name>_grad2 has no <name>_grad2_grad2.
 class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, at::TensorList tensors, const Op* op,
@@ -412,8 +413,8 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
     const Op* grad2 = find_op(op.name + "_grad2");
     TORCH_CHECK_NOT_IMPLEMENTED(grad2 != nullptr && grad2->has_backward(), "fusegen::", op.name,
                                 ": the derivative of its backward needs fusegen::", op.name,
-                                "_grad2, which is not loaded (torch.ops.fusegen.<op> fuses first and second "
-                                "derivatives; call the op through fusegen (fusegen.fuse / @fused) for any order)");
+                                "_grad2, which is not loaded (a library built without fusegen fuses first and "
+                                "second derivatives; load the op with fusegen (fusegen.fuse / @fused) for any order)");
     const OpDef& def2 = *grad2->def;
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();  // dout, the inputs the backward read
     const int own = 1 + def.num_backward_inputs;
