@@ -116,6 +116,14 @@ CHECK = textwrap.dedent("""
     gga, ggb = torch.autograd.grad((ga * gb).sum(), (a, b))
     torch.testing.assert_close(gga, g * g * b)
     torch.testing.assert_close(ggb, g * g * a)
+    # third order: not fused, and without fusegen's Python side an error naming the op
+    ga, gb, gc = torch.autograd.grad(torch.ops.fusegen.fma(a, b, c), (a, b, c), g, create_graph=True)
+    gga, ggb = torch.autograd.grad((ga * gb).sum(), (a, b), create_graph=True)
+    try:
+        torch.autograd.grad((gga * gga).sum(), (a, b))
+        raise AssertionError("third order of a standalone build should raise")
+    except NotImplementedError as err:
+        assert "fusegen::fma_grad2: the derivative of its backward" in str(err), err
     print("standalone ok")
 """)
 
