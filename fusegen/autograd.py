@@ -210,7 +210,7 @@ def _jvp_of_forward(spec: OpSpec, jvp_spec: OpSpec):
     return jvp
 
 
-# -- the autograd kernel ------------------------------------------------------------------------
+# -- derivatives by the expression: the eager composite -----------------------------------------
 
 def _split(info: OpInfo, args):
     n = len(info.tensors)
@@ -303,6 +303,8 @@ def _shape(tensors):
     return torch.broadcast_shapes(*[t.shape for t in tensors])
 
 
+# -- the autograd.Function, the entry point, the composite kernel --------------------------------
+
 class _Mask:
     """A backward op's output_mask as one opaque argument of an autograd.Function: a list
     would be a pytree of bools to torch.func (vmap's in_dims, jvp's tangents)."""
@@ -331,7 +333,7 @@ def _function(info: OpInfo):
         tensors, scalars, mask = _split(info, inputs)
         ctx.scalars = scalars
         ctx.mask = mask
-        ctx.out_shape = (output[0] if info.backward else output).shape
+        ctx.out_shape = (output[0].shape if output else ()) if info.backward else output.shape
         ctx.save_for_backward(*tensors)
         ctx.save_for_forward(*tensors)
 
