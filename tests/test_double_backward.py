@@ -4,6 +4,8 @@ second order fused, any order beyond by the eager composite."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -38,8 +40,13 @@ def test_gradgradcheck_through_torch_ops(corpus_ops, name):
 
 
 @pytest.mark.parametrize("call", ["torch.ops", "FusedOp"])
-def test_third_order_matches_eager(corpus_ops, call):
-    """Beyond second order the composite takes over, on both paths (it logs once)."""
+def test_third_order_matches_eager(corpus_ops, call, caplog):
+    """Beyond second order the composite takes over, on both paths, and says so in the log."""
+    caplog.set_level(logging.INFO, logger="fusegen")
+    from fusegen import autograd
+    derived = autograd._INFOS["cp_silu_grad2_backward"]._derived
+    for key in [k for k in derived if k.startswith("logged")]:
+        del derived[key]  # logged once per process: forget it
     f = corpus_ops["cp_silu"] if call == "FusedOp" else torch.ops.fusegen.cp_silu
     results = []
     for fn in (f, lambda t: t * torch.sigmoid(t)):
@@ -50,6 +57,8 @@ def test_third_order_matches_eager(corpus_ops, call):
         results.append((g, gg, ggg, torch.autograd.grad(ggg.sum(), x)[0]))
     for got, want in zip(*results):
         torch.testing.assert_close(got, want)
+    assert any("fusegen::cp_silu_grad2_backward" in r.getMessage() and "not fused" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_passthrough_gradients_differentiate_exactly(corpus_ops):

@@ -109,3 +109,28 @@ def test_torch_compile_fullgraph_of_a_fusedop_call(corpus_ops):
     torch.testing.assert_close(out, want)
     for got, w in zip(torch.autograd.grad(out.sum(), (x, y)), torch.autograd.grad(want.sum(), (x, y))):
         torch.testing.assert_close(got, w)
+
+
+def _args_from_schema(op):
+    g = torch.Generator().manual_seed(7)
+    args = []
+    for a in op._schema.arguments:
+        kind = str(a.type)
+        if kind == "Tensor":
+            args.append(torch.randn(5, generator=g, dtype=torch.float64).requires_grad_())
+        elif kind == "float":
+            args.append(0.7)
+        else:  # bool[K] output_mask: everything
+            args.append([True] * a.N)
+    return tuple(args)
+
+
+@pytest.mark.parametrize("name", ["cp_silu_backward", "cp_silu_grad2_backward", "cp_silu_jvp",
+                                  "cp_swish_beta_grad2_backward", "cp_swish_beta_jvp_backward",
+                                  "cp_bias_gelu_grad2"])
+def test_opcheck_auxiliary_ops(corpus_ops, name):
+    """The auxiliary ops are ordinary ops too (schema, fake impl, autograd registration,
+    AOT dispatch), the composite autograd kernel of <name>_grad2_backward included."""
+    op = getattr(torch.ops.fusegen, name).default
+    result = torch.library.opcheck(op, _args_from_schema(op))
+    assert all(v == "SUCCESS" for v in result.values()), result
