@@ -180,6 +180,17 @@ def test_torch_func_matches_eager(corpus_ops, case):
         torch.testing.assert_close(per_sample, want)
 
 
+@pytest.mark.parametrize("case", [BY_NAME[n] for n in ("cp_silu", "cp_swish_beta", "cp_bias_gelu")], ids=repr)
+def test_reverse_over_reverse_under_torch_func_is_fused(corpus_ops, case, no_composite):
+    """jacrev(jacrev) through the autograd.Function path: <name>_grad2_backward, no composite."""
+    op = corpus_ops[case.name]
+    tensors, scalars = _args(case, n=4, grad=False)
+    argnums = tuple(range(len(tensors)))
+    second = [torch.func.jacrev(torch.func.jacrev(_scalar_fn(f, case), argnums=argnums), argnums=argnums)(*tensors)
+              for f in (op, case.eager)]
+    torch.testing.assert_close(second[0], second[1])
+
+
 @pytest.mark.parametrize("case", FUNC_CASES, ids=repr)
 def test_forward_ad_dual_numbers(corpus_ops, case, no_composite):
     """torch.autograd.forward_ad: the fused <name>_jvp kernel, tangents on some inputs only."""
