@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import autograd as _autograd
 from . import build as _build
 from . import index as _index
 from . import names
@@ -72,34 +73,40 @@ class Request:
 
 @dataclass(frozen=True)
 class Generated:
-    """An op's spec and its rendered files: everything but the binary."""
+    """An op's spec and its rendered files: everything but the binary. `auxiliary`: the
+    ops derived from it for higher-order and forward-mode AD (`<name>_grad2`,
+    `<name>_jvp`), whose files are among `files`."""
 
     spec: "OpSpec"
     files: dict
+    auxiliary: tuple["OpSpec", ...] = ()
 
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
     from .printer import print_op
     from .render import render
-    from .spec import differentiate
+    from .spec import auxiliary_specs, differentiate
 
     parsed = request.parse()                                                    # parse
     spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
-    printed = print_op(_with_c_names(spec))                                     # print
-    return Generated(spec, render(spec, printed))                               # render
+    auxiliary = auxiliary_specs(spec)                                           # ... again
+    printed = [print_op(_with_c_names(s)) for s in (spec,) + auxiliary]         # print
+    files = render(spec, printed[0], tuple(zip(auxiliary, printed[1:])))        # render
+    return Generated(spec, files, auxiliary)
 
 
 def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
     library = _build.build([(g.spec.name, g.files) for g in generated])         # build
     _build.load(library)                                                        # load
-    return [FusedOp(_entry(g, library), g) for g in generated]
+    families = [_autograd.register(g.spec, g.auxiliary) for g in generated]     # autograd, torch.func
+    return [FusedOp(_entry(g, library, f), g) for g, f in zip(generated, families)]
 
 
-def _entry(g: Generated, library: _build.Library) -> _index.Entry:
+def _entry(g: Generated, library: _build.Library | None, family=()) -> _index.Entry:
     spec = g.spec
     return _index.Entry(spec.name, tuple(spec.inputs), tuple(spec.scalars), spec.text,
-                        bool(spec.kernel_gradients), _index.files_digest(g.files), library)
+                        bool(spec.kernel_gradients), _index.files_digest(g.files), library, family)
 
 
 def _with_c_names(spec: OpSpec) -> OpSpec:
@@ -154,7 +161,7 @@ class FusedOp:
                 raise TypeError(f"fusegen op '{self.name}': {err}; expected "
                                 f"{self.name}({', '.join(self.params)})") from None
             args = tuple(bound.arguments[p] for p in self.params)
-        return self.op(*as_tensors(args, len(self.entry.inputs)))
+        return _autograd.call(self.name, *as_tensors(args, len(self.entry.inputs)))
 
     def __repr__(self):
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"
@@ -218,7 +225,10 @@ def _from_index(request: Request) -> FusedOp | None:
             _build.load(entry.library)
         except LoadError:
             return None  # deleted or unsafe since the lookup: the long way says why
-        _OPS[entry.name] = FusedOp(entry, request=request)
+        op = _OPS[entry.name] = FusedOp(entry, request=request)
+        # vmap rules and autograd kernels from the family's description; the derivatives
+        # themselves (sympy) only when first needed.
+        _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary))
     return _OPS[entry.name]
 
 

@@ -5,6 +5,7 @@
     python -m fusegen.bench build              # build latency (fusegen/bench_build.py)
     python -m fusegen.bench cpu                # CPU kernels vs eager, compile, numexpr (bench_layouts.py)
     python -m fusegen.bench layouts            # broadcast/strided/channels_last/SwiGLU (bench_layouts.py)
+    python -m fusegen.bench gp                 # a gradient-penalty training step vs eager
 
 Same method as shared/anchors/anchor_bench.py: 1-D tensors, CUDA-event medians, % of
 the measured device-to-device copy rate, host microseconds per call at n = 4096. Also
@@ -186,6 +187,67 @@ def _print_summary(rows, n_big):
             print(f"{expr:10s} " + " | ".join(cells))
 
 
+# -- a gradient-penalty training step (double backward through fused activations) ------------
+
+GP_ACTIVATIONS = {"silu": "x*sigmoid(x)", "gelu_tanh": MISSION["gelu_tanh"][0]}
+
+
+class GradientPenaltyMLP:
+    """A small MLP (Linear, silu, Linear, gelu-tanh, Linear) trained with its mean output
+    plus a gradient penalty (WGAN-GP / R1 style: (|d out / d x| - 1)^2), whose backward is
+    a double backward through both activations. `silu`, `gelu`: the activations (FusedOps
+    or eager functions). One `step(x)` is forward, input-gradient with create_graph,
+    penalty, backward again and an SGD step."""
+
+    def __init__(self, silu, gelu, width=16, features=8, device="cpu", dtype=torch.float64, seed=0):
+        torch.manual_seed(seed)
+        layers = [torch.nn.Linear(features, width), torch.nn.Linear(width, width), torch.nn.Linear(width, 1)]
+        self.params = [p.to(device=device, dtype=dtype).detach().requires_grad_()
+                       for layer in layers for p in layer.parameters()]
+        self.silu, self.gelu = silu, gelu
+        self.opt = torch.optim.SGD(self.params, lr=0.05)
+
+    def step(self, x):
+        x = x.detach().requires_grad_()
+        w1, b1, w2, b2, w3, b3 = self.params
+        h = self.gelu(self.silu(x @ w1.T + b1) @ w2.T + b2)
+        out = h @ w3.T + b3
+        (dx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        loss = out.mean() + 10.0 * ((dx.norm(dim=1) - 1) ** 2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+
+def run_gp(batch: int, width: int, dtypes, out_json: str | None):
+    """Median ms of one gradient-penalty step, fusegen activations against eager."""
+    import fusegen
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    silu = fusegen.fuse(GP_ACTIVATIONS["silu"], name="bench_gp_silu")
+    gelu = fusegen.fuse(GP_ACTIVATIONS["gelu_tanh"], name="bench_gp_gelu_tanh")
+    eager = (MISSION["silu"][1], MISSION["gelu_tanh"][1])
+    rows = []
+    for dtype in dtypes:
+        x = torch.randn(batch, 64, device=device, dtype=dtype)
+        models = {impl: GradientPenaltyMLP(s, g, width=width, features=64, device=device, dtype=dtype)
+                  for impl, (s, g) in (("fusegen", (silu, gelu)), ("eager", eager))}
+        medians = {impl: [] for impl in models}
+        for _ in range(3):  # interleaved rounds: a machine whose load changes hits both alike
+            for impl, model in models.items():
+                medians[impl].append(timed_ms(lambda: model.step(x), 10, device))
+        for impl, ms_list in medians.items():
+            ms = min(ms_list)
+            rows.append({"kind": "gp_step", "impl": impl, "dtype": str(dtype)[6:], "batch": batch,
+                         "width": width, "ms": ms})
+            print(f"gp step {impl:8s} {str(dtype)[6:]:9s} batch {batch} width {width}: {ms:.3f} ms "
+                  "(best of 3 interleaved medians)")
+    if out_json:
+        write_text(out_json, json.dumps({"device": device, "rows": rows}, indent=1))
+    return rows
+
+
 def main(argv=None):
     import sys
     argv = sys.argv[1:] if argv is None else argv
@@ -195,6 +257,14 @@ def main(argv=None):
     if argv[:1] in (["cpu"], ["layouts"]):
         from . import bench_layouts
         return bench_layouts.main(argv)
+    if argv[:1] == ["gp"]:  # gradient-penalty training step
+        p = argparse.ArgumentParser(description="a gradient-penalty training step, fusegen vs eager")
+        p.add_argument("--batch", type=int, default=4096)
+        p.add_argument("--width", type=int, default=4096)
+        p.add_argument("--dtypes", default="float32")
+        p.add_argument("--json", help="write all rows to this file")
+        args = p.parse_args(argv[1:])
+        return run_gp(args.batch, args.width, [getattr(torch, d) for d in args.dtypes.split(",")], args.json)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="4096,1048576,134217728",
                    help="comma-separated element counts (default: 2^12, 2^20, 2^27)")

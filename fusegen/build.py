@@ -219,15 +219,22 @@ def _locked(path: Path, what: str = ""):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _own(files: dict[str, str], suffix: str) -> list[str]:
+    """An op's own translation units of one kind: `<name>.cpp` and its auxiliary ops'
+    (`<name>_grad2.cpp`, `<name>_jvp.cpp`), not the shared runtime's."""
+    return [f for f in files if f.endswith(suffix) and f not in RUNTIME_SOURCES]
+
+
 def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     """Translation units that #include the ops' sources, OPS_PER_UNIT ops each."""
     units = {}
     for start in range(0, len(ops), OPS_PER_UNIT):
         chunk = ops[start:start + OPS_PER_UNIT]
         index = start // OPS_PER_UNIT
-        units[f"unit{index}.cpp"] = "".join(f'#include "{n}/{n}.cpp"\n' for n, _ in chunk)
+        units[f"unit{index}.cpp"] = "".join(f'#include "{n}/{f}"\n' for n, files in chunk for f in _own(files, ".cpp"))
         if cuda:
-            units[f"unit{index}_kernels.cu"] = "".join(f'#include "{n}/{n}.cu"\n' for n, _ in chunk)
+            units[f"unit{index}_kernels.cu"] = "".join(f'#include "{n}/{f}"\n' for n, files in chunk
+                                                       for f in _own(files, ".cu"))
     return units
 
 

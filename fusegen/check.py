@@ -1,4 +1,5 @@
-"""`fusegen --check`: the op against eager PyTorch, forward and backward.
+"""`fusegen --check`: the op against eager PyTorch, forward, backward and (float64) the
+second derivative (the fused double backward, `<name>_grad2_backward`).
 
 The oracle is the expression as the user wrote it (`op.spec.text`), evaluated by eager
 PyTorch in float64 (reference.evaluate_text), with torch.autograd for the gradients: not
@@ -69,6 +70,21 @@ def _forward_backward(f, tensors, scalars, grad):
     return out.detach(), [gr if gr is not None else torch.zeros_like(t) for gr, t in zip(grads, leaves)]
 
 
+def _second_order(f, tensors, scalars, grad, weights):
+    """d/dx of sum_k weights_k * grad_k, where grad_k = d(grad . out)/dx_k (create_graph)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
+    zeros = [torch.zeros_like(t) for t in leaves]
+    out = f(*leaves, *scalars)
+    if not out.requires_grad:
+        return zeros
+    grads = torch.autograd.grad(out, leaves, grad, create_graph=True, allow_unused=True)
+    terms = [(g * w).sum() for g, w in zip(grads, weights) if g is not None and g.requires_grad]
+    if not terms:
+        return zeros
+    second = torch.autograd.grad(sum(terms), leaves, allow_unused=True)
+    return [z if s is None else s for s, z in zip(second, zeros)]
+
+
 def check(op, device="cpu", n: int = 4099, dtypes=(torch.float64, torch.float32, torch.bfloat16)) -> list[CheckResult]:
     spec = op.spec
 
@@ -92,4 +108,11 @@ def check(op, device="cpu", n: int = 4099, dtypes=(torch.float64, torch.float32,
         results.append(CheckResult(f"{label} forward", rel_error(out, ref_out), bounds[0]))
         for name, got, want, bound in zip(spec.inputs, grads, ref_grads, bounds[1:]):
             results.append(CheckResult(f"{label} d/d{name}", rel_error(got, want), bound))
+    if torch.float64 in dtypes:
+        weights = [torch.randn(n, generator=torch.Generator().manual_seed(2 + k), dtype=torch.float64).to(device)
+                   for k in range(len(base))]
+        got = _second_order(op, base, scalars, grad64, weights)
+        want = _second_order(eager, base, scalars, grad64, weights)
+        for name, g, w in zip(spec.inputs, got, want):
+            results.append(CheckResult(f"float64 2nd order d/d{name}", rel_error(g, w), TOLERANCE[torch.float64]))
     return results

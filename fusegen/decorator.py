@@ -88,7 +88,7 @@ class FusedFunction:
         op = self._op if self._op is not None else self.op
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return op.op(*api.as_tensors(tuple(bound.arguments[p] for p in op.params), len(op.entry.inputs)))
+        return op(*(bound.arguments[p] for p in op.params))  # FusedOp: numbers, autograd, torch.func
 
     def __repr__(self):
         return f"<@fused {self.eager.__module__}.{self.eager.__qualname__}>"

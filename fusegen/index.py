@@ -30,10 +30,11 @@ from pathlib import Path
 import torch
 
 from . import build
+from .autograd import Member
 from .files import templates_dir, write_text
 from .version import FUSEGEN_VERSION
 
-_FORMAT = 1  # bump when the entry's fields change
+_FORMAT = 2  # bump when the entry's fields change
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class Entry:
     text: str                 # the expression in the user's notation (repr, messages)
     backward_kernel: bool     # whether <name>_backward exists
     digest: str               # of the generated files: one name, one expression
-    library: build.Library
+    library: build.Library | None
+    family: tuple = ()        # autograd.Member per op of the family (the op, its auxiliary ops)
 
 
 @lru_cache(maxsize=None)
@@ -98,8 +100,11 @@ def lookup(request) -> Entry | None:
                                 root / f"runtime-{runtime_key}" / f"libfusegen_runtime_{runtime_key}.so")
         if not (library.path.is_file() and library.runtime.is_file()):
             return None
+        family = tuple(Member(str(n), int(t), bool(b), bool(c)) for n, t, b, c in data["family"])
+        if not family or family[0].name != data["name"]:
+            return None
         return Entry(data["name"], tuple(data["inputs"]), tuple(data["scalars"]), data["text"],
-                     bool(data["backward_kernel"]), data["digest"], library)
+                     bool(data["backward_kernel"]), data["digest"], library, family)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # no entry, or one we cannot read: the long way, which rewrites it
 
@@ -110,6 +115,7 @@ def record(request, entry: Entry):
     data = {"format": _FORMAT, "name": entry.name, "inputs": list(entry.inputs),
             "scalars": list(entry.scalars), "text": entry.text, "backward_kernel": entry.backward_kernel,
             "digest": entry.digest, "library": entry.library.key,
+            "family": [[m.name, m.tensors, m.backward, m.composite] for m in entry.family],
             "runtime": entry.library.runtime.parent.name.removeprefix("runtime-")}
     try:
         path = _path(request_key(request))

@@ -40,6 +40,26 @@ TEMP_PREFIX = "t"
 # The incoming gradient (d loss / d out) in the math and the backward schema.
 DOUT = "dout"
 
+# The ops fusegen registers beside a user's op <name> (spec.py derives them, api.py builds
+# them into the op's library, autograd.py uses them):
+#   <name>_backward        the vector-Jacobian product (first-order gradients), one kernel;
+#   <name>_grad2           h(dout, x, gg) = sum_k gg_k * grad_k(dout, x): its backward
+#   <name>_grad2_backward  is the derivative of <name>_backward (double backward), one kernel;
+#   <name>_jvp             sum_i t_i * d<name>/dx_i: forward-mode AD (jvp), one kernel;
+#   <name>_jvp_backward    its backward (reverse over forward).
+# So a user's op name may not end in any of these suffixes.
+BACKWARD_SUFFIX = "_backward"
+GRAD2_SUFFIX = "_grad2"
+JVP_SUFFIX = "_jvp"
+RESERVED_SUFFIXES = (BACKWARD_SUFFIX, GRAD2_SUFFIX, JVP_SUFFIX)
+
+# Input names of the auxiliary ops beside the user's names: the incoming gradient of
+# <name>_grad2, the gradient arriving at grad_<x> (gg_<x>) and the tangent of <x> (t_<x>).
+# A user's name spelled the same gets a trailing `_` added until unique (fresh()).
+GRAD2_DOUT = "dout"
+GRAD2_GG = "gg_{}"
+JVP_TANGENT = "t_{}"
+
 # C, C++ and CUDA keywords and the CUDA built-in variables: a name may not be one, because
 # the forward schema and the error messages spell it as written, and a reader would stumble.
 C_KEYWORDS = frozenset("""
@@ -66,6 +86,13 @@ def name_problem(name: object) -> str | None:
     if name in C_KEYWORDS or keyword.iskeyword(name):
         return "is a C++/CUDA keyword; pick another name"
     return None
+
+
+def fresh(base: str, taken) -> str:
+    """`base`, or `base_`, `base__`, ... : the first spelling not in `taken` (deterministic)."""
+    while base in taken:
+        base += "_"
+    return base
 
 
 def value(name: str) -> str:

@@ -66,9 +66,10 @@ def check_identifier(name: object, what: str) -> str:
 
 def check_op_name(name: object) -> str:
     check_identifier(name, "op name")
-    if name.endswith("_backward"):
-        raise SpecError(f"name must not end in '_backward' (fusegen registers <name>_backward itself), "
-                        f"got {name!r}")
+    for suffix in names.RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "
+                            f"got {name!r}")
     return name
 
 

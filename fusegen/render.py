@@ -98,16 +98,20 @@ def _context(spec: OpSpec, printed: PrintedOp) -> dict:
     }
 
 
-def render(spec: OpSpec, printed: PrintedOp) -> dict[str, str]:
-    """All files of one op, name -> text, in a fixed order. spec.json carries the hash."""
+def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
+    """All files of one op, name -> text, in a fixed order. spec.json carries the hash.
+
+    `auxiliary`: (spec, printed) of the ops derived from it (`<name>_grad2`, `<name>_jvp`),
+    rendered by the same templates into the same folder and built into the same library."""
     env = _environment()
-    context = _context(spec, printed)
     files: dict[str, str] = {}
-    for pattern, (template, role) in TEMPLATES.items():
-        files[pattern.format(name=spec.name)] = env.get_template(template).render(context, file_role=role)
+    for s, p in ((spec, printed),) + tuple(auxiliary):
+        context = _context(s, p)
+        for pattern, (template, role) in TEMPLATES.items():
+            files[pattern.format(name=s.name)] = env.get_template(template).render(context, file_role=role)
     for helper in HELPERS:
         files[helper] = template_text(helper)
-    files["spec.json"] = spec.to_json(content_hash(files))
+    files["spec.json"] = spec.to_json(content_hash(files), [s for s, _ in auxiliary])
     return files
 
 

@@ -72,7 +72,7 @@ class OpSpec:
         """Gradients the backward kernel computes (the rest pass grad through)."""
         return tuple(g for g in self.gradients if not g.passthrough)
 
-    def to_json(self, content_hash: str) -> str:
+    def to_json(self, content_hash: str, auxiliary=()) -> str:
         doc = {
             "name": self.name,
             "expression": self.text,
@@ -82,6 +82,8 @@ class OpSpec:
             "gradients": {g.input: text(g.expr) for g in self.gradients},
             "passthrough": [g.input for g in self.gradients if g.passthrough],
             "backward_reads": list(self.backward_inputs) + list(self.backward_scalars),
+            "auxiliary_ops": {a.name: {"inputs": list(a.inputs) + list(a.scalars), "forward": text(a.forward)}
+                              for a in auxiliary},
             "fusegen_version": FUSEGEN_VERSION,
             "content_hash": content_hash,
         }
@@ -92,9 +94,17 @@ class OpSpec:
         return [f"d/d{g.input} = {text(g.expr)}" for g in self.gradients]
 
 
-def differentiate(parsed: Parsed, name: str | None = None, command: str | None = None) -> OpSpec:
-    """Derive every tensor input's gradient and share subexpressions across all of them."""
-    name = check_op_name(name) if name is not None else default_name(parsed)
+def differentiate(parsed: Parsed, name: str | None = None, command: str | None = None,
+                  auxiliary: bool = False) -> OpSpec:
+    """Derive every tensor input's gradient and share subexpressions across all of them.
+    `auxiliary`: an op fusegen derives itself (`<name>_grad2`, `<name>_jvp`), whose name
+    ends in a suffix a user's op may not have."""
+    if auxiliary:
+        pass
+    elif name is not None:
+        name = check_op_name(name)
+    else:
+        name = default_name(parsed)
     forward = parsed.tree
     _check_printable(name, "the expression", forward)
     wanted = [symbol(i) for i in parsed.inputs]
@@ -131,6 +141,69 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
         backward_scalars=tuple(s for s in parsed.scalars if s in used),
         command=command,
     )
+
+
+# -- the auxiliary ops: higher order from the same pipeline ----------------------------------
+#
+# <name>_backward computes grad_k = dout * f_k(x) for each kernel gradient k. Given the
+# gradients gg_k arriving at grad_k, the double backward needs d/d(dout) = sum_k gg_k f_k and
+# d/dx_j = dout sum_k gg_k df_k/dx_j: the gradients of the scalar function
+# h(dout, x, gg) = sum_k gg_k * grad_k(dout, x), an ordinary elementwise expression. So the
+# op <name>_grad2 with forward h has, as its own <name>_grad2_backward called with incoming
+# gradient 1, exactly the double backward, fused, with PyTorch's formula at each node (the
+# reverse pass runs over the backward's tree, whose nodes are the same eager operations).
+# Forward mode: every gradient is linear in GRAD, and eager's forward derivative of an
+# elementwise op is its backward formula with grad replaced by the tangent, so
+# jvp = sum_i grad_i[GRAD := t_i] is <name>_jvp's forward.
+
+def grad2_spec(spec: OpSpec) -> OpSpec | None:
+    """<name>_grad2: h(dout, <inputs the backward reads>, gg_<x>...) = sum_k gg_<x_k> * grad_<x_k>,
+    with the backward's scalars. None when every gradient passes dout through."""
+    kernel = spec.kernel_gradients
+    if not kernel:
+        return None
+    taken = set(spec.inputs) | set(spec.scalars)
+    dout = names.fresh(names.GRAD2_DOUT, taken)
+    taken.add(dout)
+    gg = []
+    for g in kernel:
+        gg.append(names.fresh(names.GRAD2_GG.format(g.input), taken))
+        taken.add(gg[-1])
+    tree = None
+    for g, gname in zip(kernel, gg):
+        term = fn.mul(symbol(gname), g.expr.xreplace({GRAD: symbol(dout)}))
+        tree = term if tree is None else fn.add(tree, term)
+    inputs = (dout,) + spec.backward_inputs + tuple(gg)
+    parsed = Parsed(text(tree), tree, inputs, spec.backward_scalars)
+    return differentiate(parsed, name=spec.name + names.GRAD2_SUFFIX, command=spec.command, auxiliary=True)
+
+
+def jvp_spec(spec: OpSpec) -> OpSpec | None:
+    """<name>_jvp(<inputs it reads>, t_<x> for every input with a gradient, <scalars it
+    reads>) = sum_i grad_i with the tangent t_i in place of the incoming gradient."""
+    taken = set(spec.inputs) | set(spec.scalars)
+    tree, tangents = None, []
+    for g in spec.gradients:
+        if g.expr == 0:
+            continue  # sign(x), a comparison: no tangent flows
+        t = names.fresh(names.JVP_TANGENT.format(g.input), taken)
+        taken.add(t)
+        tangents.append(t)
+        term = g.expr.xreplace({GRAD: symbol(t)})
+        tree = term if tree is None else fn.add(tree, term)
+    if tree is None:
+        return None  # every gradient is zero (sign(x)): nothing moves, no op
+    used = {s.name for s in tree.free_symbols}
+    inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents)
+    scalars = tuple(s for s in spec.scalars if s in used)
+    parsed = Parsed(text(tree), tree, inputs, scalars)
+    return differentiate(parsed, name=spec.name + names.JVP_SUFFIX, command=spec.command, auxiliary=True)
+
+
+def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
+    """The ops built beside `spec` into its library: <name>_grad2 (when it has a backward
+    kernel) and <name>_jvp (when some gradient is not zero)."""
+    return tuple(s for s in (grad2_spec(spec), jvp_spec(spec)) if s is not None)
 
 
 # -- the reverse pass ---------------------------------------------------------------------------

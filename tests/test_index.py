@@ -48,6 +48,42 @@ def test_a_cached_load_imports_neither_sympy_nor_jinja(corpus_ops):
     assert out == ["True", "True", corpus_ops["cp_fma"].library.key, "True", "True"]
 
 
+HIGHER_ORDER_AFTER_A_CACHED_LOAD = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from corpus import CORPUS
+import fusegen
+from fusegen.api import Request
+case = next(c for c in CORPUS if c.name == "cp_silu")
+op = fusegen.fuse_many([Request(case.expr, case.name, case.inputs, case.scalars)])[0]
+x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+eager = lambda x: x * torch.sigmoid(x)
+def derivatives(f, order):
+    out, y = [], f(x).sum()
+    for k in range(order):
+        (y,) = torch.autograd.grad(y, x, create_graph=k < order - 1)
+        out.append(y)
+        y = y.sum()
+    return out
+for got, want in zip(derivatives(op, 2), derivatives(eager, 2)):
+    torch.testing.assert_close(got, want)
+# second order: the C++ kernels, nothing derived (torch.testing itself imports sympy)
+light = not any(m in sys.modules for m in ("fusegen.derivatives", "fusegen.spec"))
+torch.testing.assert_close(derivatives(op, 3)[2], derivatives(eager, 3)[2])   # composite
+t = torch.randn(6, dtype=torch.float64)
+torch.testing.assert_close(torch.func.jvp(op, (x.detach(),), (t,))[1], torch.func.jvp(eager, (x.detach(),), (t,))[1])
+torch.testing.assert_close(torch.vmap(op)(x.detach().view(2, 3)), eager(x.detach().view(2, 3)))
+print(light, op.library.cached)
+"""
+
+
+def test_higher_order_and_torch_func_after_a_cached_load(corpus_ops):
+    """The index's family description registers vmap rules and autograd kernels without
+    sympy; second order runs on the C++ kernels; third order and torch.func derive on
+    first need and match eager."""
+    assert _run(HIGHER_ORDER_AFTER_A_CACHED_LOAD, str(TESTS)) == ["True", "True"]
+
+
 def _request(corpus_ops, name="cp_fma") -> Request:
     from corpus import CORPUS
     case = next(c for c in CORPUS if c.name == name)

@@ -95,3 +95,42 @@ def test_torch_compile_inductor_forward_backward(corpus_ops):
     out.sum().backward()
     torch.testing.assert_close(a.grad, b.detach() * (a * b + c).detach().cos())
     torch.testing.assert_close(c.grad, (a * b + c).detach().cos())
+
+
+def test_torch_compile_fullgraph_of_a_fusedop_call(corpus_ops):
+    """A FusedOp call (the Python autograd.Function path outside torch.compile) compiles
+    with fullgraph=True: under dynamo it is the op itself."""
+    op = corpus_ops["cp_swish_beta"]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, y: op(x, y, beta=1.5, alpha=0.25).sin(), fullgraph=True, backend="aot_eager")
+    x, y = (torch.randn(65, requires_grad=True) for _ in range(2))
+    out = compiled(x, y)
+    want = BY_NAME["cp_swish_beta"].eager(x, y, 1.5, 0.25).sin()
+    torch.testing.assert_close(out, want)
+    for got, w in zip(torch.autograd.grad(out.sum(), (x, y)), torch.autograd.grad(want.sum(), (x, y))):
+        torch.testing.assert_close(got, w)
+
+
+def _args_from_schema(op):
+    g = torch.Generator().manual_seed(7)
+    args = []
+    for a in op._schema.arguments:
+        kind = str(a.type)
+        if kind == "Tensor":
+            args.append(torch.randn(5, generator=g, dtype=torch.float64).requires_grad_())
+        elif kind == "float":
+            args.append(0.7)
+        else:  # bool[K] output_mask: everything
+            args.append([True] * a.N)
+    return tuple(args)
+
+
+@pytest.mark.parametrize("name", ["cp_silu_backward", "cp_silu_grad2_backward", "cp_silu_jvp",
+                                  "cp_swish_beta_grad2_backward", "cp_swish_beta_jvp_backward",
+                                  "cp_bias_gelu_grad2"])
+def test_opcheck_auxiliary_ops(corpus_ops, name):
+    """The auxiliary ops are ordinary ops too (schema, fake impl, autograd registration,
+    AOT dispatch), the composite autograd kernel of <name>_grad2_backward included."""
+    op = getattr(torch.ops.fusegen, name).default
+    result = torch.library.opcheck(op, _args_from_schema(op))
+    assert all(v == "SUCCESS" for v in result.values()), result

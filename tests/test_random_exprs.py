@@ -194,3 +194,35 @@ def test_batch_is_varied():
     for token in ["where(", "clamp(", "maximum(", "minimum(", "**", "/", "<"]:
         assert token in joined, token
     assert sum(name + "(" in joined for name in UNARY) >= len(UNARY) // 2
+
+
+def second_order(f, tensors):
+    """d/dx of sum_k (k+1) * d out/d x_k (a Hessian-vector product), by autograd."""
+    leaves = {k: t.clone().requires_grad_(True) for k, t in tensors.items()}
+    zeros = {k: torch.zeros_like(t) for k, t in tensors.items()}
+    out = f(**leaves)
+    if not out.requires_grad:
+        return zeros
+    grads = torch.autograd.grad(out, list(leaves.values()), torch.ones_like(out), create_graph=True,
+                                allow_unused=True)
+    terms = [(g * (i + 1)).sum() for i, g in enumerate(grads) if g is not None and g.requires_grad]
+    if not terms:
+        return zeros
+    second = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
+    return {k: zeros[k] if s is None else s for k, s in zip(leaves, second)}
+
+
+@pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
+def test_random_expression_second_order_matches_eager(random_ops, index):
+    """The fused double backward (<name>_grad2_backward) against eager's, at ordinary values."""
+    text = BATCH[index]
+    op = random_ops[index]
+    if isinstance(op, Exception):
+        pytest.fail(f"fusegen could not make {text!r}: {type(op).__name__}: {op}")
+    tensors = {k: t[:256] for k, t in sample(list(op.spec.inputs), seed=index).items()}
+    got = second_order(op, tensors)
+    want = second_order(lambda **kw: evaluate_text(text, kw), tensors)
+    problems = []
+    for k in tensors:
+        problems += mismatches(f"d2/d{k}", got[k], want[k], want[k], tensors, "where(" in text)
+    assert not problems, f"{text}:\n" + "\n".join(problems[:20])

@@ -111,6 +111,19 @@ CHECK = textwrap.dedent("""
     g = torch.randn_like(out)
     for got, want in zip(torch.autograd.grad(out, (a, b, c), g), torch.autograd.grad(a * b + c, (a, b, c), g)):
         torch.testing.assert_close(got, want)
+    # second order, fused in the standalone library too (fma_grad2 is among its sources)
+    ga, gb, gc = torch.autograd.grad(torch.ops.fusegen.fma(a, b, c), (a, b, c), g, create_graph=True)
+    gga, ggb = torch.autograd.grad((ga * gb).sum(), (a, b))
+    torch.testing.assert_close(gga, g * g * b)
+    torch.testing.assert_close(ggb, g * g * a)
+    # third order: not fused, and without fusegen's Python side an error naming the op
+    ga, gb, gc = torch.autograd.grad(torch.ops.fusegen.fma(a, b, c), (a, b, c), g, create_graph=True)
+    gga, ggb = torch.autograd.grad((ga * gb).sum(), (a, b), create_graph=True)
+    try:
+        torch.autograd.grad((gga * gga).sum(), (a, b))
+        raise AssertionError("third order of a standalone build should raise")
+    except NotImplementedError as err:
+        assert "fusegen::fma_grad2: the derivative of its backward" in str(err), err
     print("standalone ok")
 """)
 
@@ -119,7 +132,7 @@ def test_standalone_build_runs(tmp_path):
     """The marked block, run from a folder holding a copy of generated/fma/ (so nothing but
     its own files is on the include path)."""
     (code,) = [code for mark, code in python_blocks() if STANDALONE in mark]
-    assert "generated/fma/fma.cpp" in code
+    assert 'glob.glob("generated/fma/*.cpp")' in code  # the op, its auxiliary ops, the runtime
     shutil.copytree(ROOT / "generated" / "fma", tmp_path / "generated" / "fma")
     script = tmp_path / "standalone.py"
     script.write_text("import sys\n" + code + CHECK)

@@ -5,8 +5,9 @@
 // file turns that into the schemas fusegen::<name> and fusegen::<name>_backward with
 // boxed CPU, Meta, CUDA and Autograd kernels: argument checks, type promotion, the layout
 // of every call by ATen's TensorIterator (broadcasting, strides, memory format, output
-// allocation), its parallel CPU loop, the CUDA device guard and stream, and a
-// torch::autograd::Function whose backward calls <name>_backward.
+// allocation), its parallel CPU loop, the CUDA device guard and stream, and
+// torch::autograd::Functions: the forward's backward calls <name>_backward, whose own
+// backward (double backward) calls <name>_grad2_backward.
 // Hand-written, not templated.
 #include "fusegen-runtime.h"
 
@@ -27,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace fusegen {
@@ -275,6 +277,12 @@ struct BackwardArgs {
     }
     for (bool b : stack[first + count - 1].toBoolList()) mask.push_back(b);
   }
+  // Named arguments of saved tensors (dout, then the inputs the backward reads).
+  static Args of(const OpDef& def, const std::vector<at::Tensor>& saved) {
+    Args args{{"dout", saved[0]}};
+    for (int i = 0; i < def.num_backward_inputs; ++i) args.push_back({def.input_names[def.backward_inputs[i]], saved[i + 1]});
+    return args;
+  }
   Args named(const OpDef& def) const {
     Args args{{"dout", tensors[0]}};
     for (int i = 0; i < def.num_backward_inputs; ++i) {
@@ -434,14 +442,30 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
   }
 };
 
-// The backward's own derivative (double backward) is not implemented yet. Autograd reaches
-// this node only when a second derivative is asked for, and then it fails loudly instead
-// of treating the gradients as constants.
+const Op* find_op(const std::string& name);
+
+// The backward's own derivative (double backward), fused: <name>_backward computes
+// grad_k = dout * f_k(x); the gradients gg_k arriving at its outputs make
+// h(dout, x, gg) = sum_k gg_k * grad_k, whose gradients are the double backward. fusegen
+// builds the op <name>_grad2 with forward h into the same library, so this calls
+// <name>_grad2_backward once with incoming gradient 1. Above second order fusegen's Python
+// side registers an autograd kernel for <name>_grad2_backward that computes it as eager
+// torch ops (fusegen/autograd.py); without it (a standalone build) this fails loudly, as
+// <name>_grad2 has no <name>_grad2_grad2.
 class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, at::TensorList tensors, const Op* op,
                                std::vector<double> scalars, std::vector<bool> mask) {
     ctx->saved_data["op"] = reinterpret_cast<int64_t>(op);
+    ctx->save_for_backward(tensors.vec());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      ctx->saved_data["sizes" + std::to_string(i)] = tensors[i].sym_sizes();
+      ctx->saved_data["dtype" + std::to_string(i)] = tensors[i].scalar_type();
+    }
+    ctx->saved_data["scalars"] = c10::List<double>(scalars);
+    c10::List<bool> mask_list;
+    for (bool b : mask) mask_list.push_back(b);
+    ctx->saved_data["mask"] = std::move(mask_list);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     BackwardArgs a;
     a.tensors.assign(tensors.begin(), tensors.end());
@@ -453,12 +477,59 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
     return stack.back().toTensorVector();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list /*douts*/) {
+  static variable_list backward(AutogradContext* ctx, variable_list ggs) {
     const Op& op = *reinterpret_cast<const Op*>(ctx->saved_data["op"].toInt());
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "fusegen::", op.name, ": the derivative of its backward (double backward, "
-                                "e.g. torch.autograd.grad(..., create_graph=True) differentiated again) "
-                                "is not supported yet");
-    return {};
+    const OpDef& def = *op.def;
+    const Op* grad2 = find_op(op.name + "_grad2");
+    TORCH_CHECK_NOT_IMPLEMENTED(grad2 != nullptr && grad2->has_backward(), "fusegen::", op.name,
+                                ": the derivative of its backward needs fusegen::", op.name,
+                                "_grad2, which is not loaded (a library built without fusegen fuses first and "
+                                "second derivatives; load the op with fusegen (fusegen.fuse / @fused) for any order)");
+    const OpDef& def2 = *grad2->def;
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();  // dout, the inputs the backward read
+    const int own = 1 + def.num_backward_inputs;
+    variable_list grads(own + 3);  // one per tensor; the op, the scalars and the mask get none
+    // <name>_grad2's inputs: dout, the backward's inputs, then gg_k per kernel gradient.
+    std::vector<at::Tensor> inputs(saved.begin(), saved.end());
+    const at::ScalarType dtype = check_args(op.backward_name, BackwardArgs::of(def, saved));
+    const at::TensorOptions options = saved[0].options().dtype(dtype);
+    const c10::List<bool> mask = ctx->saved_data["mask"].toBoolList();
+    bool any_gg = false;
+    size_t next = 0;
+    for (int k = 0; k < def.num_kernel_grads; ++k) {
+      at::Tensor gg = mask[k] && next < ggs.size() ? ggs[next++] : at::Tensor();
+      any_gg = any_gg || gg.defined();
+      inputs.push_back(gg.defined() ? gg : at::zeros({}, options));
+    }
+    if (!any_gg) return grads;
+    BackwardArgs a;
+    a.tensors.push_back(at::ones({}, options));
+    for (int i = 0; i < def2.num_backward_inputs; ++i) a.tensors.push_back(inputs[def2.backward_inputs[i]]);
+    const c10::List<double> scalars = ctx->saved_data["scalars"].toDoubleList();
+    for (int i = 0; i < def2.num_backward_scalars; ++i) a.scalars.push_back(scalars[def2.backward_scalars[i]]);
+    bool any = false;
+    for (int k = 0; k < def2.num_kernel_grads; ++k) {
+      const int i = def2.kernel_grads[k];
+      a.mask.push_back(i < own && ctx->needs_input_grad(i));
+      any = any || a.mask.back();
+    }
+    std::vector<at::Tensor> computed;
+    if (any) {
+      torch::jit::Stack stack;
+      a.push(stack);
+      grad2->backward_op->callBoxed(stack);
+      computed = stack.back().toTensorVector();
+    }
+    next = 0;
+    for (int k = 0; k < def2.num_kernel_grads; ++k) {
+      if (a.mask[k]) grads[def2.kernel_grads[k]] = reduce_to_input(ctx, def2.kernel_grads[k], computed[next++]);
+    }
+    for (int i = 0; i < own; ++i) {  // d h / d input = 1: the incoming gradient, ones
+      if (def2.passthrough[i] && ctx->needs_input_grad(i)) {
+        grads[i] = reduce_to_input(ctx, i, at::ones({}, options).expand_symint(saved[0].sym_sizes()));
+      }
+    }
+    return grads;
   }
 };
 
@@ -521,6 +592,17 @@ std::vector<torch::Library*>& libraries() {
   return *all;
 }
 
+std::unordered_map<std::string, const Op*>& registry() {
+  static auto* ops = new std::unordered_map<std::string, const Op*>();
+  return *ops;
+}
+
+const Op* find_op(const std::string& name) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  const auto it = registry().find(name);
+  return it == registry().end() ? nullptr : it->second;
+}
+
 }  // namespace
 
 bool register_op(const OpDef& def) {
@@ -533,6 +615,7 @@ bool register_op(const OpDef& def) {
   defs->def(def.schema);
   if (op->has_backward()) defs->def(def.backward_schema);
   libraries().push_back(defs);
+  registry()[op->name] = op;
   op->forward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("fusegen::" + op->name).c_str(), "");
   if (op->has_backward()) {
     op->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(("fusegen::" + op->backward_name).c_str(), "");

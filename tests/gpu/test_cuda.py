@@ -261,3 +261,47 @@ def test_cuda_strided_past_2_31_elements(cuda_ops):
     idx = torch.tensor([0, 1, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 1, n - 1], device="cuda")
     torch.testing.assert_close(out[idx].float(), torch.full((6,), 4.0, device="cuda"))
     del base, out
+# -- higher order (issue 10) ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CORPUS, ids=repr)
+def test_gradgradcheck_cuda(cuda_ops, case):
+    """Second derivatives by the fused <name>_grad2_backward CUDA kernel, float64."""
+    tensors = tuple(t.requires_grad_() for t in on_cuda(case, 6, torch.float64, seed=3))
+    scalars = list(case.scalar_values)
+    assert torch.autograd.gradgradcheck(lambda *t: cuda_ops[case.name](*t, *scalars), tensors,
+                                        eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", [BY_NAME[n] for n in ("cp_silu", "cp_gelu_tanh", "cp_swish_beta", "cp_fma")],
+                         ids=repr)
+def test_forward_ad_and_torch_func_cuda(cuda_ops, case):
+    tensors = on_cuda(case, 33, torch.float64, seed=4)
+    scalars = list(case.scalar_values)
+    tangents = [torch.randn_like(t) for t in tensors]
+    got = torch.func.jvp(lambda *t: cuda_ops[case.name](*t, *scalars), tuple(tensors), tuple(tangents))
+    want = torch.func.jvp(lambda *t: case.eager(*t, *scalars), tuple(tensors), tuple(tangents))
+    torch.testing.assert_close(got, want)
+    argnums = tuple(range(len(tensors)))
+    got = torch.func.hessian(lambda *t: cuda_ops[case.name](*t, *scalars).sum(), argnums=argnums)(*tensors)
+    want = torch.func.hessian(lambda *t: case.eager(*t, *scalars).sum(), argnums=argnums)(*tensors)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_gradient_penalty_step_cuda(cuda_ops, dtype):
+    """The benchmark's gradient-penalty training step on the GPU matches eager step for step."""
+    from fusegen.bench import GradientPenaltyMLP
+
+    runs = []
+    for silu, gelu in ((cuda_ops["cp_silu"], cuda_ops["cp_gelu_tanh"]),
+                       (BY_NAME["cp_silu"].eager, BY_NAME["cp_gelu_tanh"].eager)):
+        model = GradientPenaltyMLP(silu, gelu, width=64, features=8, device="cuda", dtype=dtype)
+        g = torch.Generator().manual_seed(1)
+        history = []
+        for _ in range(5):
+            history.append(model.step(torch.randn(256, 8, generator=g, dtype=dtype).cuda()))
+        runs.append((history, [p.detach() for p in model.params]))
+    tol = {} if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(runs[0][0], runs[1][0], **tol)
+    for p, q in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(p, q, **tol)
