@@ -56,7 +56,9 @@ log.addHandler(logging.NullHandler())
 CXX_FLAGS = ["-O3", "-Wall", "-fno-math-errno"]
 # Accurate math by default: no --use_fast_math, so results match eager PyTorch.
 NVCC_FLAGS = ["-O3"]  # cpp_extension adds the -std= that matches torch
-OPS_PER_UNIT = 6  # ops per translation unit: two units build in parallel on two cores
+# C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
+# a few share one unit (a new op and its two auxiliary ops: one unit).
+CPP_PER_UNIT = 6
 RUNTIME_SOURCES = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h")
 
 
@@ -226,15 +228,25 @@ def _own(files: dict[str, str], suffix: str) -> list[str]:
 
 
 def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
-    """Translation units that #include the ops' sources, OPS_PER_UNIT ops each."""
+    """Translation units that #include the ops' sources: CPP_PER_UNIT .cpp files each, and
+    the .cu files spread over as many units as there are cores (nvcc is the long pole of a
+    CUDA build: a new op's own .cu and its auxiliary ops' then compile in parallel, so the
+    auxiliary ops cost no wall time on a machine with a few cores)."""
+    def chunks(paths: list[str], size: int) -> list[list[str]]:
+        return [paths[i:i + size] for i in range(0, len(paths), size)]
+
+    def include(paths: list[str]) -> str:
+        return "".join(f'#include "{p}"\n' for p in paths)
+
     units = {}
-    for start in range(0, len(ops), OPS_PER_UNIT):
-        chunk = ops[start:start + OPS_PER_UNIT]
-        index = start // OPS_PER_UNIT
-        units[f"unit{index}.cpp"] = "".join(f'#include "{n}/{f}"\n' for n, files in chunk for f in _own(files, ".cpp"))
-        if cuda:
-            units[f"unit{index}_kernels.cu"] = "".join(f'#include "{n}/{f}"\n' for n, files in chunk
-                                                       for f in _own(files, ".cu"))
+    cpp = [f"{n}/{f}" for n, files in ops for f in _own(files, ".cpp")]
+    for index, chunk in enumerate(chunks(cpp, CPP_PER_UNIT)):
+        units[f"unit{index}.cpp"] = include(chunk)
+    if cuda:
+        cu = [f"{n}/{f}" for n, files in ops for f in _own(files, ".cu")]
+        per_unit = -(-len(cu) // max(1, min(len(cu), os.cpu_count() or 1)))
+        for index, chunk in enumerate(chunks(cu, per_unit)):
+            units[f"unit{index}_kernels.cu"] = include(chunk)
     return units
 
 
