@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU facts, the seed check, the CUDA tests, the benchmark. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|all]
 set -uo pipefail
 what=${1:-all}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FUSEGEN_CACHE_DIR=${FUSEGEN_CACHE_DIR:-/tmp/fusegen-cache}
@@ -22,6 +22,10 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == gp || $what == bench || $what == all ]]; then
   python3 -m fusegen.bench gp --dtypes float32,bfloat16 --json "$OUT/bench_gp.json" 2>&1 | tee "$OUT/bench_gp.log"
+  status=$((status | ${PIPESTATUS[0]}))
+fi
+if [[ $what == build || $what == all ]]; then
+  python3 -m fusegen.bench build --no-compile --json "$OUT/bench_build.json" 2>&1 | tee "$OUT/bench_build.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
 exit $status
