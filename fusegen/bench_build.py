@@ -103,6 +103,9 @@ def run_step(step: str, cache: str, inductor: str) -> dict:
     code = PRELUDE + f"EXPR = {COLD_EXPR!r}\nSEEDS = {SEEDS!r}\n" + textwrap.dedent(STEPS[step]) \
         + "\nprint('RESULT ' + json.dumps(out))\n"
     env = dict(os.environ, FUSEGEN_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=inductor)
+    # Python's own bytecode cache on, as on a user's machine (some sandboxes turn it off, and
+    # then every process recompiles fusegen's sources: 35 ms of a 60 ms cached load).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
