@@ -3,8 +3,9 @@
     fusegen EXPR [--name N] [--inputs a,b,c] [--scalar NAME ...] [--out DIR]
                  [--no-build] [--check] [--bench] [--show] [--quiet]
     fusegen cache [list | clear | trim --older-than AGE]
+    fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build]
 
-`cache` as the first word is the cache command (an op whose expression is the bare name
+`cache` as the first word is the cache command, `package` the wheel command (an op whose expression is the bare name
 `cache` is written `fusegen "(cache)"`). Errors print one line, `fusegen: error: ...`, and
 exit non-zero: 2 for bad arguments, a bad expression or name, 1 for a failed build (or a
 cache that cannot be changed), 3 for a failed --check.
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["cache"]:
         return _cache_main(argv[1:])
+    if argv[:1] == ["package"]:
+        return _package_main(argv[1:])
     args = _parser().parse_args(argv)
     progress = None if args.quiet else _Progress.install()
     try:
@@ -232,6 +235,50 @@ class _Progress(logging.Handler):
 
         self.ticker = threading.Thread(target=tick, name="fusegen-progress", daemon=True)
         self.ticker.start()
+
+
+# -- fusegen package ------------------------------------------------------------------------------
+
+def _package_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fusegen package",
+                description="Write a buildable project (pyproject.toml, setup.py with CppExtension or "
+                            "CUDAExtension, the ops' sources and one copy of the runtime) for generated op "
+                            "folders and build its wheel. Importing the package registers "
+                            "torch.ops.fusegen.<op> for every op; it needs torch alone.",
+                epilog='`package` as the first word is this command; to fuse the expression `package`, '
+                       'write fusegen "(package)".')
+    p.hint = '; to fuse the expression "package", write fusegen "(package)"'
+    p.add_argument("folders", nargs="+", metavar="FOLDER", help="generated/<name>/ folders")
+    p.add_argument("--name", required=True, metavar="PKG", help="the Python package (and wheel) name")
+    p.add_argument("--out", default="dist", metavar="DIR",
+                   help="the project goes to DIR/PKG/, the wheel to DIR/ (default: dist)")
+    p.add_argument("--cuda", action="store_true",
+                   help="a CUDA build (the default when nvcc and a CUDA build of torch are present)")
+    p.add_argument("--no-build", action="store_true", help="write the project only")
+    return p
+
+
+def _package_main(argv: list[str]) -> int:
+    args = _package_parser().parse_args(argv)
+    from . import package
+
+    start = time.perf_counter()
+    try:
+        cuda = args.cuda or package.cuda_available()
+        project = Path(args.out) / args.name
+        ops = package.write_project([Path(f) for f in args.folders], args.name, project, cuda)
+        print(f"project  {project}/: {', '.join(ops)} ({'CPU and CUDA' if cuda else 'CPU'})")
+        if args.no_build:
+            return 0
+        wheel = package.build_wheel(project, Path(args.out))
+    except package.PackageError as err:
+        print(f"fusegen: error: {err}", file=sys.stderr)
+        return 1 if "building the wheel failed" in str(err) else 2
+    except OSError as err:
+        print(f"fusegen: error: {err}", file=sys.stderr)
+        return 1
+    print(f"wheel    {wheel} (built in {time.perf_counter() - start:.1f} s)")
+    return 0
 
 
 # -- fusegen cache ---------------------------------------------------------------------------------
