@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import files
 from .errors import FusegenError
 
 RUNTIME = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h", "fusegen-cuda.cuh")
@@ -186,14 +187,14 @@ def write_project(folders: list[Path], name: str, project: Path, cuda: bool) -> 
     for file_name, path in chosen.items():
         if path.suffix == ".cu" and not cuda:
             continue
-        shutil.copyfile(path, csrc / file_name)
-    (csrc / "_module.cpp").write_text(MODULE_CPP.format(name=name, ops=", ".join(ops)))
+        files.write_text(csrc / file_name, path.read_text())
+    files.write_text(csrc / "_module.cpp", MODULE_CPP.format(name=name, ops=", ".join(ops)))
     package = project / name
     package.mkdir(exist_ok=True)
     registered = "\n".join(f"torch.ops.fusegen.{op}" for op in ops)
-    (package / "__init__.py").write_text(INIT_PY.format(name=name, ops=tuple(ops), registered=registered))
-    (project / "setup.py").write_text(SETUP_PY.format(name=name, cuda=cuda, version="0.1.0", ops=ops))
-    (project / "pyproject.toml").write_text(PYPROJECT)
+    files.write_text(package / "__init__.py", INIT_PY.format(name=name, ops=tuple(ops), registered=registered))
+    files.write_text(project / "setup.py", SETUP_PY.format(name=name, cuda=cuda, version="0.1.0", ops=ops))
+    files.write_text(project / "pyproject.toml", PYPROJECT)
     return ops
 
 
