@@ -81,6 +81,11 @@ class Generated:
     files: dict
     auxiliary: tuple["OpSpec", ...] = ()
 
+    @functools.cached_property
+    def digest(self) -> str:
+        """Of the files: one name, one expression (hashed once, checked and indexed)."""
+        return _index.files_digest(self.files)
+
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
@@ -106,7 +111,7 @@ def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
 def _entry(g: Generated, library: _build.Library | None, family=()) -> _index.Entry:
     spec = g.spec
     return _index.Entry(spec.name, tuple(spec.inputs), tuple(spec.scalars), spec.text,
-                        bool(spec.kernel_gradients), _index.files_digest(g.files), library, family)
+                        bool(spec.kernel_gradients), g.digest, library, family)
 
 
 def _with_c_names(spec: OpSpec) -> OpSpec:
@@ -249,10 +254,7 @@ def load_requests(pending: list[tuple[Request, Generated | None]]):
     with _LOCK:
         todo = []
         for request, generated in pending:
-            op = _MEMO.get(request) or _from_index(request)
-            if op is not None:
-                _MEMO[request] = op
-            else:
+            if cached(request) is None:
                 todo.append((request, generated or generate(request)))
         for (request, _), op in zip(todo, load_generated([g for _, g in todo])):
             _index.record(request, op.entry)
