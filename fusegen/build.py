@@ -56,6 +56,9 @@ log.addHandler(logging.NullHandler())
 CXX_FLAGS = ["-O3", "-Wall", "-fno-math-errno"]
 # Accurate math by default: no --use_fast_math, so results match eager PyTorch.
 NVCC_FLAGS = ["-O3"]  # cpp_extension adds the -std= that matches torch
+# The macros that compile only the forward or only the backward launchers of an op's .cu
+# (templates/op_kernels.cu.j2), one nvcc run each, when a build has cores to spare.
+SPLIT_MACROS = ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY")
 # C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
 # a few share one unit (a new op and its two auxiliary ops: one unit).
 CPP_PER_UNIT = 6
@@ -231,7 +234,8 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     """Translation units that #include the ops' sources: CPP_PER_UNIT .cpp files each, and
     the .cu files spread over as many units as there are cores (nvcc is the long pole of a
     CUDA build: a new op's own .cu and its auxiliary ops' then compile in parallel, so the
-    auxiliary ops cost no wall time on a machine with a few cores)."""
+    auxiliary ops cost no wall time on a machine with a few cores); with at least two cores
+    per .cu, each .cu's forward and backward kernels are two units (SPLIT_MACROS)."""
     def chunks(paths: list[str], size: int) -> list[list[str]]:
         return [paths[i:i + size] for i in range(0, len(paths), size)]
 
@@ -243,10 +247,23 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     for index, chunk in enumerate(chunks(cpp, CPP_PER_UNIT)):
         units[f"unit{index}.cpp"] = include(chunk)
     if cuda:
-        cu = [f"{n}/{f}" for n, files in ops for f in _own(files, ".cu")]
-        per_unit = -(-len(cu) // max(1, min(len(cu), os.cpu_count() or 1)))
-        for index, chunk in enumerate(chunks(cu, per_unit)):
-            units[f"unit{index}_kernels.cu"] = include(chunk)
+        cu = [(f"{n}/{f}", text) for n, files in ops for f, text in files.items() if f in _own(files, ".cu")]
+        cores = os.cpu_count() or 1
+        if 2 * len(cu) <= cores:
+            # Cores to spare (a new op on the GPU machine): each .cu that has a backward is
+            # compiled twice, forward kernels and backward kernels, in parallel, which cuts
+            # the longest nvcc run by about a third (op_kernels.cu.j2).
+            index = 0
+            for path, text in cu:
+                parts = [f"#define {m}\n" for m in SPLIT_MACROS] if SPLIT_MACROS[0] in text else [""]
+                for part in parts:
+                    units[f"unit{index}_kernels.cu"] = part + include([path])
+                    index += 1
+        else:
+            paths = [path for path, _ in cu]
+            per_unit = -(-len(paths) // max(1, min(len(paths), cores)))
+            for index, chunk in enumerate(chunks(paths, per_unit)):
+                units[f"unit{index}_kernels.cu"] = include(chunk)
     return units
 
 
