@@ -120,12 +120,21 @@ def _check_entry(library: Path, error: type[FusegenError]):
 def cuda_enabled() -> bool:
     """Build the CUDA impls when torch sees a GPU and nvcc is there. FUSEGEN_CPU_ONLY=1
     forces the CPU-only build (the same generated files, without FUSEGEN_WITH_CUDA)."""
-    if os.environ.get("FUSEGEN_CPU_ONLY") == "1" or not torch.cuda.is_available():
+    if os.environ.get("FUSEGEN_CPU_ONLY") == "1" or torch.version.cuda is None or not torch.cuda.is_available():
         return False
-    # Imported only with a GPU: cpp_extension imports setuptools (0.6 s), which a cached load
-    # on a CPU machine must not pay.
-    from torch.utils.cpp_extension import CUDA_HOME
-    return CUDA_HOME is not None
+    return _cuda_home() is not None
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit, found as torch.utils.cpp_extension finds CUDA_HOME ($CUDA_HOME or
+    $CUDA_PATH, then the nvcc on the PATH, then /usr/local/cuda), without importing it: it
+    imports setuptools, 0.13 s that a cached load on the GPU machine must not pay (measured
+    there with cProfile)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home is None:
+        nvcc = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+    return home if os.path.exists(home) else None
 
 
 @lru_cache(maxsize=None)
