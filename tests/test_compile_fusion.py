@@ -3,13 +3,14 @@
 In "decompose" mode torch.compile sees the op as ATen ops of its expression (no fusegen op
 in the graphs AOTAutograd hands the compiler), through a FusedOp call and through
 `torch.ops.fusegen.<name>` alike, with eager PyTorch's gradients at kinks and NaNs; in
-"opaque" mode the op stays one call. Most tests compile with a capture backend
+"opaque" mode the op stays one call. The tests compile with a capture backend
 (AOTAutograd, then the captured ATen graphs run as they are: seconds, and exactly eager's
-arithmetic); one compiles with Inductor end to end.
+arithmetic); the benchmark's smoke run compiles with Inductor end to end.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -90,6 +91,9 @@ def test_decompose_leaves_no_fusegen_op_and_matches_eager(ops, path):
     assert "aten.tanh.default" in forward and "aten.tanh_backward.default" in backward  # autograd's own
     for g, w in zip(got, _forward_backward(_block(gelu_eager), inputs)):
         torch.testing.assert_close(g, w)
+    with torch.profiler.profile() as prof:  # eager calls keep the kernels
+        _forward_backward(_block(act), inputs)
+    assert {"fusegen::cf_gelu_dec", "fusegen::cf_gelu_dec_backward"} <= {e.name for e in prof.events()}
 
 
 def test_opaque_keeps_the_op(ops):
@@ -125,20 +129,6 @@ def test_the_backward_op_decomposes_too(ops):
     (got,) = torch.compile(lambda d, x: backward(d, x, [True]), backend=capture, fullgraph=True)(dout, x)
     assert not [t for t in capture.targets(0) if "fusegen" in t]
     torch.testing.assert_close(got, backward(dout, x, [True])[0])
-
-
-def test_inductor_fuses_it_and_eager_keeps_the_kernel(ops):
-    inputs = _block_inputs(torch.float32)
-    compiled = torch.compile(_block(ops["dec"]), fullgraph=True)   # Inductor: one compile
-    _forward_backward(compiled, inputs)          # compiles (tracing calls the op on fake tensors)
-    with torch.profiler.profile() as prof:
-        got = _forward_backward(compiled, inputs)
-    assert not [e.name for e in prof.events() if e.name.startswith("fusegen::")]
-    for g, w in zip(got, _forward_backward(_block(gelu_eager), inputs)):
-        torch.testing.assert_close(g, w)
-    with torch.profiler.profile() as prof:
-        _forward_backward(_block(ops["dec"]), inputs)
-    assert {"fusegen::cf_gelu_dec", "fusegen::cf_gelu_dec_backward"} <= {e.name for e in prof.events()}
 
 
 def test_torch_export_keeps_the_op(ops):
@@ -181,3 +171,16 @@ def test_cached_load_with_decompose_by_environment_imports_no_sympy(ops):
     out = subprocess.run([sys.executable, "-c", CACHED_LOAD, GELU], capture_output=True, text=True,
                          env=env, check=True).stdout.split()
     assert out == ["True", "True", "decompose", "False"]
+
+
+def test_bench_compile_runs_on_the_cpu(tmp_path):
+    """The benchmark's smoke run: every form, the decomposed step runs no fusegen op and
+    computes what the compiled PyTorch expression computes."""
+    from fusegen import bench_compile
+    out = tmp_path / "rows.json"
+    bench_compile.main(["--device", "cpu", "--acts", "gelu_tanh", "--dtypes", "float32", "--tokens", "8",
+                        "--width", "8", "--hidden", "16", "--reps", "2", "--json", str(out)])
+    rows = {r["form"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == list(bench_compile.FORMS)
+    assert [rows[f]["fusegen_ops"] for f in bench_compile.FORMS] == [2, 2, 0, 0]  # forward, backward
+    assert rows["compile: decomposed op"]["max_abs_diff"] < 1e-5
