@@ -22,11 +22,15 @@ the kernel wins over the runtime's C++ autograd kernel there because it sits at 
 alias key (`torch._ops.resolve_key`). So a FusedOp call (which `autograd.call` hands to the
 op under compile) and `torch.ops.fusegen.<name>` called directly inside a compiled
 function decompose alike. Outside torch.compile (torch.export, make_fx) it calls the C++
-kernel it stands in front of. This works on torch 2.11 and 2.13 alike, where an Inductor
-decomposition table would not: `torch._inductor.decomposition` is consulted below
-autograd, so the backward would be the C++ kernel's `<name>_backward` call (fusegen's
-formulas, not eager's), importing it costs a second on a cached load, and its table is
-copied at import (`select_decomp_table`), so an entry added later may never be seen.
+kernel it stands in front of. `py_impl`, `resolve_key` and `_op_dk` are the same on torch
+2.11 and 2.13. An Inductor decomposition (`torch._decomp.register_decomposition` into
+`torch._inductor.decomposition`'s registry) was the alternative and is worse: it applies
+below autograd, so the C++ autograd kernel would still record the backward as a
+`<name>_backward` call (fusegen's formulas, not eager's, and a second op to decompose);
+it only serves Inductor (not aot_eager or a custom backend); importing that module costs
+about 2 s (all of Inductor) on what should be a millisecond cached load; and Inductor
+merges its registries into private tables at import (`decompositions`, copied again by
+`fast_random_decomps`), so an op loaded later must be written into those.
 
 Compiled artifacts: torch.compile's caches (AOTAutograd's and Inductor's, on disk) key a
 graph by its ops' names, not their implementations (pytorch/pytorch#144344), so a graph
