@@ -140,9 +140,11 @@ def main(argv=None):
     unknown = [a for a in acts if a not in ACTIVATIONS]
     if unknown:
         p.error(f"--acts: unknown {unknown}; expected some of {list(ACTIVATIONS)}")
+    dtypes = [getattr(torch, d, None) for d in args.dtypes.split(",")]
+    if not all(isinstance(d, torch.dtype) and d.is_floating_point for d in dtypes):
+        p.error(f"--dtypes: expected floating dtypes such as float32,bfloat16, got {args.dtypes!r}")
     run(args.device, args.tokens or (8192 if gpu else 256), args.width or (1024 if gpu else 64),
-        args.hidden or (4096 if gpu else 256), acts, [getattr(torch, d) for d in args.dtypes.split(",")],
-        args.reps, args.json)
+        args.hidden or (4096 if gpu else 256), acts, dtypes, args.reps, args.json)
 
 
 if __name__ == "__main__":
