@@ -107,7 +107,7 @@ def call(name: str, *args):
     has them, the composite beyond)."""
     member, op = _MEMBERS[name], _op(name)
     if torch.compiler.is_compiling():
-        return op(*args)  # torch.compile traces the op (its C++ autograd kernel, Meta impl)
+        return op(*args)  # traced as the op (C++ autograd kernel, Meta impl) or decomposed (decompose.py)
     tensors = args[:member.tensors]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return op(*args)  # the op's own checks name the argument
