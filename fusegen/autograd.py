@@ -52,6 +52,8 @@ from typing import Callable
 import torch
 from torch.autograd import forward_ad
 
+from . import dtensor as _dtensor
+
 
 @dataclass(frozen=True)
 class Member:
@@ -173,6 +175,7 @@ def _register(members: tuple[Member, ...]):
             for key in _AUTOGRAD_KEYS:
                 lib.impl(m.name, kernel, key, with_keyset=True)
     _FAMILIES[members[0].name] = members
+    _dtensor.register(members)  # DTensor's pointwise sharding rule, when DTensor is in use
 
 
 def register(spec, auxiliary) -> tuple[Member, ...]:
