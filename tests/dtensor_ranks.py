@@ -182,9 +182,10 @@ def check_placements(state):
         ("bias, features sharded", "dt_bias_silu", [dt((8, 6), 4, S1), dt((6,), 5, S0)]),
         ("column x row broadcast", "dt_fma", [dt((8, 1), 6, S0), dt((1, 6), 7, R), dt((6,), 8, R)]),
         ("two sharded inputs", "dt_swiglu", [dt((8, 6), 9, S1), dt((8, 6), 10, S1)]),
+        ("a Python number", "dt_fma", [dt((8, 6), 1, S0), 2.0, dt((6,), 3, R)]),
     ]
     for what, name, args in cases:
-        _same_as_eager(what, name, state["ops"][name], args)
+        _same_as_eager(what, name, ops[name], args)
     _same_as_eager("runtime scalar", "dt_swish", ops["dt_swish"], [dt((8, 6), 11, S0)], scalars=(0.7,))
 
 
