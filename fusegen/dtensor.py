@@ -11,8 +11,9 @@ on each rank's shard, and wraps the results.
 - `<name>`, `<name>_grad2`, `<name>_jvp` (one Tensor out): torch's own registration of
   its pointwise ops, `_pointwise_ops._register_single_dim_pointwise` (torch 2.13), so they
   behave exactly as `aten.silu` does, Partial inputs included (an elementwise function of
-  a sum is not the sum of the function: a Partial input is reduced first). A torch
-  without that function gets the table below with one output.
+  a sum is not the sum of the function: a Partial input is reduced first). An earlier
+  torch (before the single-dim strategies) gets its `pointwise_strategy`, which its aten
+  pointwise ops use; a torch with neither, the table below with one output.
 - `*_backward` (`Tensor[]` out, one tensor per gradient its `bool[K] output_mask`
   requests): torch's pointwise registration and the public `register_sharding` both count
   one output for a `Tensor[]`, so these get the table below through
@@ -23,7 +24,8 @@ on each rank's shard, and wraps the results.
   `grad * f'(x)` (`aten.mul`'s rule). The mask is in the propagator's cache key.
 
 Float scalars never change the sharding, so they are kept out of the cache key (a new
-`alpha` reuses the propagation).
+`alpha` reuses the propagation). A failed registration (a torch whose private DTensor API
+moved) is a RuntimeWarning, never an error in `fuse` or in `import torch.distributed.tensor`.
 
 Registration is lazy: importing torch.distributed.tensor costs about 0.4 s, which a cached
 `fusegen.fuse` (a few ms) must not pay. A family loaded while torch.distributed.tensor is
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
+import warnings
 
 import torch
 
@@ -87,18 +90,33 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def _register_now(members) -> None:
+    """Register, or warn: a DTensor whose private API moved must not break `fusegen.fuse`
+    nor the user's `import torch.distributed.tensor` (DTensor inputs then fail, naming
+    the op, as they did before this module)."""
+    try:
+        _register_rules(members)
+    except Exception as error:
+        warnings.warn(f"fusegen: no DTensor sharding rule for {members[0].name} and its family: {error!r}",
+                      RuntimeWarning, stacklevel=2)
+
+
+def _register_rules(members) -> None:
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
     from torch.distributed.tensor._ops import _pointwise_ops
     from torch.distributed.tensor._ops.utils import register_op_strategy
 
-    pointwise = getattr(_pointwise_ops, "_register_single_dim_pointwise", None)
+    single_dim = getattr(_pointwise_ops, "_register_single_dim_pointwise", None)  # torch 2.13
+    earlier = getattr(_pointwise_ops, "pointwise_strategy", None)                  # torch before it
     for m in members:
         op = getattr(torch.ops.fusegen, m.name).default
-        hashed = len(op._schema.arguments) - 1 if m.backward else len(op._schema.arguments)
-        if pointwise is not None and not m.backward:
-            pointwise(op, static_argnum=hashed)
+        arguments = len(op._schema.arguments)  # a static_argnum past them all: no scalar is hashed
+        if m.backward:  # except output_mask, the last, which decides the outputs
+            register_op_strategy(op, schema_info=RuntimeSchemaInfo(static_argnum=arguments - 1))(_strategy(True))
+        elif single_dim is not None:
+            single_dim(op, static_argnum=arguments)
         else:
-            register_op_strategy(op, schema_info=RuntimeSchemaInfo(static_argnum=hashed))(_strategy(m.backward))
+            register_op_strategy(op, schema_info=RuntimeSchemaInfo(static_argnum=arguments))(
+                earlier or _strategy(False))
 
 
 def _strategy(backward: bool):

@@ -55,3 +55,16 @@ def test_import_order(order):
 
     proc = subprocess.run([sys.executable, "-c", ORDER, order, str(free_port())], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_failed_registration_warns(monkeypatch):
+    """A torch whose private DTensor API moved: a warning naming the op, never an error in
+    `fuse` or in `import torch.distributed.tensor` (where the import hook registers)."""
+    from fusegen import dtensor
+    from fusegen.autograd import Member
+
+    def moved(members):
+        raise AttributeError("module 'torch.distributed.tensor._ops.utils' has no attribute 'register_op_strategy'")
+    monkeypatch.setattr(dtensor, "_register_rules", moved)
+    with pytest.warns(RuntimeWarning, match="no DTensor sharding rule for dt_moved and its family"):
+        dtensor._register_now((Member("dt_moved", 1, False, False),))
