@@ -1,45 +1,67 @@
-"""Benchmarks: fusegen against eager PyTorch, torch.compile and jiterator.
+"""`fusegen bench`: fusegen against eager PyTorch, torch.compile, jiterator and CuPy.
 
-    python -m fusegen.bench                    # the mission's expressions, GPU if present
-    python -m fusegen.bench --json out.json    # also write every row
-    python -m fusegen.bench build              # build latency (fusegen/bench_build.py)
-    python -m fusegen.bench cpu                # CPU kernels vs eager, compile, numexpr (bench_layouts.py)
-    python -m fusegen.bench layouts            # broadcast/strided/channels_last/SwiGLU (bench_layouts.py)
-    python -m fusegen.bench gp                 # a gradient-penalty training step vs eager
+    fusegen bench                              # the seed ops, fp32/bf16/fp16, 2^12..2^28
+    fusegen bench "a*b+c" "x*tanh(x)"          # any expressions
+    fusegen bench --quick --json b.json --plot b.png   # also: python -m fusegen.bench
+    fusegen bench ffn                          # issue 8's FFN block and SwiGLU/GeGLU (bench_ffn.py)
+    fusegen bench build | cpu | layouts | gp   # build latency, CPU kernels, layouts, gradient penalty
 
-Same method as shared/anchors/anchor_bench.py: 1-D tensors, CUDA-event medians, % of
-the measured device-to-device copy rate, host microseconds per call at n = 4096. Also
-used by `fusegen --bench` for a single op.
+For each expression, dtype and size: the median time of one call, forward and
+forward+backward (`torch.autograd.grad` of every input), of each implementation
+(bench_peers.py), with CUDA events after warm-up. Small sizes would sit in L2 between
+calls, so each timed sample runs the call over a rotation of input sets that together hold
+more than twice the L2 cache. Beside each time: the effective bandwidth (the bytes an ideal
+fused kernel moves, `moved_tensors`, over the time) as a % of a device-to-device copy of
+the same bytes timed the same way, and the time relative to the best peer. Host
+microseconds per call at n = 4096, forward and forward+backward, against the cheapest
+PyTorch calls (`x*2`; `x*2` and `torch.autograd.grad`) measured in the same run. On a
+machine without CUDA everything runs on the CPU (no jiterator or CuPy), which the tests use.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
+import sys
 import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import torch
 
 from .files import write_text
 
-# name -> (expression, eager function, tensors moved by ideal fused fwd, by fwd+bwd)
-MISSION = {
-    "fma": ("a*b+c", lambda a, b, c: a * b + c, 4, 9),
-    "addmul": ("(x+y)*w", lambda x, y, w: (x + y) * w, 4, 11),
-    "relu_add": ("relu(x+y)", lambda x, y: torch.relu(x + y), 3, 7),
-    "silu": ("x*sigmoid(x)", lambda x: x * torch.sigmoid(x), 2, 5),
-    "gelu_tanh": ("0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))",
-                  lambda x: 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x))), 2, 5),
+# The seed ops of issue 7: label -> expression.
+SEEDS = {
+    "fma": "a*b+c",
+    "addmul": "(x+y)*w",
+    "relu_add": "relu(x+y)",
+    "silu": "x*sigmoid(x)",
+    "gelu_tanh": "0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))",
 }
-JITERATOR = {
-    "fma": "template <typename T> T fma(T a, T b, T c) { return a * b + c; }",
-    "addmul": "template <typename T> T addmul(T x, T y, T w) { return (x + y) * w; }",
-    "relu_add": "template <typename T> T relu_add(T x, T y) { T z = x + y; return z > T(0) ? z : T(0); }",
-    "silu": "template <typename T> T silu(T x) { return x / (T(1) + exp(-x)); }",
-    "gelu_tanh": "template <typename T> T gelu_tanh(T x) { return T(0.5) * x * (T(1) + "
-                 "tanh(T(0.7978845608) * (x + T(0.044715) * x * x * x))); }",
-}
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
+DIRECTIONS = ("fwd", "fwd+bwd")
+HOST_N = 4096            # host overhead is measured at this size, where launch costs dominate
+HOST_TARGET = 1.15       # issue 7 item 3: fusegen per call at most this times PyTorch's floor
+DEFAULT_SIZES = {"cuda": "2^12..2^28", "cpu": "2^12..2^20"}
+QUICK_SIZES = "2^12..2^28/16"
+L2_MULTIPLE = 2          # a rotation of input sets holds this many times the L2 cache
+MAX_SETS = 64
+SUBCOMMANDS = ("build", "cpu", "layouts", "gp", "ffn")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# -- timing -----------------------------------------------------------------------------------
+
+def _sync(device: str):
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed_ms(fn, reps: int, device: str, warm: int = 5) -> float:
@@ -65,29 +87,72 @@ def timed_ms(fn, reps: int, device: str, warm: int = 5) -> float:
     return statistics.median(times)
 
 
+def _sample_ms(call, sets, device: str) -> float:
+    """One sample: `call` over every set back to back, milliseconds per call."""
+    if device != "cuda":
+        t = time.perf_counter()
+        for args in sets:
+            call(*args)
+        return (time.perf_counter() - t) * 1e3 / len(sets)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for args in sets:
+        call(*args)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / len(sets)
+
+
+def rotating_ms(call, sets, device: str, budget_s: float, min_samples: int = 5,
+                max_samples: int = 30) -> tuple[float, int]:
+    """(median ms per call, samples): one warm-up pass over the sets, then as many samples
+    as fit in about `budget_s` seconds, within [min_samples, max_samples]."""
+    _sample_ms(call, sets, device)  # warm-up: caches, allocator, autotuning, lazy compiles
+    _sync(device)
+    first = _sample_ms(call, sets, device)
+    per_sample = first * len(sets) / 1e3
+    count = int(min(max_samples, max(min_samples, budget_s / max(per_sample, 1e-9))))
+    times = [first] + [_sample_ms(call, sets, device) for _ in range(count - 1)]
+    return statistics.median(times), count
+
+
 def host_us(fn, device: str, calls: int = 2000) -> float:
     """Wall microseconds per call of back-to-back calls: dispatch and launch overhead."""
     for _ in range(20):
         fn()
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
+    _sync(device)
     t = time.perf_counter()
     for _ in range(calls):
         fn()
-    sync()
+    _sync(device)
     return (time.perf_counter() - t) / calls * 1e6
 
 
-def copy_gbs(device: str) -> float:
-    n = 1 << 28 if device == "cuda" else 1 << 24
-    src = torch.randn(n, device=device)
-    dst = torch.empty_like(src)
-    ms = timed_ms(lambda: dst.copy_(src), 20, device)
-    return 2 * n * 4 / ms / 1e6
+def host_median_us(fn, device: str, calls: int, repeats: int = 3) -> float:
+    return statistics.median(host_us(fn, device, calls) for _ in range(repeats))
+
+
+def l2_bytes(device: str) -> int:
+    """The L2 cache of the current GPU (0 on the CPU: no rotation there)."""
+    if device != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20))
+
+
+def rotation(set_bytes: int, l2: int) -> int:
+    """How many input sets a sample cycles through so that they do not fit in L2."""
+    return max(1, min(MAX_SETS, math.ceil(L2_MULTIPLE * l2 / max(set_bytes, 1))))
 
 
 def fwd_bwd(f, xs, g):
     return lambda: torch.autograd.grad(f(*xs), xs, g)
+
+
+def _grad_call(forward):
+    """forward+backward over one set (inputs..., incoming gradient)."""
+    def call(*args):
+        return torch.autograd.grad(forward(*args[:-1]), args[:-1], args[-1])
+    return call
 
 
 def bench_op(op, n: int | None = None) -> list[str]:
@@ -116,80 +181,301 @@ def bench_op(op, n: int | None = None) -> list[str]:
     return lines
 
 
-def run(sizes, dtypes, with_compile: bool, out_json: str | None):
+# -- what is measured -------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    """One expression: its label in the tables, its text, the FusedOp and the tensors of n
+    elements an ideal fused implementation moves, per direction."""
+
+    label: str
+    text: str
+    op: object
+    tensors: dict
+
+
+def moved_tensors(spec) -> dict[str, int]:
+    """Tensors of n elements an ideal fused implementation reads and writes: the forward
+    reads each input and writes the output; the backward reads the incoming gradient and
+    the inputs its gradients use, and writes each distinct gradient once (a gradient that
+    is the incoming one is returned as it is, for free). fma: 4 and 4 + 5."""
+    kernel = [g for g in spec.gradients if not g.passthrough]
+    used = {s.name for g in kernel for s in g.expr.free_symbols} & set(spec.inputs)
+    backward = 1 + len(used) + len({g.expr for g in kernel}) if kernel else 0
+    forward = len(spec.inputs) + 1
+    return {"fwd": forward, "fwd+bwd": forward + backward}
+
+
+def make_cases(exprs) -> list[Case]:
+    """The seed ops, or the given expressions (a seed's text keeps its label), built into
+    one library in one compiler run."""
+    from .api import Request, fuse_many
+
+    labels = {text: label for label, text in SEEDS.items()}
+    chosen = list(SEEDS.values()) if not exprs else list(dict.fromkeys(exprs))
+    ops = fuse_many([Request(text) for text in chosen])
+    return [Case(labels.get(text, text), text, op, moved_tensors(op.spec)) for text, op in zip(chosen, ops)]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'4096,1048576', '2^12,2^20', or a range 'A..B' (powers of 4 from A to B) or
+    'A..B:K' (every K-fold): element counts, in the order given."""
+    def number(item: str) -> int:
+        item = item.strip()
+        try:
+            if "^" in item:
+                base, exponent = item.split("^")
+                return int(base) ** int(exponent)
+            return int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a size like 4096 or 2^12, got {item!r}") from None
+
+    sizes = []
+    for item in text.split(","):
+        if ".." in item:
+            low, _, rest = item.partition("..")
+            high, _, step = rest.partition(":")
+            n, high, factor = number(low), number(high), number(step) if step else 4
+            if factor < 2:
+                raise argparse.ArgumentTypeError(f"the step of {item!r} must be at least 2")
+            while n <= high:
+                sizes.append(n)
+                n *= factor
+        else:
+            sizes.append(number(item))
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
+    return list(dict.fromkeys(sizes))
+
+
+def _names(kind: str, table):
+    def parse(text: str):
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        unknown = [t for t in items if t not in table]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {', '.join(unknown) or repr(text)}; "
+                                             f"expected some of {', '.join(table)}")
+        return items
+    return parse
+
+
+class _Copies:
+    """Device-to-device copies of a byte count, timed like the ops (the reference of `% of
+    copy`), each count once."""
+
+    def __init__(self, device: str, l2: int, budget_s: float):
+        self.device, self.l2, self.budget = device, l2, budget_s
+        self.ms: dict[int, float] = {}
+
+    def time(self, nbytes: int) -> float:
+        """Milliseconds to copy nbytes (read nbytes / 2, write nbytes / 2)."""
+        if nbytes not in self.ms:
+            half = max(nbytes // 2, 1)
+            sets = [(torch.empty(half, dtype=torch.uint8, device=self.device),
+                     torch.empty(half, dtype=torch.uint8, device=self.device))
+                    for _ in range(rotation(nbytes, self.l2))]
+            self.ms[nbytes] = rotating_ms(lambda dst, src: dst.copy_(src), sets, self.device, self.budget)[0]
+        return self.ms[nbytes]
+
+
+def _random_sets(count: int, k: int, n: int, dtype, device: str):
+    return [[torch.randn(n, dtype=dtype, device=device) for _ in range(k)] for _ in range(count)]
+
+
+def _failure(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
+
+
+def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, budget_s: float,
+        host: bool, out_json: str | None, progress) -> dict:
+    """Every measurement of the comparison; returns (and writes to out_json after each
+    expression and dtype, so a run cut short keeps what it measured) the result dict."""
     import fusegen
-    from fusegen.api import Request, fuse_many
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    print(f"device {name}; torch {torch.__version__}; cuda {torch.version.cuda}; fusegen {fusegen.__version__}")
-    t = time.perf_counter()
-    ops = dict(zip(MISSION, fuse_many([Request(e, name=f"bench_{k}") for k, (e, *_) in MISSION.items()])))
-    print(f"built/loaded {len(ops)} ops in {time.perf_counter() - t:.1f} s")
-    copy = copy_gbs(device)
-    print(f"copy rate {copy:.0f} GB/s (bytes read + written)")
-    rows = []
+    from .bench_peers import FORWARD_ONLY, build_impls, configure_compile, optional_module
 
-    def record(**row):
-        rows.append(row)
-
-    for key, (expr, f, fwd_tensors, fb_tensors) in MISSION.items():
-        k = len(ops[key].spec.inputs)
-        fused = ops[key].op
-        jit = torch.cuda.jiterator._create_jit_fn(JITERATOR[key]) if device == "cuda" else None
+    if "compile" in wanted:
+        configure_compile(static, len(sizes))
+    l2 = l2_bytes(device)
+    copies = _Copies(device, l2, budget_s)
+    result = {
+        "fusegen_bench": 1,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": device_info(device),
+        "fusegen": fusegen.__version__,
+        "settings": {"sizes": sizes, "dtypes": [dtype_name(d) for d in dtypes], "impls": list(wanted),
+                     "directions": list(directions), "compile": "static" if static else "dynamic",
+                     "budget_s": budget_s, "l2_bytes": l2, "l2_multiple": L2_MULTIPLE},
+        "peers": {"cupy": getattr(optional_module("cupy"), "__version__", None) if device == "cuda" else None},
+        "exprs": [{"label": c.label, "expr": c.text, "op": c.op.name, "inputs": list(c.op.entry.inputs),
+                   "tensors": c.tensors} for c in cases],
+        "rows": [], "skipped": [], "copy": [], "host": None,
+    }
+    rows, skipped = result["rows"], result["skipped"]
+    host_rows = []
+    floors = _floors(device) if host else {}
+    ordered = sorted(sizes, reverse=True)  # the largest first: torch.compile's first call sizes its kernels
+    for case in cases:
+        k = len(case.op.entry.inputs)
         for dtype in dtypes:
-            es = torch.tensor([], dtype=dtype).element_size()
-            for n in sizes:
-                xs = [torch.randn(n, device=device, dtype=dtype) for _ in range(k)]
-                xg = [x.clone().requires_grad_(True) for x in xs]
-                g = torch.randn(n, device=device, dtype=dtype)
-                reps = 50 if n <= (1 << 24) else 15
-                impls = {"fusegen": fused, "eager": f}
-                if with_compile:
-                    impls["compile"] = torch.compile(f, dynamic=False)
-                for impl, fn in impls.items():
-                    ms = timed_ms(lambda: fn(*xs), reps, device)
-                    record(kind="fwd", expr=key, dtype=str(dtype)[6:], n=n, impl=impl, ms=ms,
-                           pct_copy=100 * fwd_tensors * n * es / ms / 1e6 / copy)
-                    ms = timed_ms(fwd_bwd(fn, xg, g), reps, device)
-                    record(kind="fwd+bwd", expr=key, dtype=str(dtype)[6:], n=n, impl=impl, ms=ms,
-                           pct_copy=100 * fb_tensors * n * es / ms / 1e6 / copy)
-                if jit is not None and dtype == torch.float32:
-                    ms = timed_ms(lambda: jit(*xs), reps, device)
-                    record(kind="fwd", expr=key, dtype="float32", n=n, impl="jiterator", ms=ms,
-                           pct_copy=100 * fwd_tensors * n * es / ms / 1e6 / copy)
-                if n == 4096 and dtype == torch.float32:
-                    host = {f"{i} fwd": host_us(lambda: fn(*xs), device) for i, fn in impls.items()}
-                    host.update({f"{i} fwd+bwd": host_us(fwd_bwd(fn, xg, g), device, 500) for i, fn in impls.items()})
-                    if jit is not None:
-                        host["jiterator fwd"] = host_us(lambda: jit(*xs), device)
-                    for impl, us in host.items():
-                        record(kind="host_us", expr=key, dtype="float32", n=n, impl=impl, us=us)
+            where = {"expr": case.label, "dtype": dtype_name(dtype)}
+            impls, not_here = build_impls(case.op, case.text, dtype, device, wanted, static)
+            skipped.extend({**where, "impl": name, "reason": why} for name, why in not_here.items())
+            es = torch.empty((), dtype=dtype).element_size()
+            for n in ordered:
+                count = rotation((k + 1) * n * es, l2)
+                try:
+                    inputs = _random_sets(count, k, n, dtype, device)
+                    grads = [torch.randn(n, dtype=dtype, device=device) for _ in range(count)]
+                except torch.cuda.OutOfMemoryError as err:
+                    skipped.append({**where, "n": n, "impl": "*", "reason": _failure(err)})
+                    progress.skip(len(wanted) * len(directions))
+                    continue
+                for direction in directions:
+                    nbytes = case.tensors[direction] * n * es
+                    for name in wanted:
+                        impl = impls.get(name)
+                        label = f"{case.label} {dtype_name(dtype)} n={n} {name} {direction}"
+                        if impl is None or (direction == "fwd+bwd" and name in FORWARD_ONLY):
+                            progress.advance(label)
+                            continue
+                        try:
+                            if direction == "fwd":
+                                call, sets = impl.forward, [impl.prepare(s) for s in inputs]
+                            else:
+                                call = _grad_call(impl.forward)
+                                sets = [[x.detach().requires_grad_() for x in s] + [g] for s, g in zip(inputs, grads)]
+                            ms, samples = rotating_ms(call, sets, device, budget_s)
+                            copy_ms = copies.time(nbytes) if nbytes else None
+                        except Exception as err:  # OOM, a peer failing at this size: reported, the run goes on
+                            skipped.append({**where, "n": n, "direction": direction, "impl": name,
+                                            "reason": _failure(err)})
+                            if name not in ("fusegen", "eager"):
+                                impls.pop(name)  # a compile or NVRTC failure would repeat at every size
+                            progress.advance(label)
+                            continue
+                        rows.append({**where, "n": n, "direction": direction, "impl": name, "ms": ms,
+                                     "gbs": nbytes / ms / 1e6 if nbytes else None,
+                                     "pct_copy": 100 * copy_ms / ms if copy_ms else None,
+                                     "samples": samples, "calls_per_sample": len(sets)})
+                        progress.advance(label)
+                del inputs, grads
+                _release(device)
+            if host and not any(r["expr"] == case.label for r in host_rows):
+                host_rows.extend(_host_rows(case, impls, dtype, device, directions))
+            result["copy"] = [{"bytes": b, "ms": ms} for b, ms in sorted(copies.ms.items())]
+            result["summary"] = summarize(rows)
+            if host:
+                result["host"] = _host_result(floors, host_rows, device)
+            if out_json:
+                write_text(out_json, json.dumps(result, indent=1))
+    if host:
+        for direction, us in _floors(device).items():  # again at the end: the floor of the whole run
+            floors[direction] = min(floors[direction], us)
+        result["host"] = _host_result(floors, host_rows, device)
+    result["summary"] = summarize(rows)
     if out_json:
-        write_text(out_json, json.dumps({"device": name, "copy_gbs": copy, "rows": rows}, indent=1))
-    _print_summary(rows, max(sizes))
+        write_text(out_json, json.dumps(result, indent=1))
+    return result
+
+
+def _release(device: str):
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def device_info(device: str) -> dict:
+    info = {"kind": device, "torch": torch.__version__, "cuda": torch.version.cuda}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update(name=props.name, capability=f"{props.major}.{props.minor}",
+                    sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1))
+    else:
+        import platform
+        info.update(name=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return info
+
+
+# -- host overhead ----------------------------------------------------------------------------
+
+HOST_CALLS = {"fwd": 2000, "fwd+bwd": 500}
+
+
+def _floors(device: str) -> dict[str, float]:
+    """PyTorch's cheapest calls at HOST_N: `x*2`, and `x*2` with torch.autograd.grad."""
+    x = torch.randn(HOST_N, device=device)
+    xg = x.detach().requires_grad_()
+    g = torch.randn(HOST_N, device=device)
+    return {"fwd": host_median_us(lambda: x * 2, device, HOST_CALLS["fwd"]),
+            "fwd+bwd": host_median_us(lambda: torch.autograd.grad(xg * 2, xg, g), device, HOST_CALLS["fwd+bwd"])}
+
+
+def _host_rows(case, impls, dtype, device: str, directions) -> list[dict]:
+    """Host µs per call at HOST_N of each implementation, and of torch.ops.fusegen.<name>
+    called directly (`fusegen.op`: the op without FusedOp's Python binding)."""
+    from .bench_peers import FORWARD_ONLY, Impl
+
+    k = len(case.op.entry.inputs)
+    xs = [torch.randn(HOST_N, dtype=dtype, device=device) for _ in range(k)]
+    xg = [x.detach().requires_grad_() for x in xs]
+    g = torch.randn(HOST_N, dtype=dtype, device=device)
+    chosen = dict(impls)
+    if "fusegen" in chosen:
+        chosen = {"fusegen": chosen.pop("fusegen"), "fusegen.op": Impl("fusegen.op", case.op.op), **chosen}
+    rows = []
+    for name, impl in chosen.items():
+        for direction in directions:
+            if direction == "fwd+bwd" and name in FORWARD_ONLY:
+                continue
+            try:
+                if direction == "fwd":
+                    args = impl.prepare(xs)
+                    us = host_median_us(lambda: impl.forward(*args), device, HOST_CALLS[direction])
+                else:
+                    us = host_median_us(lambda: torch.autograd.grad(impl.forward(*xg), xg, g), device,
+                                        HOST_CALLS[direction])
+            except Exception:  # already reported by the timed runs
+                continue
+            rows.append({"expr": case.label, "dtype": dtype_name(dtype), "impl": name, "direction": direction,
+                         "us": us})
     return rows
 
 
-def _print_summary(rows, n_big):
-    print(f"\nn = {n_big}: median ms (% of copy rate)")
-    keys = sorted({(r["kind"], r["expr"], r["dtype"]) for r in rows if r.get("n") == n_big and "ms" in r},
-                  key=lambda k: (k[2], k[0], list(MISSION).index(k[1])))
-    for kind, expr, dtype in keys:
-        cells = [f'{r["impl"]} {r["ms"]:.3f} ({r["pct_copy"]:.0f}%)' for r in rows
-                 if (r["kind"], r["expr"], r["dtype"], r.get("n")) == (kind, expr, dtype, n_big) and "ms" in r]
-        print(f"{kind:8s} {expr:10s} {dtype:9s} " + " | ".join(cells))
-    host = [r for r in rows if r["kind"] == "host_us"]
-    if host:
-        print("\nhost us/call at n=4096, fp32")
-        for expr in MISSION:
-            cells = [f'{r["impl"]} {r["us"]:.1f}' for r in host if r["expr"] == expr]
-            print(f"{expr:10s} " + " | ".join(cells))
+def _host_result(floors, rows, device) -> dict:
+    for r in rows:
+        r["vs_floor"] = r["us"] / floors[r["direction"]]
+    return {"n": HOST_N, "device": device, "floor": {"fwd": {"what": "x*2", "us": floors["fwd"]},
+                                                      "fwd+bwd": {"what": "x*2 and torch.autograd.grad",
+                                                                  "us": floors["fwd+bwd"]}},
+            "target": HOST_TARGET, "rows": rows}
+
+
+# -- ratios -----------------------------------------------------------------------------------
+
+def summarize(rows) -> list[dict]:
+    """Per expression, dtype, size and direction: fusegen's time, the best peer's, their
+    ratio (below 1: fusegen is faster) and the speedup over each peer (peer time / fusegen's)."""
+    groups: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        groups.setdefault((r["expr"], r["dtype"], r["n"], r["direction"]), {})[r["impl"]] = r["ms"]
+    out = []
+    for (expr, dtype, n, direction), times in groups.items():
+        peers = {k: v for k, v in times.items() if k != "fusegen"}
+        if "fusegen" not in times or not peers:
+            continue
+        best = min(peers, key=peers.get)
+        out.append({"expr": expr, "dtype": dtype, "n": n, "direction": direction, "fusegen_ms": times["fusegen"],
+                    "best_peer": best, "best_peer_ms": peers[best], "vs_best": times["fusegen"] / peers[best],
+                    "speedup": {k: v / times["fusegen"] for k, v in peers.items()}})
+    return out
 
 
 # -- a gradient-penalty training step (double backward through fused activations) ------------
 
-GP_ACTIVATIONS = {"silu": "x*sigmoid(x)", "gelu_tanh": MISSION["gelu_tanh"][0]}
+GP_ACTIVATIONS = {"silu": SEEDS["silu"], "gelu_tanh": SEEDS["gelu_tanh"]}
+GP_EAGER = (lambda x: x * torch.sigmoid(x),
+            lambda x: 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x))))
 
 
 class GradientPenaltyMLP:
@@ -227,7 +513,7 @@ def run_gp(batch: int, width: int, dtypes, out_json: str | None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     silu = fusegen.fuse(GP_ACTIVATIONS["silu"], name="bench_gp_silu")
     gelu = fusegen.fuse(GP_ACTIVATIONS["gelu_tanh"], name="bench_gp_gelu_tanh")
-    eager = (MISSION["silu"][1], MISSION["gelu_tanh"][1])
+    eager = GP_EAGER
     rows = []
     for dtype in dtypes:
         x = torch.randn(batch, 64, device=device, dtype=dtype)
@@ -248,34 +534,106 @@ def run_gp(batch: int, width: int, dtypes, out_json: str | None):
     return rows
 
 
-def main(argv=None):
-    import sys
-    argv = sys.argv[1:] if argv is None else argv
+# -- the command ------------------------------------------------------------------------------
+
+def _parser():
+    from .bench_peers import IMPLS
+    from .cli import _Parser
+
+    p = _Parser(prog="fusegen bench", description=__doc__.splitlines()[0],
+                epilog=f"subcommands: fusegen bench {{{','.join(SUBCOMMANDS)}}} ...; to bench an expression "
+                       "spelled like one, write it in parentheses: fusegen bench \"(build)\"")
+    p.add_argument("exprs", nargs="*", metavar="EXPR", help="expressions (default: the seed ops: "
+                   + ", ".join(f"{k} {v}" for k, v in list(SEEDS.items())[:4]) + ", gelu_tanh)")
+    p.add_argument("--dtypes", type=_names("dtype", DTYPES), default="fp32,bf16,fp16",
+                   help="comma-separated: fp32, bf16, fp16 (default: all three)")
+    p.add_argument("--sizes", type=parse_sizes, default=None,
+                   help="element counts: 4096,2^20 or a range 2^12..2^28 (powers of 4) or 2^12..2^28:16 "
+                        f"(default: {DEFAULT_SIZES['cuda']} on CUDA, {DEFAULT_SIZES['cpu']} on the CPU)")
+    p.add_argument("--impls", type=_names("implementation", IMPLS), default=",".join(IMPLS),
+                   help=f"comma-separated, of {','.join(IMPLS)} (default: all; those absent here are reported)")
+    p.add_argument("--directions", type=_names("direction", DIRECTIONS), default=",".join(DIRECTIONS),
+                   help="fwd, fwd+bwd or both (default)")
+    p.add_argument("--compile", choices=("dynamic", "static"), default="dynamic",
+                   help="torch.compile with dynamic shapes, compiled once per expression and dtype at the "
+                        "largest size (default), or static shapes, compiled again for every size (slow)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"sizes {QUICK_SIZES} (unless --sizes) and shorter timing: the whole default "
+                        "comparison in a few minutes on an H200")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help="seconds of timed samples per measurement (default 0.1; 0.04 with --quick)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--no-host", action="store_true", help=f"skip the host overhead at n = {HOST_N}")
+    p.add_argument("--json", metavar="PATH", help="write every measurement to this file")
+    p.add_argument("--plot", metavar="PNG", help="plot against size, one panel per expression, dtype and "
+                   "direction (needs matplotlib: pip install 'fusegen[bench]')")
+    p.add_argument("--plot-metric", choices=("bandwidth", "time"), default="bandwidth")
+    return p
+
+
+def bench_main(argv) -> int:
+    from . import bench_report
+    from .errors import FusegenError
+
+    args = _parser().parse_args(argv)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print("fusegen: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    if args.plot and bench_report.pyplot() is None:
+        print("fusegen: error: --plot needs matplotlib: pip install 'fusegen[bench]' (or pip install matplotlib)",
+              file=sys.stderr)
+        return 2
+    sizes = args.sizes or parse_sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES[device])
+    budget = args.budget if args.budget is not None else (0.04 if args.quick else 0.1)
+    dtypes = list(dict.fromkeys(DTYPES[d] for d in args.dtypes))
+    start = time.perf_counter()
+    try:
+        cases = make_cases(args.exprs)
+    except FusegenError as err:
+        print(f"fusegen: error: {str(err).removeprefix('fusegen: ')}", file=sys.stderr)
+        return 2
+    print(f"fusegen bench: {len(cases)} op(s) built or loaded in {time.perf_counter() - start:.1f} s", flush=True)
+    units = len(cases) * len(dtypes) * len(sizes) * len(args.impls) * len(args.directions)
+    with bench_report.Progress(units) as progress:
+        result = run(cases, dtypes, sizes, args.impls, args.directions, device, args.compile == "static",
+                     budget, not args.no_host, args.json, progress)
+    result["seconds"] = time.perf_counter() - start
+    if args.json:
+        write_text(args.json, json.dumps(result, indent=1))
+    bench_report.print_report(result)
+    if args.plot:
+        bench_report.plot(result, args.plot, args.plot_metric)
+        print(f"plot     {args.plot}")
+    if args.json:
+        print(f"json     {args.json}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["build"]:  # build latency: fusegen/bench_build.py
         from . import bench_build
-        return bench_build.main(argv[1:])
+        return bench_build.main(argv[1:]) or 0
     if argv[:1] in (["cpu"], ["layouts"]):
         from . import bench_layouts
-        return bench_layouts.main(argv)
+        bench_layouts.main(argv)
+        return 0
+    if argv[:1] == ["ffn"]:
+        from . import bench_ffn
+        return bench_ffn.main(argv[1:])
     if argv[:1] == ["gp"]:  # gradient-penalty training step
-        p = argparse.ArgumentParser(description="a gradient-penalty training step, fusegen vs eager")
+        p = argparse.ArgumentParser(prog="fusegen bench gp",
+                                    description="a gradient-penalty training step, fusegen vs eager")
         p.add_argument("--batch", type=int, default=4096)
         p.add_argument("--width", type=int, default=4096)
         p.add_argument("--dtypes", default="float32")
         p.add_argument("--json", help="write all rows to this file")
         args = p.parse_args(argv[1:])
-        return run_gp(args.batch, args.width, [getattr(torch, d) for d in args.dtypes.split(",")], args.json)
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="4096,1048576,134217728",
-                   help="comma-separated element counts (default: 2^12, 2^20, 2^27)")
-    p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    p.add_argument("--json", help="write all rows to this file")
-    args = p.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
-    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    run(sizes, dtypes, not args.no_compile, args.json)
+        run_gp(args.batch, args.width, [getattr(torch, d) for d in args.dtypes.split(",")], args.json)
+        return 0
+    return bench_main(argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,26 +1,28 @@
 """Benchmarks of issue 8: the CPU kernels, and real layouts (broadcast, channels_last,
-transposed, sliced, SwiGLU halves) on the GPU or the CPU.
+transposed, sliced) on the GPU or the CPU. The SwiGLU halves and the FFN block are
+bench_ffn.py's (`fusegen bench ffn`).
 
     python -m fusegen.bench cpu [--n 16777216] [--reps 15] [--json out.json]
     python -m fusegen.bench layouts [--n 67108864] [--dtypes float32,bfloat16] [--json out.json]
 
 `cpu`: fusegen against eager, torch.compile (inductor's C++ backend) and numexpr (where
-installed), fp32, forward and forward+backward, medians of wall time. `layouts`: the same
-peers (and Liger Kernel's SwiGLU where installed) on the layouts real models pass.
+installed), fp32, forward and forward+backward, medians of wall time. `layouts`: eager and
+torch.compile on the layouts real models pass.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 
 import torch
 
-from .bench import timed_ms
+from .bench import SEEDS, timed_ms
+from .bench_peers import optional_module
+from .bench_report import table
 from .files import write_text
 
-GELU = "0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))"
+GELU = SEEDS["gelu_tanh"]
 
 # name -> (expression, eager function, numexpr expression)
 CPU_CASES = {
@@ -31,25 +33,8 @@ CPU_CASES = {
 }
 
 
-def _optional(module: str):
-    """A peer to compare with when it is installed (numexpr, Liger Kernel); never a
-    dependency of fusegen, so it is imported by name, not declared."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
 def _fwd_bwd(f, xs, g):
     return lambda: torch.autograd.grad(f(*xs), [x for x in xs if x.requires_grad], g)
-
-
-def _table(title, columns, rows):
-    print(f"\n{title}")
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
 
 
 def run_cpu(n: int, reps: int, out_json: str | None):
@@ -57,7 +42,7 @@ def run_cpu(n: int, reps: int, out_json: str | None):
 
     ops = dict(zip(CPU_CASES, fuse_many([dict(expr=e, name=f"bench_cpu_{i}") for i, (e, _, _) in
                                          enumerate(CPU_CASES.values())])))
-    numexpr = _optional("numexpr")
+    numexpr = optional_module("numexpr")
     print(f"cpu, {torch.get_num_threads()} threads, torch {torch.__version__}, n = {n}, fp32, median ms of {reps}")
     results = []
     for key, (_, eager, ne_expr) in CPU_CASES.items():
@@ -77,7 +62,7 @@ def run_cpu(n: int, reps: int, out_json: str | None):
     impls = ["fusegen", "eager", "compile"] + (["numexpr"] if numexpr is not None else [])
     for kind in ("fwd", "fwd+bwd"):
         cols = [i for i in impls if f"{i} {kind}" in results[0]]
-        _table(f"{kind}, ms", ["expression"] + cols,
+        table(f"{kind}, ms", ["expression"] + cols,
                [[r["expr"]] + [f'{r[f"{i} {kind}"]:.1f}' for i in cols] for r in results])
     if out_json:
         write_text(out_json, json.dumps({"n": n, "threads": torch.get_num_threads(), "rows": results}, indent=1))
@@ -109,23 +94,13 @@ def _layout_cases(n: int, device: str, dtype):
         return [torch.randn(2 * n, device=device, dtype=dtype)[::2], torch.randn(n, device=device, dtype=dtype),
                 torch.randn(n, device=device, dtype=dtype)]
 
-    def swiglu_chunk():
-        u = torch.randn(rows, 2 * 4096, device=device, dtype=dtype)
-        return list(u.chunk(2, -1))
-
-    def swiglu_separate():
-        return [torch.randn(rows, 4096, device=device, dtype=dtype) for _ in range(2)]
-
     scale_bias = lambda x, s, b: x * s + b  # noqa: E731
     fma = lambda a, b, c: a * b + c  # noqa: E731
-    swiglu = lambda a, b: a * torch.sigmoid(a) * b  # noqa: E731
     return {
         "x*scale+bias, NCHW, per-channel": ("scale_bias", nchw, scale_bias),
         "x*scale+bias, channels_last": ("scale_bias", nhwc, scale_bias),
         "a*b+c, a transposed": ("fma", transposed, fma),
         "a*b+c, a sliced (stride 2)": ("fma", sliced, fma),
-        "swiglu, a, b = u.chunk(2, -1)": ("swiglu", swiglu_chunk, swiglu),
-        "swiglu, separate a, b": ("swiglu", swiglu_separate, swiglu),
     }
 
 
@@ -133,11 +108,8 @@ def run_layouts(n: int, dtypes, reps: int, out_json: str | None):
     from .api import fuse_many
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ops = dict(zip(["scale_bias", "fma", "swiglu"], fuse_many([
-        dict(expr="x*scale+bias", name="bench_scale_bias"), dict(expr="a*b+c", name="bench_fma"),
-        dict(expr="a*sigmoid(a)*b", name="bench_swiglu")])))
-    liger = _optional("liger_kernel.ops.swiglu")
-    LigerSiLUMulFunction = getattr(liger, "LigerSiLUMulFunction", None)
+    ops = dict(zip(["scale_bias", "fma"], fuse_many([
+        dict(expr="x*scale+bias", name="bench_scale_bias"), dict(expr="a*b+c", name="bench_fma")])))
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"{name}, torch {torch.__version__}, n about {n}, median ms of {reps}")
     results = []
@@ -147,16 +119,14 @@ def run_layouts(n: int, dtypes, reps: int, out_json: str | None):
             xg = [x.detach().requires_grad_(True) for x in xs]
             g = torch.randn_like(eager(*xs))
             impls = {"fusegen": ops[key].op, "eager": eager, "compile": torch.compile(eager, dynamic=False)}
-            if key == "swiglu" and LigerSiLUMulFunction is not None and device == "cuda":
-                impls["liger"] = LigerSiLUMulFunction.apply
             row = {"case": case, "dtype": str(dtype)[6:]}
             for impl, fn in impls.items():
                 row[f"{impl} fwd"] = timed_ms(lambda: fn(*xs), reps, device)
                 row[f"{impl} fwd+bwd"] = timed_ms(_fwd_bwd(fn, xg, g), reps, device)
             results.append(row)
-    impls = ["fusegen", "eager", "compile", "liger"]
+    impls = ["fusegen", "eager", "compile"]
     for kind in ("fwd", "fwd+bwd"):
-        _table(f"{kind}, ms", ["case", "dtype"] + impls,
+        table(f"{kind}, ms", ["case", "dtype"] + impls,
                [[r["case"], r["dtype"]] + [f'{r[f"{i} {kind}"]:.3f}' if f"{i} {kind}" in r else "-" for i in impls]
                 for r in results])
     if out_json:

@@ -4,9 +4,11 @@
                  [--no-build] [--check] [--bench] [--show] [--quiet]
     fusegen cache [list | clear | trim --older-than AGE]
     fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build]
+    fusegen bench [EXPR ...] [--dtypes ..] [--sizes ..] [--quick] [--json F] [--plot F.png]
 
-`cache` as the first word is the cache command, `package` the wheel command (an op whose expression is the bare name
-`cache` is written `fusegen "(cache)"`). Errors print one line, `fusegen: error: ...`, and
+`cache` as the first word is the cache command, `package` the wheel command, `bench` the
+benchmark (fusegen/bench.py; an op whose expression is the bare name `cache` is written
+`fusegen "(cache)"`). Errors print one line, `fusegen: error: ...`, and
 exit non-zero: 2 for bad arguments, a bad expression or name, 1 for a failed build (or a
 cache that cannot be changed), 3 for a failed --check.
 
@@ -44,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="fusegen",
         description="Turn one elementwise expression into a fused, differentiable PyTorch op "
-                    "(torch.ops.fusegen.<name>). `fusegen cache` lists and trims the build cache.",
+                    "(torch.ops.fusegen.<name>). `fusegen cache` lists and trims the build cache; "
+                    "`fusegen bench` races fused ops against eager, torch.compile, jiterator and CuPy.",
         epilog='example: fusegen "a*b+c" --name fma --check')
     p.add_argument("expr", help='the expression, Python syntax: "a*b+c", "x*sigmoid(x)"')
     p.add_argument("--name", help="op name (default: fused_<hash of the expression>)")
@@ -69,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         return _cache_main(argv[1:])
     if argv[:1] == ["package"]:
         return _package_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from .bench import main as bench_main
+        return bench_main(argv[1:])
     args = _parser().parse_args(argv)
     progress = None if args.quiet else _Progress.install()
     try:

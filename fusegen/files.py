@@ -1,5 +1,5 @@
 """The only place that writes files: the sources the CLI writes to `generated/<name>/`, the
-sources a build writes into its temp folder in the cache, the benchmark's JSON. It also
+sources a build writes into its temp folder in the cache, the benchmark's JSON and plot. It also
 finds templates/ (`templates_dir()`), which the render stage reads and the build stage
 reads the shared runtime's sources from, so the build stage need not import render.
 
@@ -28,8 +28,12 @@ def write(files: Mapping[str, str], directory: str | os.PathLike) -> list[Path]:
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write one UTF-8 text file atomically; leave it alone when it already holds `text`."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write one file atomically (the benchmark's PNG); leave it alone when it holds `data`."""
     path = Path(path)
-    data = text.encode("utf-8")
     try:
         if path.read_bytes() == data:
             return path
