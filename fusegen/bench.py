@@ -316,6 +316,7 @@ def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, bud
     host_rows = []
     floors = _floors(device) if host else {}
     ordered = sorted(sizes, reverse=True)  # the largest first: torch.compile's first call sizes its kernels
+    per_size = sum(1 for d in directions for i in wanted if d == "fwd" or i not in FORWARD_ONLY)
     for case in cases:
         k = len(case.op.entry.inputs)
         for dtype in dtypes:
@@ -330,14 +331,16 @@ def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, bud
                     grads = [torch.randn(n, dtype=dtype, device=device) for _ in range(count)]
                 except torch.cuda.OutOfMemoryError as err:
                     skipped.append({**where, "n": n, "impl": "*", "reason": _failure(err)})
-                    progress.skip(len(wanted) * len(directions))
+                    progress.advance(f"{case.label} n={n}: out of memory", per_size)
                     continue
                 for direction in directions:
                     nbytes = case.tensors[direction] * n * es
                     for name in wanted:
                         impl = impls.get(name)
                         label = f"{case.label} {dtype_name(dtype)} n={n} {name} {direction}"
-                        if impl is None or (direction == "fwd+bwd" and name in FORWARD_ONLY):
+                        if direction == "fwd+bwd" and name in FORWARD_ONLY:
+                            continue
+                        if impl is None:
                             progress.advance(label)
                             continue
                         try:
@@ -594,7 +597,9 @@ def bench_main(argv) -> int:
         print(f"fusegen: error: {str(err).removeprefix('fusegen: ')}", file=sys.stderr)
         return 2
     print(f"fusegen bench: {len(cases)} op(s) built or loaded in {time.perf_counter() - start:.1f} s", flush=True)
-    units = len(cases) * len(dtypes) * len(sizes) * len(args.impls) * len(args.directions)
+    from .bench_peers import FORWARD_ONLY
+    per_size = sum(1 for d in args.directions for i in args.impls if d == "fwd" or i not in FORWARD_ONLY)
+    units = len(cases) * len(dtypes) * len(sizes) * per_size
     with bench_report.Progress(units) as progress:
         result = run(cases, dtypes, sizes, args.impls, args.directions, device, args.compile == "static",
                      budget, not args.no_host, args.json, progress)

@@ -170,8 +170,8 @@ def _print_targets(summary, host):
         present = [p for p in peers if any(p in s["speedup"] for s in mine)]
         gm = _geomean(s["speedup"].get("compile") for s in mine)
         if set(present) != set(peers) or gm is None:
-            lines.append(f"{direction:7s} {dtype:8s} not judged: measured {', '.join(present) or 'none'} of "
-                         f"{', '.join(peers)}")
+            absent = [p for p in peers if p not in present]
+            lines.append(f"{direction:7s} {dtype:8s} not judged: {', '.join(absent or ['compile'])} not measured")
             continue
         verdict = "met" if not slower and gm >= geomean_min else "NOT met"
         lines.append(f"{direction:7s} {dtype:8s} n = {size_label(big)}: no slower than {', '.join(present) or '-'}: "
