@@ -47,7 +47,7 @@ DIRECTIONS = ("fwd", "fwd+bwd")
 HOST_N = 4096            # host overhead is measured at this size, where launch costs dominate
 HOST_TARGET = 1.15       # issue 7 item 3: fusegen per call at most this times PyTorch's floor
 DEFAULT_SIZES = {"cuda": "2^12..2^28", "cpu": "2^12..2^20"}
-QUICK_SIZES = "2^12..2^28/16"
+QUICK_SIZES = "2^12..2^28:16"
 L2_MULTIPLE = 2          # a rotation of input sets holds this many times the L2 cache
 MAX_SETS = 64
 SUBCOMMANDS = ("build", "cpu", "layouts", "gp", "ffn")
@@ -571,41 +571,29 @@ def _parser():
     p.add_argument("--plot", metavar="PNG", help="plot against size, one panel per expression, dtype and "
                    "direction (needs matplotlib: pip install 'fusegen[bench]')")
     p.add_argument("--plot-metric", choices=("bandwidth", "time"), default="bandwidth")
+    p.add_argument("--report", metavar="JSON", help="measure nothing: print the tables (and --plot) of a JSON "
+                   "that an earlier run wrote, even one cut short")
     return p
 
 
 def bench_main(argv) -> int:
     from . import bench_report
-    from .errors import FusegenError
 
     args = _parser().parse_args(argv)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    if device == "cuda" and not torch.cuda.is_available():
-        print("fusegen: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
-        return 2
     if args.plot and bench_report.pyplot() is None:
         print("fusegen: error: --plot needs matplotlib: pip install 'fusegen[bench]' (or pip install matplotlib)",
               file=sys.stderr)
         return 2
-    sizes = args.sizes or parse_sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES[device])
-    budget = args.budget if args.budget is not None else (0.04 if args.quick else 0.1)
-    dtypes = list(dict.fromkeys(DTYPES[d] for d in args.dtypes))
-    start = time.perf_counter()
-    try:
-        cases = make_cases(args.exprs)
-    except FusegenError as err:
-        print(f"fusegen: error: {str(err).removeprefix('fusegen: ')}", file=sys.stderr)
-        return 2
-    print(f"fusegen bench: {len(cases)} op(s) built or loaded in {time.perf_counter() - start:.1f} s", flush=True)
-    from .bench_peers import FORWARD_ONLY
-    per_size = sum(1 for d in args.directions for i in args.impls if d == "fwd" or i not in FORWARD_ONLY)
-    units = len(cases) * len(dtypes) * len(sizes) * per_size
-    with bench_report.Progress(units) as progress:
-        result = run(cases, dtypes, sizes, args.impls, args.directions, device, args.compile == "static",
-                     budget, not args.no_host, args.json, progress)
-    result["seconds"] = time.perf_counter() - start
-    if args.json:
-        write_text(args.json, json.dumps(result, indent=1))
+    if args.report:
+        try:
+            result = json.loads(open(args.report, encoding="utf-8").read())
+        except (OSError, ValueError) as err:
+            print(f"fusegen: error: cannot read {args.report}: {err}", file=sys.stderr)
+            return 2
+    else:
+        result = _measure(args)
+        if result is None:
+            return 2
     bench_report.print_report(result)
     if args.plot:
         bench_report.plot(result, args.plot, args.plot_metric)
@@ -613,6 +601,42 @@ def bench_main(argv) -> int:
     if args.json:
         print(f"json     {args.json}")
     return 0
+
+
+def _measure(args) -> dict | None:
+    from . import bench_report
+    from .bench_peers import FORWARD_ONLY
+    from .cli import _Progress
+    from .errors import FusegenError
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print("fusegen: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return None
+    sizes = args.sizes or parse_sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES[device])
+    budget = args.budget if args.budget is not None else (0.04 if args.quick else 0.1)
+    dtypes = list(dict.fromkeys(DTYPES[d] for d in args.dtypes))
+    info = device_info(device)
+    print(f"fusegen bench on {info['name']} ({device}), torch {info['torch']}: {len(args.exprs) or len(SEEDS)} "
+          f"expression(s), {', '.join(map(dtype_name, dtypes))}, sizes {', '.join(map(str, sizes))}", flush=True)
+    start = time.perf_counter()
+    building = _Progress.install()  # the build's progress lines, as `fusegen EXPR` shows them
+    try:
+        cases = make_cases(args.exprs)
+    except FusegenError as err:
+        print(f"fusegen: error: {str(err).removeprefix('fusegen: ')}", file=sys.stderr)
+        return None
+    finally:
+        building.uninstall()
+    print(f"fusegen bench: {len(cases)} op(s) built or loaded in {time.perf_counter() - start:.1f} s", flush=True)
+    per_size = sum(1 for d in args.directions for i in args.impls if d == "fwd" or i not in FORWARD_ONLY)
+    with bench_report.Progress(len(cases) * len(dtypes) * len(sizes) * per_size) as progress:
+        result = run(cases, dtypes, sizes, args.impls, args.directions, device, args.compile == "static",
+                     budget, not args.no_host, args.json, progress)
+    result["seconds"] = time.perf_counter() - start
+    if args.json:
+        write_text(args.json, json.dumps(result, indent=1))
+    return result
 
 
 def main(argv=None) -> int:

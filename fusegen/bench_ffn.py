@@ -114,6 +114,8 @@ def _halves(tokens, hidden, layout, dtype, device):
 def run(tokens, dim, hidden, dtypes, wanted, reps, device, out_json):
     from .api import fuse_many
 
+    print(f"fusegen bench ffn on {device}: tokens {tokens}, dim {dim}, hidden {hidden}, "
+          f"{', '.join(map(dtype_name, dtypes))}", flush=True)
     names = list(ACTIVATIONS)
     ops = dict(zip(names, fuse_many([ACTIVATIONS[n][0] for n in names])))
     configure_compile(False, 1)
@@ -153,9 +155,9 @@ def run(tokens, dim, hidden, dtypes, wanted, reps, device, out_json):
                 del leaves, g
         if device == "cuda":
             torch.cuda.empty_cache()
+        if out_json:  # after each dtype: a run cut short keeps what it measured
+            write_text(out_json, json.dumps(result, indent=1))
     _report(rows, skipped, result)
-    if out_json:
-        write_text(out_json, json.dumps(result, indent=1))
     return result
 
 

@@ -26,6 +26,7 @@ def test_sizes_lists_powers_and_ranges():
     assert bench.parse_sizes("2^12..2^16") == [1 << 12, 1 << 14, 1 << 16]
     assert bench.parse_sizes("2^12..2^28:16") == [1 << 12, 1 << 16, 1 << 20, 1 << 24, 1 << 28]
     assert bench.parse_sizes(bench.DEFAULT_SIZES["cuda"]) == [1 << e for e in range(12, 29, 2)]
+    assert bench.parse_sizes(bench.QUICK_SIZES) == [1 << e for e in range(12, 29, 4)]
     for bad in ("2^x", "0", "2^12..2^16:1", ""):
         with pytest.raises(Exception, match="size|step|positive"):
             bench.parse_sizes(bad)
@@ -105,6 +106,9 @@ def test_bench_on_the_cpu_writes_every_field(tmp_path, capsys):
     assert "bench 48/48 (100 %)" in shown.err  # the counter, stderr not being a terminal
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the tables again from the JSON alone, measuring nothing
+    assert bench.main(["--report", str(out)]) == 0
+    assert "| expr | fusegen | eager | fusegen / best peer |" in capsys.readouterr().out
 
 
 def test_ffn_on_the_cpu(tmp_path, capsys):
