@@ -290,15 +290,14 @@ def _failure(err: Exception) -> str:
 def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, budget_s: float,
         host: bool, out_json: str | None, progress) -> dict:
     """Every measurement of the comparison; returns (and writes to out_json after each
-    expression and dtype, so a run cut short keeps what it measured) the result dict."""
+    dtype and expression, so a run cut short keeps what it measured) the result dict."""
     import fusegen
 
-    from .bench_peers import FORWARD_ONLY, build_impls, configure_compile, optional_module
+    from .bench_peers import configure_compile, optional_module
 
     if "compile" in wanted:
         configure_compile(static, len(sizes))
     l2 = l2_bytes(device)
-    copies = _Copies(device, l2, budget_s)
     result = {
         "fusegen_bench": 1,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -312,63 +311,16 @@ def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, bud
                    "tensors": c.tensors} for c in cases],
         "rows": [], "skipped": [], "copy": [], "host": None,
     }
-    rows, skipped = result["rows"], result["skipped"]
+    runner = _Runner(device, l2, budget_s, wanted, directions, static, progress, result["rows"], result["skipped"])
     host_rows = []
     floors = _floors(device) if host else {}
-    ordered = sorted(sizes, reverse=True)  # the largest first: torch.compile's first call sizes its kernels
-    per_size = sum(1 for d in directions for i in wanted if d == "fwd" or i not in FORWARD_ONLY)
-    for case in cases:
-        k = len(case.op.entry.inputs)
-        for dtype in dtypes:
-            where = {"expr": case.label, "dtype": dtype_name(dtype)}
-            impls, not_here = build_impls(case.op, case.text, dtype, device, wanted, static)
-            skipped.extend({**where, "impl": name, "reason": why} for name, why in not_here.items())
-            es = torch.empty((), dtype=dtype).element_size()
-            for n in ordered:
-                count = rotation((k + 1) * n * es, l2)
-                try:
-                    inputs = _random_sets(count, k, n, dtype, device)
-                    grads = [torch.randn(n, dtype=dtype, device=device) for _ in range(count)]
-                except torch.cuda.OutOfMemoryError as err:
-                    skipped.append({**where, "n": n, "impl": "*", "reason": _failure(err)})
-                    progress.advance(f"{case.label} n={n}: out of memory", per_size)
-                    continue
-                for direction in directions:
-                    nbytes = case.tensors[direction] * n * es
-                    for name in wanted:
-                        impl = impls.get(name)
-                        label = f"{case.label} {dtype_name(dtype)} n={n} {name} {direction}"
-                        if direction == "fwd+bwd" and name in FORWARD_ONLY:
-                            continue
-                        if impl is None:
-                            progress.advance(label)
-                            continue
-                        try:
-                            if direction == "fwd":
-                                call, sets = impl.forward, [impl.prepare(s) for s in inputs]
-                            else:
-                                call = _grad_call(impl.forward)
-                                sets = [[x.detach().requires_grad_() for x in s] + [g] for s, g in zip(inputs, grads)]
-                            ms, samples = rotating_ms(call, sets, device, budget_s)
-                            copy_ms = copies.time(nbytes) if nbytes else None
-                        except Exception as err:  # OOM, a peer failing at this size: reported, the run goes on
-                            skipped.append({**where, "n": n, "direction": direction, "impl": name,
-                                            "reason": _failure(err)})
-                            if name not in ("fusegen", "eager"):
-                                impls.pop(name)  # a compile or NVRTC failure would repeat at every size
-                            progress.advance(label)
-                            continue
-                        rows.append({**where, "n": n, "direction": direction, "impl": name, "ms": ms,
-                                     "gbs": nbytes / ms / 1e6 if nbytes else None,
-                                     "pct_copy": 100 * copy_ms / ms if copy_ms else None,
-                                     "samples": samples, "calls_per_sample": len(sets)})
-                        progress.advance(label)
-                del inputs, grads
-                _release(device)
+    for dtype in dtypes:  # dtype by dtype: a run cut short has every expression of the first ones
+        for case in cases:
+            impls = runner.case(case, dtype, sorted(sizes, reverse=True))
             if host and not any(r["expr"] == case.label for r in host_rows):
                 host_rows.extend(_host_rows(case, impls, dtype, device, directions))
-            result["copy"] = [{"bytes": b, "ms": ms} for b, ms in sorted(copies.ms.items())]
-            result["summary"] = summarize(rows)
+            result["copy"] = [{"bytes": b, "ms": ms} for b, ms in sorted(runner.copies.ms.items())]
+            result["summary"] = summarize(result["rows"])
             if host:
                 result["host"] = _host_result(floors, host_rows, device)
             if out_json:
@@ -377,10 +329,75 @@ def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, bud
         for direction, us in _floors(device).items():  # again at the end: the floor of the whole run
             floors[direction] = min(floors[direction], us)
         result["host"] = _host_result(floors, host_rows, device)
-    result["summary"] = summarize(rows)
-    if out_json:
-        write_text(out_json, json.dumps(result, indent=1))
     return result
+
+
+@dataclass
+class _Runner:
+    """The timed measurements of one run, appended to `rows`; what could not run, with the
+    reason, to `skipped`."""
+
+    device: str
+    l2: int
+    budget_s: float
+    wanted: list
+    directions: list
+    static: bool
+    progress: object
+    rows: list
+    skipped: list
+
+    def __post_init__(self):
+        from .bench_peers import FORWARD_ONLY
+        self.copies = _Copies(self.device, self.l2, self.budget_s)
+        self.failed: set = set()  # (expr, dtype, impl, direction) that raised: not tried at other sizes
+        self.planned = [(d, i) for d in self.directions for i in self.wanted if d == "fwd" or i not in FORWARD_ONLY]
+
+    def case(self, case, dtype, sizes) -> dict:
+        """Every size (the largest first: torch.compile's first call sizes its kernels) of one
+        expression and dtype; returns the implementations that ran."""
+        from .bench_peers import build_impls
+
+        where = {"expr": case.label, "dtype": dtype_name(dtype)}
+        impls, missing = build_impls(case.op, case.text, dtype, self.device, self.wanted, self.static)
+        self.skipped.extend({**where, "impl": name, "reason": why} for name, why in missing.items())
+        k, es = len(case.op.entry.inputs), torch.empty((), dtype=dtype).element_size()
+        for n in sizes:
+            count = rotation((k + 1) * n * es, self.l2)
+            try:
+                inputs = _random_sets(count, k, n, dtype, self.device)
+                grads = [torch.randn(n, dtype=dtype, device=self.device) for _ in range(count)]
+            except torch.cuda.OutOfMemoryError as err:
+                self.skipped.append({**where, "n": n, "impl": "*", "reason": _failure(err)})
+                self.progress.advance(f"{case.label} n={n}: out of memory", len(self.planned))
+                continue
+            for direction, name in self.planned:
+                key = {**where, "n": n, "direction": direction, "impl": name}
+                if name in impls and (case.label, key["dtype"], name, direction) not in self.failed:
+                    self.one(key, impls[name], inputs, grads, case.tensors[direction] * n * es)
+                self.progress.advance(f"{case.label} {key['dtype']} n={n} {name} {direction}")
+            del inputs, grads
+            _release(self.device)
+        return impls
+
+    def one(self, key: dict, impl, inputs, grads, nbytes: int):
+        try:
+            if key["direction"] == "fwd":
+                call, sets = impl.forward, [impl.prepare(s) for s in inputs]
+            else:
+                call = _grad_call(impl.forward)
+                sets = [[x.detach().requires_grad_() for x in s] + [g] for s, g in zip(inputs, grads)]
+            ms, samples = rotating_ms(call, sets, self.device, self.budget_s)
+            copy_ms = self.copies.time(nbytes) if nbytes else None
+        except Exception as err:  # OOM, a peer failing: reported, the run goes on
+            self.skipped.append({**key, "reason": _failure(err)})
+            if not isinstance(err, torch.cuda.OutOfMemoryError):  # a compile error would repeat at every size
+                self.failed.add((key["expr"], key["dtype"], key["impl"], key["direction"]))
+            _release(self.device)
+            return
+        self.rows.append({**key, "ms": ms, "gbs": nbytes / ms / 1e6 if nbytes else None,
+                          "pct_copy": 100 * copy_ms / ms if copy_ms else None, "samples": samples,
+                          "calls_per_sample": len(sets)})
 
 
 def _release(device: str):
@@ -581,9 +598,14 @@ def bench_main(argv) -> int:
 
     args = _parser().parse_args(argv)
     if args.plot and bench_report.pyplot() is None:
-        print("fusegen: error: --plot needs matplotlib: pip install 'fusegen[bench]' (or pip install matplotlib)",
-              file=sys.stderr)
-        return 2
+        missing = "--plot needs matplotlib: pip install 'fusegen[bench]' (or pip install matplotlib)"
+        if args.report:
+            print(f"fusegen: error: {missing}", file=sys.stderr)
+            return 2
+        # measuring is what costs GPU time: do it, and say how to plot the JSON later
+        print(f"fusegen bench: {missing}; measuring without the plot (then: fusegen bench --report "
+              f"{args.json or 'the --json file'} --plot {args.plot})", file=sys.stderr)
+        args.plot = None
     if args.report:
         try:
             result = json.loads(open(args.report, encoding="utf-8").read())

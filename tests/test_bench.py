@@ -57,8 +57,14 @@ def test_bad_arguments_are_one_line(capsys):
 
 
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys, tmp_path):
+    """Measuring goes on without the plot (GPU time is what costs); a report has nothing else to do."""
     monkeypatch.setattr(bench_report, "pyplot", lambda: None)
-    assert bench.main(["a*b+c", "--device", "cpu", "--plot", str(tmp_path / "p.png")]) == 2
+    out, png = tmp_path / "b.json", tmp_path / "p.png"
+    assert bench.main(["a*b+c", "--device", "cpu", "--sizes", "2^10", "--impls", "fusegen", "--no-host",
+                       "--budget", "0.001", "--json", str(out), "--plot", str(png)]) == 0
+    assert "pip install 'fusegen[bench]'" in capsys.readouterr().err
+    assert out.is_file() and not png.exists()
+    assert bench.main(["--report", str(out), "--plot", str(png)]) == 2
     assert "pip install 'fusegen[bench]'" in capsys.readouterr().err
 
 
@@ -159,3 +165,29 @@ def test_peer_sources_compile(tmp_path):
         if run.returncode or run.stderr.strip():
             failures.append(f"{cu.name}:\n{source}\n{run.stderr}")
     assert not failures, "\n\n".join(failures)
+
+
+def test_a_failing_peer_is_reported_once_and_the_run_goes_on(monkeypatch, tmp_path):
+    """A peer that raises (a compile error on the GPU machine, say) is skipped with its
+    reason, once per direction, not retried at every size; the others are measured."""
+    from fusegen import bench_peers
+
+    real = bench_peers.build_impls
+
+    def with_a_broken_peer(op, text, dtype, device, wanted, static):
+        impls, skipped = real(op, text, dtype, device, [w for w in wanted if w != "compile"], static)
+        def broken(*args):
+            raise RuntimeError("inductor exploded\nmore lines")
+        impls["compile"] = bench_peers.Impl("compile", broken)
+        return impls, skipped
+
+    monkeypatch.setattr(bench_peers, "build_impls", with_a_broken_peer)
+    out = tmp_path / "b.json"
+    assert bench.main(["a*b+c", "--device", "cpu", "--sizes", "2^10,2^11,2^12", "--dtypes", "fp32",
+                       "--impls", "fusegen,compile", "--no-host", "--budget", "0.001", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [(s["impl"], s["direction"], s["n"], s["reason"]) for s in result["skipped"]] == [
+        ("compile", "fwd", 1 << 12, "RuntimeError: inductor exploded"),
+        ("compile", "fwd+bwd", 1 << 12, "RuntimeError: inductor exploded")]
+    assert {(r["impl"], r["n"]) for r in result["rows"]} == {("fusegen", n) for n in (1 << 10, 1 << 11, 1 << 12)}
+    assert result["summary"] == []  # no peer measured: no ratio

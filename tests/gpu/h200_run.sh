@@ -15,7 +15,9 @@ if [[ $what == tests || $what == all ]]; then
   python3 -m pytest -q -m cuda tests/gpu 2>&1 | tee "$OUT/pytest_cuda.log"; status=$((status | ${PIPESTATUS[0]}))
 fi
 if [[ $what == bench || $what == all ]]; then
-  python3 -m fusegen.bench --sizes 4096,134217728 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  python3 -m fusegen.bench --quick --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log"
+  status=$((status | ${PIPESTATUS[0]}))
+  python3 -m fusegen.bench ffn --dtypes bf16,fp32 --json "$OUT/bench_ffn.json" 2>&1 | tee "$OUT/bench_ffn.log"
   status=$((status | ${PIPESTATUS[0]}))
   python3 -m fusegen.bench layouts --json "$OUT/bench_layouts.json" 2>&1 | tee "$OUT/bench_layouts.log"
   status=$((status | ${PIPESTATUS[0]}))
