@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from .bench_peers import FORWARD_ONLY, IMPLS, Impl, build_impls, configure_compile, failure, optional_module
 from .files import write_text
 
 # The seed ops of issue 7: label -> expression.
@@ -248,7 +249,7 @@ def parse_sizes(text: str) -> list[int]:
     return list(dict.fromkeys(sizes))
 
 
-def _names(kind: str, table):
+def name_list(kind: str, table):
     def parse(text: str):
         items = [t.strip() for t in text.split(",") if t.strip()]
         unknown = [t for t in items if t not in table]
@@ -282,18 +283,11 @@ def _random_sets(count: int, k: int, n: int, dtype, device: str):
     return [[torch.randn(n, dtype=dtype, device=device) for _ in range(k)] for _ in range(count)]
 
 
-def _failure(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
-
-
 def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, budget_s: float,
         host: bool, out_json: str | None, progress) -> dict:
     """Every measurement of the comparison; returns (and writes to out_json after each
     dtype and expression, so a run cut short keeps what it measured) the result dict."""
     import fusegen
-
-    from .bench_peers import configure_compile, optional_module
 
     if "compile" in wanted:
         configure_compile(static, len(sizes))
@@ -348,7 +342,6 @@ class _Runner:
     skipped: list
 
     def __post_init__(self):
-        from .bench_peers import FORWARD_ONLY
         self.copies = _Copies(self.device, self.l2, self.budget_s)
         self.failed: set = set()  # (expr, dtype, impl, direction) that raised: not tried at other sizes
         self.planned = [(d, i) for d in self.directions for i in self.wanted if d == "fwd" or i not in FORWARD_ONLY]
@@ -356,8 +349,6 @@ class _Runner:
     def case(self, case, dtype, sizes) -> dict:
         """Every size (the largest first: torch.compile's first call sizes its kernels) of one
         expression and dtype; returns the implementations that ran."""
-        from .bench_peers import build_impls
-
         where = {"expr": case.label, "dtype": dtype_name(dtype)}
         impls, missing = build_impls(case.op, case.text, dtype, self.device, self.wanted, self.static)
         self.skipped.extend({**where, "impl": name, "reason": why} for name, why in missing.items())
@@ -368,7 +359,7 @@ class _Runner:
                 inputs = _random_sets(count, k, n, dtype, self.device)
                 grads = [torch.randn(n, dtype=dtype, device=self.device) for _ in range(count)]
             except torch.cuda.OutOfMemoryError as err:
-                self.skipped.append({**where, "n": n, "impl": "*", "reason": _failure(err)})
+                self.skipped.append({**where, "n": n, "impl": "*", "reason": failure(err)})
                 self.progress.advance(f"{case.label} n={n}: out of memory", len(self.planned))
                 continue
             for direction, name in self.planned:
@@ -390,7 +381,7 @@ class _Runner:
             ms, samples = rotating_ms(call, sets, self.device, self.budget_s)
             copy_ms = self.copies.time(nbytes) if nbytes else None
         except Exception as err:  # OOM, a peer failing: reported, the run goes on
-            self.skipped.append({**key, "reason": _failure(err)})
+            self.skipped.append({**key, "reason": failure(err)})
             if not isinstance(err, torch.cuda.OutOfMemoryError):  # a compile error would repeat at every size
                 self.failed.add((key["expr"], key["dtype"], key["impl"], key["direction"]))
             _release(self.device)
@@ -434,8 +425,6 @@ def _floors(device: str) -> dict[str, float]:
 def _host_rows(case, impls, dtype, device: str, directions) -> list[dict]:
     """Host µs per call at HOST_N of each implementation, and of torch.ops.fusegen.<name>
     called directly (`fusegen.op`: the op without FusedOp's Python binding)."""
-    from .bench_peers import FORWARD_ONLY, Impl
-
     k = len(case.op.entry.inputs)
     xs = [torch.randn(HOST_N, dtype=dtype, device=device) for _ in range(k)]
     xg = [x.detach().requires_grad_() for x in xs]
@@ -557,7 +546,6 @@ def run_gp(batch: int, width: int, dtypes, out_json: str | None):
 # -- the command ------------------------------------------------------------------------------
 
 def _parser():
-    from .bench_peers import IMPLS
     from .cli import _Parser
 
     p = _Parser(prog="fusegen bench", description=__doc__.splitlines()[0],
@@ -565,14 +553,14 @@ def _parser():
                        "spelled like one, write it in parentheses: fusegen bench \"(build)\"")
     p.add_argument("exprs", nargs="*", metavar="EXPR", help="expressions (default: the seed ops: "
                    + ", ".join(f"{k} {v}" for k, v in list(SEEDS.items())[:4]) + ", gelu_tanh)")
-    p.add_argument("--dtypes", type=_names("dtype", DTYPES), default="fp32,bf16,fp16",
+    p.add_argument("--dtypes", type=name_list("dtype", DTYPES), default="fp32,bf16,fp16",
                    help="comma-separated: fp32, bf16, fp16 (default: all three)")
     p.add_argument("--sizes", type=parse_sizes, default=None,
                    help="element counts: 4096,2^20 or a range 2^12..2^28 (powers of 4) or 2^12..2^28:16 "
                         f"(default: {DEFAULT_SIZES['cuda']} on CUDA, {DEFAULT_SIZES['cpu']} on the CPU)")
-    p.add_argument("--impls", type=_names("implementation", IMPLS), default=",".join(IMPLS),
+    p.add_argument("--impls", type=name_list("implementation", IMPLS), default=",".join(IMPLS),
                    help=f"comma-separated, of {','.join(IMPLS)} (default: all; those absent here are reported)")
-    p.add_argument("--directions", type=_names("direction", DIRECTIONS), default=",".join(DIRECTIONS),
+    p.add_argument("--directions", type=name_list("direction", DIRECTIONS), default=",".join(DIRECTIONS),
                    help="fwd, fwd+bwd or both (default)")
     p.add_argument("--compile", choices=("dynamic", "static"), default="dynamic",
                    help="torch.compile with dynamic shapes, compiled once per expression and dtype at the "
@@ -627,7 +615,6 @@ def bench_main(argv) -> int:
 
 def _measure(args) -> dict | None:
     from . import bench_report
-    from .bench_peers import FORWARD_ONLY
     from .cli import _Progress
     from .errors import FusegenError
 

@@ -30,8 +30,8 @@ import json
 import torch
 import torch.nn.functional as F
 
-from .bench import DTYPES, SEEDS, dtype_name, device_info, timed_ms
-from .bench_peers import configure_compile, optional_module
+from .bench import DTYPES, SEEDS, device_info, dtype_name, timed_ms
+from .bench_peers import configure_compile, failure, optional_module
 from .files import write_text
 
 GELU = SEEDS["gelu_tanh"]
@@ -165,8 +165,7 @@ def _measure(rows, skipped, key, fn, reps, device):
     try:
         ms = timed_ms(fn, reps, device)
     except Exception as err:  # a peer failing (OOM, a Triton or compile error): reported, the run goes on
-        text = str(err).strip().splitlines()
-        skipped.append({**key, "reason": f"{type(err).__name__}: {text[0] if text else ''}"[:200]})
+        skipped.append({**key, "reason": failure(err)})
         return
     rows.append({**key, "ms": ms})
 
@@ -208,14 +207,14 @@ def _report(rows, skipped, result):
 
 
 def main(argv) -> int:
-    from .bench import _names
+    from .bench import name_list
 
     p = argparse.ArgumentParser(prog="fusegen bench ffn", description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--dim", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--dtypes", type=_names("dtype", DTYPES), default="fp32,bf16")
-    p.add_argument("--impls", type=_names("implementation", IMPLS), default=",".join(IMPLS))
+    p.add_argument("--dtypes", type=name_list("dtype", DTYPES), default="fp32,bf16")
+    p.add_argument("--impls", type=name_list("implementation", IMPLS), default=",".join(IMPLS))
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--json", metavar="PATH")

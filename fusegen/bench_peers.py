@@ -60,6 +60,12 @@ def optional_module(module: str):
         return None
 
 
+def failure(err: Exception) -> str:
+    """An exception as one short line: why a peer or a measurement was left out."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
+
+
 def eager_function(text: str, inputs, dtype: torch.dtype, device: str):
     """The expression as eager PyTorch runs it: evaluate_text traced once (make_fx) into the
     ATen calls it makes for `dtype` (numbers become 0-dim tensors of that dtype). Its
@@ -184,7 +190,7 @@ def build_impls(op, text: str, dtype: torch.dtype, device: str, wanted, static_c
                 probe = [torch.rand(8, dtype=dtype, device=device) + 0.5 for _ in inputs]
                 impl.forward(*impl.prepare(probe))
         except Exception as err:  # a peer that cannot run here is left out, with the reason
-            skipped[name] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]
+            skipped[name] = failure(err)
             continue
         impls[name] = impl
     return impls, skipped

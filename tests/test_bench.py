@@ -181,7 +181,7 @@ def test_a_failing_peer_is_reported_once_and_the_run_goes_on(monkeypatch, tmp_pa
         impls["compile"] = bench_peers.Impl("compile", broken)
         return impls, skipped
 
-    monkeypatch.setattr(bench_peers, "build_impls", with_a_broken_peer)
+    monkeypatch.setattr(bench, "build_impls", with_a_broken_peer)
     out = tmp_path / "b.json"
     assert bench.main(["a*b+c", "--device", "cpu", "--sizes", "2^10,2^11,2^12", "--dtypes", "fp32",
                        "--impls", "fusegen,compile", "--no-host", "--budget", "0.001", "--json", str(out)]) == 0
