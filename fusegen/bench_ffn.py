@@ -2,6 +2,7 @@
 activation, and the gated activations alone against Liger Kernel.
 
     fusegen bench ffn [--tokens 8192] [--dim 1024] [--hidden 4096] [--dtypes fp32,bf16] [--json out.json]
+                      [--impls fusegen,eager,functional,compile,liger] [--directions fwd+bwd] [--reps 20]
 
 `block`: x (tokens, dim) -> Linear(dim, hidden, or 2*hidden for the gated ones) ->
 activation -> Linear(hidden, dim); one step is the forward and the backward of every
@@ -9,15 +10,14 @@ weight and of x (torch.autograd.grad with a given output gradient, no optimizer)
 (tanh form) on the hidden tensor; SwiGLU `a*sigmoid(a)*b` and GeGLU `gelu_tanh(a)*b` on
 `a, b = u.chunk(2, -1)`, the strided halves of the first Linear's output, as LLMs write it.
 
-`activation`: the gated activation alone, forward and forward+backward, on (tokens,
-hidden) halves, with `a`, `b` as separate tensors and as `u.chunk(2, -1)` of one (the
-gradient then flows into `u`).
+`activation`: the gated activation alone, forward+backward (with `--directions
+fwd,fwd+bwd` the forward too), on (tokens, hidden) halves, with `a`, `b` as separate
+tensors and as `u.chunk(2, -1)` of one (the gradient then flows into `u`).
 
 Implementations: fusegen (the activation fused; the Linears are PyTorch's), eager (the
-activation written with torch ops as the expression reads, which is what the issue's
-1.96x was measured against), functional (PyTorch's own fused activation kernels:
-F.gelu(approximate="tanh"), F.silu(a) * b), torch.compile of the eager block or
-activation, and Liger Kernel's LigerSiLUMulFunction / LigerGELUMulFunction where it is
+activation written with torch ops as the expression reads), functional (PyTorch's own
+activation kernels: F.gelu(approximate="tanh"), F.silu(a) * b, a stronger baseline than
+eager), torch.compile of the eager block or chunk + activation, and Liger Kernel's LigerSiLUMulFunction / LigerGELUMulFunction where it is
 installed (CUDA only). Medians of CUDA events after warm-up (perf_counter on the CPU).
 """
 
@@ -30,7 +30,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from .bench import DTYPES, SEEDS, device_info, dtype_name, timed_ms
+from .bench import DIRECTIONS, DTYPES, SEEDS, device_info, dtype_name, timed_ms
 from .bench_peers import configure_compile, failure, optional_module
 from .files import write_text
 
@@ -111,7 +111,7 @@ def _halves(tokens, hidden, layout, dtype, device):
     return [u], lambda u: u.chunk(2, -1)
 
 
-def run(tokens, dim, hidden, dtypes, wanted, reps, device, out_json):
+def run(tokens, dim, hidden, dtypes, wanted, directions, reps, device, out_json):
     from .api import fuse_many
 
     print(f"fusegen bench ffn on {device}: tokens {tokens}, dim {dim}, hidden {hidden}, "
@@ -150,8 +150,9 @@ def run(tokens, dim, hidden, dtypes, wanted, reps, device, out_json):
                 for impl, forward in impls.items():
                     case = {**where, "case": f"{name} alone", "layout": layout, "impl": impl}
                     detached = [t.detach() for t in leaves]
-                    _measure(rows, skipped, {**case, "direction": "fwd"}, lambda: forward(*detached), reps, device)
-                    _measure(rows, skipped, {**case, "direction": "fwd+bwd"}, _step(forward, leaves, g), reps, device)
+                    calls = {"fwd": lambda: forward(*detached), "fwd+bwd": _step(forward, leaves, g)}
+                    for direction in directions:
+                        _measure(rows, skipped, {**case, "direction": direction}, calls[direction], reps, device)
                 del leaves, g
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -215,11 +216,13 @@ def main(argv) -> int:
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--dtypes", type=name_list("dtype", DTYPES), default="fp32,bf16")
     p.add_argument("--impls", type=name_list("implementation", IMPLS), default=",".join(IMPLS))
+    p.add_argument("--directions", type=name_list("direction", DIRECTIONS), default="fwd+bwd",
+                   help="of the activations alone: fwd+bwd (default), fwd or both (the block is always fwd+bwd)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtypes = list(dict.fromkeys(DTYPES[d] for d in args.dtypes))
-    run(args.tokens, args.dim, args.hidden, dtypes, args.impls, args.reps, device, args.json)
+    run(args.tokens, args.dim, args.hidden, dtypes, args.impls, args.directions, args.reps, device, args.json)
     return 0

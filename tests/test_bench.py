@@ -120,7 +120,8 @@ def test_bench_on_the_cpu_writes_every_field(tmp_path, capsys):
 def test_ffn_on_the_cpu(tmp_path, capsys):
     out = tmp_path / "ffn.json"
     assert bench.main(["ffn", "--device", "cpu", "--tokens", "16", "--dim", "8", "--hidden", "16", "--dtypes", "fp32",
-                       "--impls", "fusegen,eager,functional,liger", "--reps", "2", "--json", str(out)]) == 0
+                       "--impls", "fusegen,eager,functional,liger", "--directions", "fwd,fwd+bwd", "--reps", "2",
+                       "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     keys = {(r["case"], r.get("layout"), r["direction"], r["impl"]) for r in result["rows"]}
     impls = ("fusegen", "eager", "functional")
