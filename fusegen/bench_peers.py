@@ -86,7 +86,9 @@ def configure_compile(static: bool, sizes: int):
     import torch._dynamo.config as config
 
     wanted = max(64, 4 * sizes if static else 8)
-    for option in ("recompile_limit", "cache_size_limit"):  # the name changed in torch 2.6
+    # the per-function limit and the one across a function's guards; renamed in torch 2.6
+    for option in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                   "accumulated_cache_size_limit"):
         if hasattr(config, option):
             setattr(config, option, max(getattr(config, option), wanted))
 
