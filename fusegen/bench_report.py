@@ -228,7 +228,7 @@ def plot(result: dict, path: str, metric: str):
                 ax.legend(fontsize=7)
     device = result["device"]
     figure.suptitle(f"fusegen bench: {device['name']}, torch {device['torch']}, {result['date']}", fontsize=10)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.98))  # room for the title
     import io
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110)
