@@ -5,6 +5,7 @@
     fusegen bench --quick --json b.json --plot b.png   # also: python -m fusegen.bench
     fusegen bench ffn                          # issue 8's FFN block and SwiGLU/GeGLU (bench_ffn.py)
     fusegen bench build | cpu | layouts | gp   # build latency, CPU kernels, layouts, gradient penalty
+    fusegen bench compile                      # fusion across a fused op under torch.compile (bench_compile.py)
 
 For each expression, dtype and size: the median time of one call, forward and
 forward+backward (`torch.autograd.grad` of every input), of each implementation
@@ -51,7 +52,7 @@ DEFAULT_SIZES = {"cuda": "2^12..2^28", "cpu": "2^12..2^20"}
 QUICK_SIZES = "2^12..2^28:16"
 L2_MULTIPLE = 2          # a rotation of input sets holds this many times the L2 cache
 MAX_SETS = 64
-SUBCOMMANDS = ("build", "cpu", "layouts", "gp", "ffn")
+SUBCOMMANDS = ("build", "cpu", "layouts", "gp", "ffn", "compile")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -660,6 +661,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["ffn"]:
         from . import bench_ffn
         return bench_ffn.main(argv[1:])
+    if argv[:1] == ["compile"]:  # fusion across a fused op under torch.compile
+        from . import bench_compile
+        bench_compile.main(argv[1:])
+        return 0
     if argv[:1] == ["gp"]:  # gradient-penalty training step
         p = argparse.ArgumentParser(prog="fusegen bench gp",
                                     description="a gradient-penalty training step, fusegen vs eager")
