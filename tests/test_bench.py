@@ -163,3 +163,30 @@ def test_peer_sources_compile(tmp_path):
     run = subprocess.run([NVCC, "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-Werror", "all-warnings",
                           "-c", str(cu), "-o", str(tmp_path / "peers.o")], capture_output=True, text=True)
     assert run.returncode == 0 and not run.stderr.strip(), f"{cu.read_text()}\n{run.stderr}"
+
+
+def test_a_failing_peer_is_reported_once_and_the_run_goes_on(monkeypatch, tmp_path):
+    """A peer that raises (a compile error on the GPU machine, say) is skipped with its
+    reason, once per direction, not retried at every size; the others are measured."""
+    from fusegen import bench_peers
+
+    def with_a_broken_peer(op, text, dtype, device, wanted, static):
+        impls, skipped = bench_peers.build_impls(op, text, dtype, device, [w for w in wanted if w != "compile"],
+                                                 static)
+
+        def broken(*args):
+            raise RuntimeError("inductor exploded\nmore lines")
+
+        impls["compile"] = bench_peers.Impl("compile", broken)
+        return impls, skipped
+
+    monkeypatch.setattr(bench, "build_impls", with_a_broken_peer)
+    out = tmp_path / "b.json"
+    assert bench.main(["a*b+c", "--device", "cpu", "--sizes", "2^10,2^11,2^12", "--dtypes", "fp32",
+                       "--impls", "fusegen,compile", "--no-host", "--budget", "0.001", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [(s["impl"], s["direction"], s["n"], s["reason"]) for s in result["skipped"]] == [
+        ("compile", "fwd", 1 << 12, "RuntimeError: inductor exploded"),
+        ("compile", "fwd+bwd", 1 << 12, "RuntimeError: inductor exploded")]
+    assert {(r["impl"], r["n"]) for r in result["rows"]} == {("fusegen", n) for n in (1 << 10, 1 << 11, 1 << 12)}
+    assert result["summary"] == []  # no peer measured: no ratio
