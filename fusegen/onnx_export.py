@@ -37,8 +37,13 @@ from typing import Callable
 
 import numpy as np
 import torch
-from onnxscript import ir
-from onnxscript import opset18 as op
+
+try:
+    from onnxscript import ir
+    from onnxscript import opset18 as op
+except ModuleNotFoundError as err:  # an optional feature: say which extra brings it
+    raise ModuleNotFoundError(f"fusegen's ONNX export needs {err.name}: pip install 'fusegen[onnx]' "
+                              f"(onnx, onnxscript, onnxruntime)", name=err.name) from err
 
 from . import functions as fn
 from .errors import FusegenError
