@@ -49,7 +49,7 @@ from . import functions as fn
 from .errors import FusegenError
 from .parse import symbol
 
-OPSET = 18
+OPSET = op.version  # 18: the ONNX operators below are this opset's
 
 # ONNX element types and torch dtypes of the tensors a fused op accepts.
 _TORCH_DTYPES = {
@@ -238,7 +238,7 @@ def _result_dtype(name: str, tensors, scalars) -> torch.dtype:
     return getattr(torch.ops.fusegen, name)(*metas, *(0.0 for _ in scalars)).dtype
 
 
-def translation(name: str, inputs, scalars, forward) -> Callable:
+def _translation(name: str, inputs, scalars, forward) -> Callable:
     """The onnxscript translation of torch.ops.fusegen.<name>, computing `forward` (the op's
     tree over symbols named `inputs` and `scalars`). It takes the op's arguments (by position
     or by their schema names): ONNX values for tensors, and for each runtime scalar a Python
@@ -272,9 +272,13 @@ def onnx_translations(*ops) -> dict:
     """`{torch.ops.fusegen.<name>.default: translation}` for torch.onnx.export's
     `custom_translation_table`, for the given ops (FusedOp, @fused functions,
     torch.ops.fusegen.<name> or its overload, or op names), or, with none, for every op
-    fusegen has built or loaded in this process."""
+    fusegen has built or loaded in this process (building the @fused functions that wait
+    for their first call: the model may not have run yet)."""
     from . import api
+    from .decorator import build_pending
 
+    if not ops:
+        build_pending()
     names = [_op_name(o) for o in ops] if ops else sorted(api._OPS)
     table = {}
     for name in names:
@@ -284,7 +288,7 @@ def onnx_translations(*ops) -> dict:
                                f"fusegen in this process; expected an op made with fusegen.fuse, "
                                f"fuse_many or @fused (the translation needs its expression)")
         spec = fused.spec
-        table[fused.op.default] = translation(spec.name, spec.inputs, spec.scalars, spec.forward)
+        table[fused.op.default] = _translation(spec.name, spec.inputs, spec.scalars, spec.forward)
     return table
 
 
