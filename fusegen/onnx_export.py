@@ -225,13 +225,13 @@ def _cast(value, dtype: ir.DataType):
     return value if value.dtype == dtype else op.Cast(value, to=dtype)
 
 
-def _result_dtype(name: str, tensors, scalars) -> torch.dtype:
+def _result_dtype(name: str, tensors: dict, scalars) -> torch.dtype:
     """The op's own result dtype for these arguments: its Meta impl (the runtime's
     promotion, eager's rules) called on meta tensors of the same dtypes and ranks."""
     metas = []
-    for v in tensors:
+    for arg, v in tensors.items():
         if v.dtype not in _TORCH_DTYPES:
-            raise FusegenError(f"fusegen::{name} (ONNX export): an argument of type {v.dtype.name}; "
+            raise FusegenError(f"fusegen::{name} (ONNX export): argument '{arg}' is {v.dtype.name}; "
                                f"expected one of {', '.join(d.name for d in _TORCH_DTYPES)}")
         rank = len(v.shape) if v.shape is not None else 1
         metas.append(torch.empty((1,) * rank, dtype=_TORCH_DTYPES[v.dtype], device="meta"))
@@ -242,26 +242,24 @@ def _translation(name: str, inputs, scalars, forward) -> Callable:
     """The onnxscript translation of torch.ops.fusegen.<name>, computing `forward` (the op's
     tree over symbols named `inputs` and `scalars`). It takes the op's arguments (by position
     or by their schema names): ONNX values for tensors, and for each runtime scalar a Python
-    number (torch.export bakes a float argument into the graph, so it becomes a constant) or
-    an ONNX value (a symbolic float)."""
+    number (torch.export bakes a `float` argument into the graph: it cannot trace a
+    data-dependent one there), which becomes a constant."""
     signature = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                    for p in (*inputs, *scalars)])
 
     def translate(*args, **kwargs):
         bound = signature.bind(*args, **kwargs).arguments
-        tensors = [bound[p] for p in inputs]
-        numbers = [bound[p] for p in scalars]
-        result = _ONNX_DTYPES[_result_dtype(name, tensors, numbers)]
+        tensors = {p: bound[p] for p in inputs}
+        result = _ONNX_DTYPES[_result_dtype(name, tensors, scalars)]
         compute = _COMPUTE[_TORCH_DTYPES[result]]
         # Each input as the runtime reads it: converted to the result dtype, then computed in
         # the compute type (int -> fp16 -> float rounds as the kernel's input does).
-        symbols = {p: _cast(_cast(v, result), compute) for p, v in zip(inputs, tensors)}
-        emitter = _Emitter(compute, symbols)
-        for p, v in zip(scalars, numbers):
-            emitter.memo[symbol(p)] = (
-                emitter.const(float(v)) if isinstance(v, (int, float)) else _cast(v, compute))
+        emitter = _Emitter(compute, {p: _cast(_cast(v, result), compute) for p, v in tensors.items()})
+        for p in scalars:
+            emitter.memo[symbol(p)] = emitter.const(float(bound[p]))
         out = _cast(emitter(forward), result)
-        return op.Identity(out) if any(out is v for v in tensors) else out  # forward `x`
+        # A forward that is an input (`x`) still needs a node: the graph's output is not its input.
+        return op.Identity(out) if any(out is v for v in tensors.values()) else out
 
     translate.__signature__ = signature
     translate.__name__ = translate.__qualname__ = f"fusegen_{name}"
