@@ -169,15 +169,15 @@ _ERFC_COEFFICIENTS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.186288
 
 
 def _erfc(e: _Emitter, x):
-    x = e(x)
-    z = op.Cast(x, to=ir.DataType.DOUBLE)  # double: exp(-z*z) keeps its digits at large z
     double = ir.DataType.DOUBLE
+    x = e(x)
+    z = _cast(x, double)  # double: exp(-z*z) keeps its digits at large z
     t = op.Reciprocal(op.Add(_constant(1, double), op.Mul(_constant(0.5, double), z)))
     poly = _constant(_ERFC_COEFFICIENTS[-1], double)
     for c in reversed(_ERFC_COEFFICIENTS[1:-1]):
         poly = op.Add(_constant(c, double), op.Mul(t, poly))
     exponent = op.Add(op.Sub(_constant(_ERFC_COEFFICIENTS[0], double), op.Mul(z, z)), op.Mul(t, poly))
-    tail = op.Cast(op.Mul(t, op.Exp(exponent)), to=e.dtype)
+    tail = _cast(op.Mul(t, op.Exp(exponent)), e.dtype)
     near = op.Sub(e.const(1), e.operator("Erf", x))
     return op.Where(op.Less(x, e.const(0.5)), near, tail)
 
@@ -207,9 +207,9 @@ def _clamp(e: _Emitter, x, lo, hi):
         return op.Clip(e(x), e(lo), e(hi))
     out = e(x)
     if fn.has_bound(lo):
-        out = e.operator("Max", out, e(lo))
+        out = op.Max(out, e(lo))
     if fn.has_bound(hi):
-        out = e.operator("Min", out, e(hi))
+        out = op.Min(out, e(hi))
     return out
 
 
@@ -254,10 +254,9 @@ def _translation(name: str, inputs, scalars, forward) -> Callable:
         compute = _COMPUTE[_TORCH_DTYPES[result]]
         # Each input as the runtime reads it: converted to the result dtype, then computed in
         # the compute type (int -> fp16 -> float rounds as the kernel's input does).
-        emitter = _Emitter(compute, {p: _cast(_cast(v, result), compute) for p, v in tensors.items()})
-        for p in scalars:
-            emitter.memo[symbol(p)] = emitter.const(float(bound[p]))
-        out = _cast(emitter(forward), result)
+        symbols = {p: _cast(_cast(v, result), compute) for p, v in tensors.items()}
+        symbols.update((p, _constant(float(bound[p]), compute)) for p in scalars)
+        out = _cast(_Emitter(compute, symbols)(forward), result)
         # A forward that is an input (`x`) still needs a node: the graph's output is not its input.
         return op.Identity(out) if any(out is v for v in tensors.values()) else out
 
