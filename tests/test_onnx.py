@@ -136,7 +136,11 @@ def test_corpus_matches_eager(corpus_ops, dtype):
     for case, got, tensors in zip(cases, run(program.model_proto, xs), xs):
         want = case.eager(*tensors, *case.scalar_values)
         assert got.dtype == want.dtype, case.name
-        torch.testing.assert_close(got, want, equal_nan=True, msg=lambda m, case=case: f"{case.name}: {m}")
+        # onnxruntime has no double Atan/Erf: a float64 model computes them in float.
+        in_float = dtype == torch.float64 and any(f in case.expr for f in ("atan", "erf"))
+        tolerance = dict(rtol=4e-7, atol=4e-7) if in_float else {}
+        torch.testing.assert_close(got, want, equal_nan=True, **tolerance,
+                                   msg=lambda m, case=case: f"{case.name}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
