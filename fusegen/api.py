@@ -26,6 +26,7 @@ import torch
 
 from . import autograd as _autograd
 from . import build as _build
+from . import decompose as _decompose
 from . import index as _index
 from . import names
 from .errors import LoadError, SpecError
@@ -105,6 +106,8 @@ def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
     library = _build.build([(g.spec.name, g.files) for g in generated])         # build
     _build.load(library)                                                        # load
     families = [_autograd.register(g.spec, g.auxiliary) for g in generated]     # autograd, torch.func
+    for g, f in zip(generated, families):
+        _decompose.loaded(g.spec.name, f, g.digest)                             # torch.compile
     return [FusedOp(_entry(g, library, f), g) for g, f in zip(generated, families)]
 
 
@@ -152,6 +155,11 @@ class FusedOp:
     @property
     def files(self) -> dict:
         return self.generated.files
+
+    @property
+    def compile_mode(self) -> str:
+        """"opaque" or "decompose": what torch.compile makes of this op (fusegen/decompose.py)."""
+        return _decompose.mode(self.name)
 
     @property
     def backward_op(self):
@@ -234,6 +242,7 @@ def _from_index(request: Request) -> FusedOp | None:
         # vmap rules and autograd kernels from the family's description; the derivatives
         # themselves (sympy) only when first needed.
         _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary))
+        _decompose.loaded(entry.name, entry.family, entry.digest)
     return _OPS[entry.name]
 
 
@@ -270,17 +279,24 @@ def cached(request: Request) -> FusedOp | None:
         return op
 
 
-def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=()) -> FusedOp:
+def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile: str | None = None) -> FusedOp:
     """Turn one elementwise expression into a fused, differentiable op.
 
     `expr` is Python syntax over tensor names (`"a*b+c"`, `"x*sigmoid(x)"`); `inputs`
     fixes the argument order (default: order of first appearance); `scalars` names
     runtime float arguments (changing their value never rebuilds). The op is registered
-    as `torch.ops.fusegen.<name>`; its backward is one fused kernel."""
+    as `torch.ops.fusegen.<name>`; its backward is one fused kernel. `compile` is what
+    torch.compile makes of it: "opaque" (one call: the generated kernels) or "decompose"
+    (ATen ops of its expression, which Inductor fuses with their neighbours; eager calls
+    keep the kernels); None keeps the op's mode ($FUSEGEN_COMPILE, else opaque)."""
     request = Request.of({"expr": expr, "name": name, "inputs": inputs, "scalars": scalars})
+    if compile is not None:
+        _decompose.check(compile, f"fuse({expr!r}, compile=...)")
     with _LOCK:
         op = _MEMO.get(request)
-    return op if op is not None else fuse_many([request])[0]
+        op = op if op is not None else fuse_many([request])[0]
+        _decompose.set_mode(op.name, compile)
+    return op
 
 
 def _names_arg(what: str, value) -> tuple[str, ...] | None:

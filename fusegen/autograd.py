@@ -52,6 +52,8 @@ from typing import Callable
 import torch
 from torch.autograd import forward_ad
 
+from . import dtensor as _dtensor
+
 
 @dataclass(frozen=True)
 class Member:
@@ -107,7 +109,7 @@ def call(name: str, *args):
     has them, the composite beyond)."""
     member, op = _MEMBERS[name], _op(name)
     if torch.compiler.is_compiling():
-        return op(*args)  # torch.compile traces the op (its C++ autograd kernel, Meta impl)
+        return op(*args)  # traced as the op (C++ autograd kernel, Meta impl) or decomposed (decompose.py)
     tensors = args[:member.tensors]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return op(*args)  # the op's own checks name the argument
@@ -173,6 +175,7 @@ def _register(members: tuple[Member, ...]):
             for key in _AUTOGRAD_KEYS:
                 lib.impl(m.name, kernel, key, with_keyset=True)
     _FAMILIES[members[0].name] = members
+    _dtensor.register(members)  # DTensor's pointwise sharding rule, when DTensor is in use
 
 
 def register(spec, auxiliary) -> tuple[Member, ...]:

@@ -56,6 +56,9 @@ log.addHandler(logging.NullHandler())
 CXX_FLAGS = ["-O3", "-Wall", "-fno-math-errno"]
 # Accurate math by default: no --use_fast_math, so results match eager PyTorch.
 NVCC_FLAGS = ["-O3"]  # cpp_extension adds the -std= that matches torch
+# The macros that compile only the forward or only the backward launchers of an op's .cu
+# (templates/op_kernels.cu.j2), one nvcc run each, when a build has cores to spare.
+SPLIT_MACROS = ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY")
 # C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
 # a few share one unit (a new op and its two auxiliary ops: one unit).
 CPP_PER_UNIT = 6
@@ -117,12 +120,21 @@ def _check_entry(library: Path, error: type[FusegenError]):
 def cuda_enabled() -> bool:
     """Build the CUDA impls when torch sees a GPU and nvcc is there. FUSEGEN_CPU_ONLY=1
     forces the CPU-only build (the same generated files, without FUSEGEN_WITH_CUDA)."""
-    if os.environ.get("FUSEGEN_CPU_ONLY") == "1" or not torch.cuda.is_available():
+    if os.environ.get("FUSEGEN_CPU_ONLY") == "1" or torch.version.cuda is None or not torch.cuda.is_available():
         return False
-    # Imported only with a GPU: cpp_extension imports setuptools (0.6 s), which a cached load
-    # on a CPU machine must not pay.
-    from torch.utils.cpp_extension import CUDA_HOME
-    return CUDA_HOME is not None
+    return _cuda_home() is not None
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit, found as torch.utils.cpp_extension finds CUDA_HOME ($CUDA_HOME or
+    $CUDA_PATH, then the nvcc on the PATH, then /usr/local/cuda), without importing it: it
+    imports setuptools, 0.13 s that a cached load on the GPU machine must not pay (measured
+    there with cProfile)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home is None:
+        nvcc = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+    return home if os.path.exists(home) else None
 
 
 @lru_cache(maxsize=None)
@@ -231,7 +243,8 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     """Translation units that #include the ops' sources: CPP_PER_UNIT .cpp files each, and
     the .cu files spread over as many units as there are cores (nvcc is the long pole of a
     CUDA build: a new op's own .cu and its auxiliary ops' then compile in parallel, so the
-    auxiliary ops cost no wall time on a machine with a few cores)."""
+    auxiliary ops cost no wall time on a machine with a few cores); with at least two cores
+    per .cu, each .cu's forward and backward kernels are two units (SPLIT_MACROS)."""
     def chunks(paths: list[str], size: int) -> list[list[str]]:
         return [paths[i:i + size] for i in range(0, len(paths), size)]
 
@@ -243,10 +256,23 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     for index, chunk in enumerate(chunks(cpp, CPP_PER_UNIT)):
         units[f"unit{index}.cpp"] = include(chunk)
     if cuda:
-        cu = [f"{n}/{f}" for n, files in ops for f in _own(files, ".cu")]
-        per_unit = -(-len(cu) // max(1, min(len(cu), os.cpu_count() or 1)))
-        for index, chunk in enumerate(chunks(cu, per_unit)):
-            units[f"unit{index}_kernels.cu"] = include(chunk)
+        cu = [(f"{n}/{f}", text) for n, files in ops for f, text in files.items() if f in _own(files, ".cu")]
+        cores = os.cpu_count() or 1
+        if 2 * len(cu) <= cores:
+            # Cores to spare (a new op on the GPU machine): each .cu that has a backward is
+            # compiled twice, forward kernels and backward kernels, in parallel, which cuts
+            # the longest nvcc run by about a third (op_kernels.cu.j2).
+            index = 0
+            for path, text in cu:
+                parts = [f"#define {m}\n" for m in SPLIT_MACROS] if SPLIT_MACROS[0] in text else [""]
+                for part in parts:
+                    units[f"unit{index}_kernels.cu"] = part + include([path])
+                    index += 1
+        else:
+            paths = [path for path, _ in cu]
+            per_unit = -(-len(paths) // max(1, min(len(paths), cores)))
+            for index, chunk in enumerate(chunks(paths, per_unit)):
+                units[f"unit{index}_kernels.cu"] = include(chunk)
     return units
 
 

@@ -25,6 +25,7 @@ import textwrap
 import threading
 
 from . import api
+from . import decompose as _decompose
 from .api import Request
 from .errors import ParseError, SpecError
 
@@ -37,10 +38,11 @@ def _is_scalar(param: inspect.Parameter) -> bool:
     return param.annotation in _SCALAR_ANNOTATIONS or number_default
 
 
-def fused(fn=None, *, name: str | None = None):
-    """Decorate a function; usable bare (`@fused`) or with a name (`@fused(name="silu")`)."""
+def fused(fn=None, *, name: str | None = None, compile: str | None = None):
+    """Decorate a function; usable bare (`@fused`) or with a name (`@fused(name="silu")`).
+    `compile`: what torch.compile makes of the op, as for `fusegen.fuse`."""
     if fn is None:
-        return lambda f: fused(f, name=name)
+        return lambda f: fused(f, name=name, compile=compile)
     try:
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError) as err:
@@ -58,6 +60,7 @@ def fused(fn=None, *, name: str | None = None):
     scalars = tuple(p for p, v in signature.parameters.items() if _is_scalar(v))
     request = Request(source, name=name or fn.__name__, scalars=scalars, params=params,
                       command=f"@fusegen.fused on {fn.__module__}.{fn.__qualname__}")
+    _decompose.set_mode(request.name, compile)  # applied when the op is loaded
     return FusedFunction(fn, signature, request)
 
 

@@ -315,14 +315,22 @@ def _function(info: OpInfo):
 
 
 def _composite_forward(info: OpInfo, args):
-    """The op's outputs computed by eager torch ops of its expression: differentiable by
-    autograd to any order."""
+    """The op's outputs as eager torch ops, for a derivative beyond the fused ones."""
     _note(info, "its derivative (third order and above)")
+    return composite_outputs(info, args)
+
+
+def composite_outputs(info: OpInfo, args):
+    """The op's outputs computed by eager torch ops of its expression (the op's own
+    arguments and result: a backward op's requested gradients as a list): differentiable
+    by autograd to any order, and what torch.compile traces in "decompose" mode."""
     tensors, scalars, mask = _split(info, args)
     dtype = composite.promoted_dtype(tensors)
     values = _values(info, tensors, scalars)
     exprs = list(info.outputs) if mask is None else [e for e, m in zip(info.outputs, mask) if m]
-    out = composite.evaluate(exprs, values, _shape(tensors), dtype, tensors[0].device)
+    # A 0-d CPU tensor may come with CUDA tensors (as in eager): the result is on theirs.
+    device = next((t.device for t in tensors if t.dim() > 0), tensors[0].device)
+    out = composite.evaluate(exprs, values, _shape(tensors), dtype, device)
     return out if info.backward else out[0]
 
 

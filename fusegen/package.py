@@ -98,7 +98,7 @@ with open(os.path.join(here, NAME, "_build_info.py"), "w") as f:
 sources = sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "csrc", "*.cpp")))
 cxx = ["-O3"]
 if CUDA:
-    sources += sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "csrc", "*.cu")))
+    sources += sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "csrc", "cuda", "*.cu")))
     cxx.append("-DFUSEGEN_WITH_CUDA")
     extension = cpp_extension.CUDAExtension
     flags = {{"cxx": cxx, "nvcc": ["-O3"]}}
@@ -113,7 +113,8 @@ setup(
     packages=[NAME],
     # The extension calls no Python API (only the empty module of csrc/_module.cpp), so it is
     # built against the stable Python ABI: one wheel for CPython >= 3.9 (tag cp39-abi3).
-    ext_modules=[extension(NAME + "._C", sources, extra_compile_args=flags, py_limited_api=True)],
+    ext_modules=[extension(NAME + "._C", sources, extra_compile_args=flags, py_limited_api=True,
+                           include_dirs=[os.path.join(here, "csrc")])],
     cmdclass={{"build_ext": cpp_extension.BuildExtension}},
     options={{"bdist_wheel": {{"py_limited_api": "cp39"}}}},
     install_requires=["torch==" + torch_version],
@@ -184,8 +185,15 @@ def write_project(folders: list[Path], name: str, project: Path, cuda: bool) -> 
     if csrc.exists():
         shutil.rmtree(csrc)  # stale sources of an earlier run would be compiled in
     csrc.mkdir(parents=True)
+    if cuda:
+        (csrc / "cuda").mkdir()
     for file_name, path in chosen.items():
-        if path.suffix == ".cu" and not cuda:
+        if path.suffix == ".cu":
+            # csrc/cuda/: setuptools names an object after its source's stem, so fma.cu beside
+            # fma.cpp would make a second csrc/fma.o (the build fails); includes resolve
+            # through include_dirs=[csrc].
+            if cuda:
+                files.write_text(csrc / "cuda" / file_name, path.read_text())
             continue
         files.write_text(csrc / file_name, path.read_text())
     files.write_text(csrc / "_module.cpp", MODULE_CPP.format(name=name, ops=", ".join(ops)))
@@ -206,8 +214,13 @@ def build_wheel(project: Path, out: Path) -> Path:
                         "--disable-pip-version-check", "-w", str(out), str(project)],
                        capture_output=True, text=True)
     if r.returncode != 0:
-        tail = "\n".join((r.stdout + r.stderr).splitlines()[-40:])
-        raise PackageError(f"building the wheel failed:\n{tail}")
+        from .build import first_compiler_error
+        log = r.stdout + r.stderr
+        first = first_compiler_error(log)
+        where = "" if first is None else (f"\nfirst error: {first[0]}:{first[1]}: {first[3]}" if first[0] else
+                                          f"\nfirst error: {first[3]}")
+        tail = "\n".join(log.splitlines()[-40:])
+        raise PackageError(f"building the wheel failed:{where}\n{tail}")
     name = project.name
     wheels = sorted(out.glob(f"{name}-*.whl"), key=lambda p: p.stat().st_mtime)
     new = [w for w in wheels if w not in before] or wheels

@@ -72,3 +72,29 @@ def test_cuda_host_code_compiles(tmp_path):
     result = subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra",
                              "-DFUSEGEN_WITH_CUDA", *includes, str(bundle)], capture_output=True, text=True)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+
+def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch):
+    """With cores to spare, build._units compiles an op's .cu as two units (forward
+    kernels, backward kernels) that together define each entry point exactly once."""
+    if NVCC is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("nvcc not found: CI must compile the generated CUDA sources")
+        pytest.skip("nvcc not found")
+    from fusegen import build
+
+    folder = ROOT / "generated" / "addmul"
+    files = {"addmul.cu": (folder / "addmul.cu").read_text(), "addmul.cpp": (folder / "addmul.cpp").read_text()}
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    units = {name: text for name, text in build._units([("addmul", files)], cuda=True).items() if name.endswith(".cu")}
+    assert [text.splitlines()[0] for text in units.values()] == [f"#define {m}" for m in build.SPLIT_MACROS]
+    defined = []
+    for name, text in units.items():
+        (tmp_path / name).write_text(text)
+        obj = tmp_path / (name + ".o")
+        result = subprocess.run([NVCC, *FLAGS[:3], "-Werror", "all-warnings", f"-I{ROOT / 'generated'}",
+                                 f"-I{folder}", "-c", str(tmp_path / name), "-o", str(obj)], capture_output=True, text=True)
+        assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+        symbols = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True).stdout
+        defined.append(sorted(s for s in ("op_addmul::forward_cuda", "op_addmul::backward_cuda") if s in symbols))
+    assert defined == [["op_addmul::forward_cuda"], ["op_addmul::backward_cuda"]]

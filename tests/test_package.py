@@ -144,7 +144,7 @@ def test_project_has_one_runtime_and_each_op_once(tmp_path):
         "silu.cpp", "silu_grad2.cpp", "silu_jvp.cpp"]
     assert not any(n.endswith(".cu") for n in csrc)
     package.write_project(folders, "myops", tmp_path / "cuda", cuda=True)
-    assert (tmp_path / "cuda" / "csrc" / "fma.cu").is_file()
+    assert (tmp_path / "cuda" / "csrc" / "cuda" / "fma.cu").is_file()  # not beside fma.cpp: one fma.o each
     assert "CUDA = True" in (tmp_path / "cuda" / "setup.py").read_text()
 
 

@@ -14,7 +14,6 @@
 #include "add.h"
 
 namespace fusegen::op_add {
-
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/, void* stream) {
   run_cuda(dtype, loop, static_cast<cudaStream_t>(stream), [&](auto zero) {
     using T = decltype(zero);  // the compute type

@@ -15,19 +15,25 @@
 #include "silu_grad2.h"
 
 namespace fusegen::op_silu_grad2 {
-
+// Compiled alone, this file defines both entry points. A fusegen build with cores to spare
+// compiles it twice in parallel, with FUSEGEN_FORWARD_ONLY and FUSEGEN_BACKWARD_ONLY (each
+// nvcc run then generates half the kernels), and links both objects.
+#ifndef FUSEGEN_BACKWARD_ONLY
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/, void* stream) {
   run_cuda(dtype, loop, static_cast<cudaStream_t>(stream), [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Forward<T>{};
   });
 }
+#endif
 
+#ifndef FUSEGEN_FORWARD_ONLY
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/, void* stream) {
   run_cuda(dtype, loop, static_cast<cudaStream_t>(stream), [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Backward<T>{};
   });
 }
+#endif
 
 }  // namespace fusegen::op_silu_grad2

@@ -1,0 +1,203 @@
+"""Fusion across a fused op under torch.compile (fusegen/decompose.py, issue 9 item 5).
+
+In "decompose" mode torch.compile sees the op as ATen ops of its expression (no fusegen op
+in the graphs AOTAutograd hands the compiler), through a FusedOp call and through
+`torch.ops.fusegen.<name>` alike, with eager PyTorch's gradients at kinks and NaNs; in
+"opaque" mode the op stays one call. The tests compile with a capture backend
+(AOTAutograd, then the captured ATen graphs run as they are: seconds, and exactly eager's
+arithmetic); the benchmark's smoke run compiles with Inductor end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+
+import fusegen
+from fusegen import decompose
+from fusegen.errors import SpecError
+
+GELU = "0.5*x*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))"
+KINKS = "relu(x) + abs(y) + slope*maximum(x, y) + where(y > 0, log(y), y)"
+
+
+def gelu_eager(x):
+    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+
+
+def kinks_eager(x, y, slope):
+    return torch.relu(x) + torch.abs(y) + slope * torch.maximum(x, y) + torch.where(y > 0, torch.log(y), y)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    fusegen.fuse_many([{"expr": GELU, "name": "cf_gelu_dec"}, {"expr": GELU, "name": "cf_gelu_opq"},
+                       {"expr": KINKS, "name": "cf_kinks", "scalars": ["slope"]}])  # one build
+    return {"dec": fusegen.fuse(GELU, name="cf_gelu_dec", compile="decompose"),
+            "opq": fusegen.fuse(GELU, name="cf_gelu_opq", compile="opaque"),
+            "kinks": fusegen.fuse(KINKS, name="cf_kinks", scalars=["slope"], compile="decompose")}
+
+
+class Capture:
+    """A torch.compile backend: AOTAutograd, keeping the forward and backward graphs, which
+    then run as captured (ATen ops, eagerly)."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        return aot_autograd(fw_compiler=self._keep, bw_compiler=self._keep)(gm, example_inputs)
+
+    def _keep(self, gm, _):
+        self.graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def targets(self, k):
+        return [str(n.target) for n in self.graphs[k].graph.nodes if n.op == "call_function"]
+
+
+def _block_inputs(dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    shapes = [(16, 8), (12, 8), (12,), (16, 12)]              # x, linear weight and bias, residual
+    return [torch.randn(s, generator=g, dtype=dtype).requires_grad_(True) for s in shapes]
+
+
+def _forward_backward(f, inputs):
+    out = f(*inputs)
+    return [out, *torch.autograd.grad(out, inputs, torch.ones_like(out))]
+
+
+def _block(act):
+    """linear -> fused activation -> residual add."""
+    return lambda x, w, b, r: act(F.linear(x, w, b)) + r
+
+
+@pytest.mark.parametrize("path", ["FusedOp", "torch.ops"])
+def test_decompose_leaves_no_fusegen_op_and_matches_eager(ops, path):
+    act = ops["dec"] if path == "FusedOp" else torch.ops.fusegen.cf_gelu_dec
+    capture = Capture()
+    inputs = _block_inputs()
+    got = _forward_backward(torch.compile(_block(act), backend=capture, fullgraph=True), inputs)
+    forward, backward = capture.targets(0), capture.targets(1)
+    assert not [t for t in forward + backward if "fusegen" in t]
+    assert "aten.tanh.default" in forward and "aten.tanh_backward.default" in backward  # autograd's own
+    for g, w in zip(got, _forward_backward(_block(gelu_eager), inputs)):
+        torch.testing.assert_close(g, w)
+    with torch.profiler.profile() as prof:  # eager calls keep the kernels
+        _forward_backward(_block(act), inputs)
+    assert {"fusegen::cf_gelu_dec", "fusegen::cf_gelu_dec_backward"} <= {e.name for e in prof.events()}
+
+
+def test_opaque_keeps_the_op(ops):
+    capture = Capture()
+    inputs = _block_inputs()
+    got = _forward_backward(torch.compile(_block(ops["opq"]), backend=capture, fullgraph=True), inputs)
+    assert "fusegen.cf_gelu_opq.default" in capture.targets(0)
+    assert "fusegen.cf_gelu_opq_backward.default" in capture.targets(1)
+    for g, w in zip(got, _forward_backward(_block(gelu_eager), inputs)):
+        torch.testing.assert_close(g, w)
+
+
+def test_decomposed_gradients_are_eager_at_kinks_and_nans(ops):
+    """relu and abs at 0, maximum ties, NaN inputs, and the unchosen `where` branch (log at
+    y = 0: eager's NaN, which the fused kernel does not give): bit for bit eager's."""
+    nan = float("nan")
+    x = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, nan, 0.0, 3.0], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0.0, 1.0, 1.0, -1.0, nan, 1.0, -2.0, 0.0], dtype=torch.float64, requires_grad=True)
+    compiled = torch.compile(lambda x, y: ops["kinks"](x, y, 0.5), backend=Capture(), fullgraph=True)
+    got = _forward_backward(compiled, [x, y])
+    want = _forward_backward(lambda x, y: kinks_eager(x, y, 0.5), [x, y])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+    assert got[2][7].isnan()
+    fused = _forward_backward(lambda x, y: ops["kinks"](x, y, 0.5), [x, y])
+    assert fused[2][7] == 1  # eager calls keep the kernels, and their documented choice
+
+
+def test_the_backward_op_decomposes_too(ops):
+    x, dout = torch.randn(2, 7, dtype=torch.float64).unbind()
+    backward = torch.ops.fusegen.cf_gelu_dec_backward
+    capture = Capture()
+    (got,) = torch.compile(lambda d, x: backward(d, x, [True]), backend=capture, fullgraph=True)(dout, x)
+    assert not [t for t in capture.targets(0) if "fusegen" in t]
+    torch.testing.assert_close(got, backward(dout, x, [True])[0])
+
+
+def test_fused_decorator_takes_the_mode():
+    @fusegen.fused(name="cf_swiglu", compile="decompose")
+    def swiglu(gate, up):
+        return gate * torch.sigmoid(gate) * up
+
+    fusegen.build_pending()  # dynamo cannot trace a build (fullgraph=True refuses the break)
+    gate, up = (torch.randn(6, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    capture = Capture()
+    got = _forward_backward(torch.compile(swiglu, backend=capture, fullgraph=True), [gate, up])
+    assert swiglu.op.compile_mode == "decompose"
+    assert not [t for k in range(2) for t in capture.targets(k) if "fusegen" in t]
+    for g, w in zip(got, _forward_backward(swiglu.eager, [gate, up])):
+        torch.testing.assert_close(g, w)
+    with pytest.raises(SpecError, match="fusegen op 'cf_bad'.*got 'yes'"):
+        fusegen.fused(name="cf_bad", compile="yes")(swiglu.eager)
+
+
+def test_torch_export_keeps_the_op(ops):
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            return ops["dec"](x) + x
+
+    ep = torch.export.export(Block(), (torch.randn(5),))
+    assert torch.ops.fusegen.cf_gelu_dec.default in {n.target for n in ep.graph.nodes}
+
+
+def test_modes_and_the_cache_tag(ops):
+    assert (ops["dec"].compile_mode, ops["opq"].compile_mode) == ("decompose", "opaque")
+    tag = torch.compiler.config.cache_key_tag
+    assert f"cf_gelu_dec={ops['dec'].entry.digest}" in tag and "cf_gelu_opq" not in tag
+    with pytest.raises(SpecError, match="expected compile mode 'decompose' or 'opaque', got 'fast'"):
+        fusegen.fuse(GELU, name="cf_gelu_opq", compile="fast")
+    assert ops["opq"].compile_mode == "opaque"
+
+
+CACHED_LOAD = """
+import sys, torch
+import fusegen
+op = fusegen.fuse(sys.argv[1], name="cf_gelu_dec")
+light = "sympy" not in sys.modules
+from torch._dynamo.backends.common import aot_autograd
+from functorch.compile import make_boxed_func
+seen = []
+backend = aot_autograd(fw_compiler=lambda gm, _: seen.append(gm) or make_boxed_func(gm.forward))
+x = torch.randn(6)
+torch.testing.assert_close(torch.compile(lambda x: op(x) * 2, backend=backend, fullgraph=True)(x), 2 * op(x))
+print(op.library.cached, light, op.compile_mode, any("fusegen" in str(n.target) for n in seen[0].graph.nodes))
+"""
+
+
+def test_cached_load_with_decompose_by_environment_imports_no_sympy(ops):
+    """FUSEGEN_COMPILE=decompose: a cached load registers the decomposition without sympy,
+    which the first compile then derives."""
+    env = dict(os.environ, FUSEGEN_COMPILE="decompose")
+    out = subprocess.run([sys.executable, "-c", CACHED_LOAD, GELU], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    assert out == ["True", "True", "decompose", "False"]
+
+
+def test_bench_compile_runs_on_the_cpu(tmp_path):
+    """The benchmark's smoke run: every form, the decomposed step runs no fusegen op and
+    computes what the compiled PyTorch expression computes."""
+    from fusegen import bench_compile
+    out = tmp_path / "rows.json"
+    bench_compile.main(["--device", "cpu", "--acts", "gelu_tanh", "--dtypes", "float32", "--tokens", "8",
+                        "--width", "8", "--hidden", "16", "--reps", "2", "--json", str(out)])
+    rows = {r["form"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == list(bench_compile.FORMS)
+    assert [rows[f]["fusegen_ops"] for f in bench_compile.FORMS] == [2, 2, 0, 0]  # forward, backward
+    assert rows["compile: decomposed op"]["max_rel_diff"] < 1e-5
