@@ -11,11 +11,12 @@ commands that need no torch do not import it.
 from .errors import FusegenError
 from .version import FUSEGEN_VERSION
 
-__all__ = ["fuse", "fuse_many", "fused", "build_pending", "FusedOp", "Request", "FusegenError"]
+__all__ = ["fuse", "fuse_many", "fused", "build_pending", "FusedOp", "Request", "FusegenError",
+           "onnx_translations"]
 __version__ = FUSEGEN_VERSION
 
 _LAZY = {"fuse": "api", "fuse_many": "api", "FusedOp": "api", "Request": "api",
-         "fused": "decorator", "build_pending": "decorator"}
+         "fused": "decorator", "build_pending": "decorator", "onnx_translations": "onnx_export"}
 
 
 def __getattr__(name: str):

@@ -234,6 +234,12 @@ def has_bound(bound) -> bool:
     return bound not in (sympy.oo, -sympy.oo)
 
 
+def clamp_bounds_are_numbers(lo, hi) -> bool:
+    """Whether torch computes this clamp as clamp(x, min=number, max=number) (std::max and
+    std::min: a tie keeps x) rather than clamp.Tensor (NaN-propagating maximum/minimum)."""
+    return not any(has_bound(b) and not is_number(b) for b in (lo, hi))
+
+
 @dataclass(frozen=True)
 class Function:
     """One callable name: its parameters (for keyword calls and arity errors) and builder."""

@@ -189,8 +189,8 @@ class CPrinter(C99CodePrinter):
         """torch.clamp. Number bounds: std::min(std::max(x, lo), hi), whose ties keep x;
         tensor bounds: NaN-propagating maximum/minimum, as clamp.Tensor computes."""
         x, lo, hi = expr.args
-        tensor_bounds = any(fn.has_bound(b) and not fn.is_number(b) for b in (lo, hi))
-        low, high = ("maximum", "minimum") if tensor_bounds else ("clamp_min", "clamp_max")
+        numbers = fn.clamp_bounds_are_numbers(lo, hi)
+        low, high = ("clamp_min", "clamp_max") if numbers else ("maximum", "minimum")
         out = self._print(x)
         if fn.has_bound(lo):
             out = f"fusegen::{low}({out}, {self._print(lo)})"

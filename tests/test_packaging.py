@@ -34,15 +34,25 @@ def test_plain_install_finds_templates(tmp_path):
     assert str(target) in probe.stdout
 
 
-def _declared() -> tuple[set[str], set[str]]:
-    """Normalised distribution names pyproject.toml declares: (runtime, test extra)."""
+def _declared() -> tuple[set[str], set[str], set[str]]:
+    """Normalised distribution names pyproject.toml declares: (runtime, the optional
+    features' extras, test extra); an extra naming `fusegen[x]` includes extra x."""
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
 
     def names(reqs):
-        return {_normalise(re.match(r"[A-Za-z0-9._-]+", r).group()) for r in reqs}
+        out = set()
+        for r in reqs:
+            name, wanted = re.match(r"([A-Za-z0-9._-]+)(?:\[([^]]*)\])?", r).groups()
+            if _normalise(name) == "fusegen":
+                out |= names([d for x in wanted.split(",") for d in extras[x.strip()]])
+            else:
+                out.add(_normalise(name))
+        return out
 
-    return names(project["dependencies"]), names(project["optional-dependencies"]["test"])
+    features = names([r for x, reqs in extras.items() if x != "test" for r in reqs])
+    return names(project["dependencies"]), features, names(extras["test"])
 
 
 def _normalise(name: str) -> str:
@@ -69,16 +79,17 @@ def _third_party_imports(files, local: set[str]) -> dict[str, str]:
 
 def test_pyproject_declares_what_is_imported():
     """A fresh virtualenv with the README's install command has everything: every module the
-    package imports is a declared dependency, every module the tests import is declared
+    package imports is a declared dependency (or, for an optional feature such as ONNX
+    export, in that feature's extra), every module the tests import is declared
     (dependency or test extra), and numpy is declared, which torch needs but does not
     install (without it every `fusegen` call printed "Failed to initialize NumPy")."""
-    runtime, test = _declared()
+    runtime, features, test = _declared()
     assert "numpy" in runtime
     dists = importlib.metadata.packages_distributions()
     tests = ROOT / "tests"
     local = {"fusegen"} | {p.stem for p in tests.rglob("*.py")} | {p.name for p in tests.rglob("*") if p.is_dir()}
     missing = []
-    for files, allowed in ((sorted((ROOT / "fusegen").rglob("*.py")), runtime),
+    for files, allowed in ((sorted((ROOT / "fusegen").rglob("*.py")), runtime | features),
                            (sorted(tests.rglob("*.py")), runtime | test)):
         for module, where in _third_party_imports(files, local).items():
             owners = {_normalise(d) for d in dists.get(module, [module])}
