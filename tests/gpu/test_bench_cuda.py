@@ -32,7 +32,7 @@ def cases():
 def test_every_peer_computes_the_op(cases, dtype):
     wanted = ["fusegen", "eager", "compile", "jiterator", "cupy"]
     for case in cases:
-        impls, skipped = build_impls(case.op, case.text, dtype, "cuda", wanted, static=False)
+        impls, skipped = build_impls(case.op, case.text, dtype, "cuda", wanted, static_compile=False)
         assert "jiterator" in impls, skipped.get("jiterator")
         if optional_module("cupy") is not None and dtype != torch.bfloat16:
             assert "cupy" in impls, skipped.get("cupy")
