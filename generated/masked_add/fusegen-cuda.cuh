@@ -84,7 +84,6 @@ void dispatch_dtype(Dtype dtype, F&& f) {
 }
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;  // 8 x 256 threads fill an SM; the grid-stride loop does the rest.
 constexpr int kMaxDevices = 64;
 
 // Multiprocessor count of the current device, asked once per device.
@@ -102,11 +101,26 @@ inline int sm_count() {
   return count;
 }
 
-// Enough blocks for one item per thread, capped at a full wave of resident blocks.
-inline unsigned grid_size(int64_t items) {
-  const int64_t wanted = (items + kThreads - 1) / kThreads;
-  const int64_t cap = int64_t(sm_count()) * kBlocksPerSm;
-  return static_cast<unsigned>(wanted < cap ? (wanted > 0 ? wanted : 1) : cap);
+// Blocks of `kernel` resident on one SM at once (registers decide: a backward with many
+// operands keeps fewer), asked once per kernel; the kernels are compiled for the one
+// architecture of the machine that builds them, so one answer holds for its devices.
+template <auto kKernel>
+int blocks_per_sm() {
+  static const int blocks = [] {
+    int b = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kThreads, 0);
+    return b > 0 ? b : 1;
+  }();
+  return blocks;
+}
+
+// Enough blocks for `items` work items of one block each, capped at one full wave of
+// resident blocks on this device: the grid-stride loop does the rest, with no second,
+// partly empty wave.
+template <auto kKernel>
+unsigned grid_size(int64_t items) {
+  const int64_t cap = int64_t(sm_count()) * blocks_per_sm<kKernel>();
+  return static_cast<unsigned>(items < cap ? (items > 0 ? items : 1) : cap);
 }
 
 // The data pointers of a kernel's operands, by value: outputs first (null: not wanted),
@@ -161,31 +175,66 @@ struct OffsetCalculator {
 // The one elementwise kernel shape, for any F (Forward, Backward, or any later function of
 // F::kInputs inputs and F::kOutputs outputs, fusegen-runtime.h): F runs in the compute type
 // on values loaded as T.
+//
+// Bytes in flight: each thread issues the loads of kUnroll 16-byte vectors per input (or
+// kUnroll elements, strided) before any math, so a memory-bound kernel keeps enough
+// requests outstanding to run at the copy rate; fewer when there are many operands, whose
+// registers would otherwise cut the number of resident threads.
+template <typename F>
+constexpr int kUnroll = F::kInputs + F::kOutputs <= 3 ? 4 : 2;
 
-// Contiguous and 16-byte aligned: grid-stride over kVec-element vectors, every input's
-// vector loaded before the math, then the last n % kVec elements one per thread.
+template <typename T, int kVec, typename F>
+__device__ __forceinline__ void compute_vector(const Vec<T, kVec> (&x_v)[F::kInputs > 0 ? F::kInputs : 1],
+                                               Vec<T, kVec> (&y_v)[F::kOutputs], const F& f) {
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    acc_t<T> x[F::kInputs > 0 ? F::kInputs : 1];
+    acc_t<T> y[F::kOutputs];
+#pragma unroll
+    for (int j = 0; j < F::kInputs; ++j) x[j] = to_acc(x_v[j].v[e]);
+    f(x, y);
+#pragma unroll
+    for (int k = 0; k < F::kOutputs; ++k) y_v[k].v[e] = from_acc<T>(y[k]);
+  }
+}
+
+// Contiguous and 16-byte aligned: each block takes chunks of kThreads * kUnroll vectors
+// (thread t the vectors t, t + kThreads, ...: every load instruction coalesced), grid-stride
+// over whole chunks with no bounds check; then the vectors of the last partial chunk one
+// per thread, then the last n % kVec elements.
 template <typename T, int kVec, typename F>
 __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInputs + F::kOutputs> p, int64_t n, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
+  constexpr int kU = kUnroll<F>;
+  constexpr int64_t kChunk = int64_t(kThreads) * kU;
+  const int64_t n_vec = n / kVec;
+  const int64_t whole = n_vec / kChunk * kChunk;
+  for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < whole; base += int64_t(gridDim.x) * kChunk) {
+    Vec<T, kVec> x_v[kU][kIn > 0 ? kIn : 1];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int j = 0; j < kIn; ++j) x_v[u][j] = load<kVec>(reinterpret_cast<const T*>(p.p[kOut + j]), base + u * kThreads);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      Vec<T, kVec> y_v[kOut];
+      compute_vector(x_v[u], y_v, f);
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) {
+        if (p.p[k] != nullptr) store<kVec>(reinterpret_cast<T*>(p.p[k]), base + u * kThreads, y_v[k]);
+      }
+    }
+  }
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t n_vec = n / kVec;
-  for (int64_t v = first; v < n_vec; v += stride) {
+  for (int64_t v = whole + first; v < n_vec; v += stride) {
     Vec<T, kVec> x_v[kIn > 0 ? kIn : 1];
     Vec<T, kVec> y_v[kOut];
 #pragma unroll
     for (int j = 0; j < kIn; ++j) x_v[j] = load<kVec>(reinterpret_cast<const T*>(p.p[kOut + j]), v);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      acc_t<T> x[kIn > 0 ? kIn : 1];
-      acc_t<T> y[kOut];
-#pragma unroll
-      for (int j = 0; j < kIn; ++j) x[j] = to_acc(x_v[j].v[e]);
-      f(x, y);
-#pragma unroll
-      for (int k = 0; k < kOut; ++k) y_v[k].v[e] = from_acc<T>(y[k]);
-    }
+    compute_vector(x_v, y_v, f);
 #pragma unroll
     for (int k = 0; k < kOut; ++k) {
       if (p.p[k] != nullptr) store<kVec>(reinterpret_cast<T*>(p.p[k]), v, y_v[k]);
@@ -204,26 +253,38 @@ __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInput
   }
 }
 
-// Anything else (broadcast, strided, misaligned): grid-stride over elements, each
-// operand's address from the offset calculator.
+// Anything else (broadcast, strided, misaligned): grid-stride over chunks of
+// kThreads * kUnroll elements, thread t the elements t, t + kThreads, ... of a chunk, each
+// operand's address from the offset calculator; every input of the thread's kUnroll
+// elements is loaded before the math.
 template <typename T, typename F>
 __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs + F::kOutputs> p,
                                                            OffsetCalculator<F::kInputs + F::kOutputs> calc, int64_t n,
                                                            F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    int64_t offset[kIn + kOut];
-    calc.offsets(i, offset);
-    acc_t<T> x[kIn > 0 ? kIn : 1];
-    acc_t<T> y[kOut];
+  constexpr int kU = kUnroll<F>;
+  constexpr int64_t kChunk = int64_t(kThreads) * kU;
+  for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n; base += int64_t(gridDim.x) * kChunk) {
+    int64_t offset[kU][kIn + kOut];
+    acc_t<T> x[kU][kIn > 0 ? kIn : 1];
 #pragma unroll
-    for (int j = 0; j < kIn; ++j) x[j] = to_acc(*reinterpret_cast<const T*>(p.p[kOut + j] + offset[kOut + j]));
-    f(x, y);
+    for (int u = 0; u < kU; ++u) {
+      const int64_t i = base + u * kThreads;
+      if (i >= n) continue;
+      calc.offsets(i, offset[u]);
 #pragma unroll
-    for (int k = 0; k < kOut; ++k) {
-      if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + offset[k]) = from_acc<T>(y[k]);
+      for (int j = 0; j < kIn; ++j) x[u][j] = to_acc(*reinterpret_cast<const T*>(p.p[kOut + j] + offset[u][kOut + j]));
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (base + u * kThreads >= n) continue;
+      acc_t<T> y[kOut];
+      f(x[u], y);
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) {
+        if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + offset[u][k]) = from_acc<T>(y[k]);
+      }
     }
   }
 }
@@ -243,7 +304,9 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   const int64_t n = loop.numel;
   if (loop.ndim == 0 && aligned) {
     constexpr int kVec = kVecWidth<T>;
-    contiguous_kernel<T, kVec, F><<<grid_size((n + kVec - 1) / kVec), kThreads, 0, stream>>>(p, n, f);
+    constexpr int64_t kChunk = int64_t(kThreads) * kUnroll<F> * kVec;  // elements per block per step
+    contiguous_kernel<T, kVec, F><<<grid_size<contiguous_kernel<T, kVec, F>>((n + kChunk - 1) / kChunk), kThreads, 0,
+                                    stream>>>(p, n, f);
     return;
   }
   OffsetCalculator<kN> calc;
@@ -258,7 +321,9 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
       for (int k = 0; k < kN; ++k) calc.strides[d][k] = loop.strides[d * loop.num_operands + k];
     }
   }
-  strided_kernel<T, F><<<grid_size(n), kThreads, 0, stream>>>(p, calc, n, f);
+  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll<F>;
+  strided_kernel<T, F><<<grid_size<strided_kernel<T, F>>((n + kChunk - 1) / kChunk), kThreads, 0, stream>>>(p, calc,
+                                                                                                          n, f);
 }
 
 // The entry point of an op's kernel (forward_cuda, backward_cuda): F built by make(zero of
