@@ -501,6 +501,9 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
       a.mask = mask;
       torch::jit::Stack stack;
       a.push(stack);
+      // Without create_graph nothing differentiates the backward: skip its autograd kernel.
+      std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+      if (!at::GradMode::is_enabled()) below_autograd.emplace();
       op.backward_op->callBoxed(stack);
       return std::move(stack.back()).toTensorVector();
     }, grads);
@@ -596,6 +599,13 @@ class Kernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& /*handle*/, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
     const OpDef& def = *op_->def;
+    if (key_ == Key::kAutograd && !records_graph(def, *stack)) {
+      // Nothing to differentiate (no_grad, or no tensor requires grad): no autograd Function,
+      // no saved state; straight to the device kernel, as eager's autograd kernels do.
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      (backward_ ? op_->backward_op : op_->forward_op)->callBoxed(*stack);
+      return;
+    }
     if (!backward_) {
       ForwardArgs a(def, *stack);
       at::Tensor out;
@@ -623,6 +633,20 @@ class Kernel final : public c10::OperatorKernel {
   }
 
  private:
+  // Whether this call must record an autograd node: grad mode on and some tensor argument
+  // requires grad (read off the stack, before anything is unpacked).
+  bool records_graph(const OpDef& def, const torch::jit::Stack& stack) const {
+    if (!at::GradMode::is_enabled()) return false;
+    const int tensors = backward_ ? 1 + def.num_backward_inputs : def.num_inputs;
+    const int args = backward_ ? tensors + def.num_backward_scalars + 1 : tensors + def.num_scalars;
+    const size_t first = stack.size() - args;
+    for (int i = 0; i < tensors; ++i) {
+      const c10::IValue& v = stack[first + i];
+      if (v.isTensor() && v.toTensor().requires_grad()) return true;
+    }
+    return false;
+  }
+
   Device device() const { return key_ == Key::kCpu ? Device::kCpu : key_ == Key::kMeta ? Device::kMeta : Device::kCuda; }
 
   const Op* op_;
