@@ -179,8 +179,11 @@ def as_tensors(args, count: int):
     widens it (`bf16_tensor * 2.0` stays bfloat16) and lifts integer tensors to the default
     float dtype (`int_tensor + 0.5` is float32). The runtime moves it to the op's device."""
     tensors = args[:count]
-    if not any(isinstance(a, (bool, int, float)) for a in tensors):
-        return args
+    for a in tensors:
+        if isinstance(a, (bool, int, float)):
+            break
+    else:
+        return args  # the common case, without a generator per call
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
     known = [a for a in tensors if isinstance(a, (torch.Tensor, bool, int, float))]
