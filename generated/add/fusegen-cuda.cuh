@@ -176,12 +176,15 @@ struct OffsetCalculator {
 // F::kInputs inputs and F::kOutputs outputs, fusegen-runtime.h): F runs in the compute type
 // on values loaded as T.
 //
-// Bytes in flight: each thread issues the loads of kUnroll 16-byte vectors per input (or
-// kUnroll elements, strided) before any math, so a memory-bound kernel keeps enough
-// requests outstanding to run at the copy rate; fewer when there are many operands, whose
-// registers would otherwise cut the number of resident threads.
-template <typename F>
-constexpr int kUnroll = F::kInputs + F::kOutputs <= 3 ? 4 : 2;
+// Bytes in flight: a grid-stride loop that loads one 16-byte vector per input, computes,
+// stores and only then loads the next keeps one access per tensor in flight per thread.
+// The contiguous kernel loads kUnroll vectors per input before any math (each one more
+// copy of F's math in the kernel: compile time, a new op's nvcc run, grows with it, hence
+// 2); the strided kernel keeps the next element's inputs in flight while it computes one
+// (a software pipeline, so its offset calculator, the larger part of its code, has one
+// call site).
+constexpr int kUnroll = 2;
+constexpr int kDepth = 2;
 
 template <typename T, int kVec, typename F>
 __device__ __forceinline__ void compute_vector(const Vec<T, kVec> (&x_v)[F::kInputs > 0 ? F::kInputs : 1],
@@ -199,26 +202,26 @@ __device__ __forceinline__ void compute_vector(const Vec<T, kVec> (&x_v)[F::kInp
 }
 
 // Contiguous and 16-byte aligned: each block takes chunks of kThreads * kUnroll vectors
-// (thread t the vectors t, t + kThreads, ...: every load instruction coalesced), grid-stride
-// over whole chunks with no bounds check; then the vectors of the last partial chunk one
-// per thread, then the last n % kVec elements.
+// (thread t the vectors t and t + kThreads: every load coalesced), grid-stride; a vector
+// past the end is skipped (a predicate, so the body is compiled once, not again for a
+// tail loop); then the last n % kVec elements, one per thread.
 template <typename T, int kVec, typename F>
 __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInputs + F::kOutputs> p, int64_t n, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
-  constexpr int kU = kUnroll<F>;
-  constexpr int64_t kChunk = int64_t(kThreads) * kU;
+  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
   const int64_t n_vec = n / kVec;
-  const int64_t whole = n_vec / kChunk * kChunk;
-  for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < whole; base += int64_t(gridDim.x) * kChunk) {
-    Vec<T, kVec> x_v[kU][kIn > 0 ? kIn : 1];
+  for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n_vec; base += int64_t(gridDim.x) * kChunk) {
+    Vec<T, kVec> x_v[kUnroll][kIn > 0 ? kIn : 1];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kThreads >= n_vec) continue;
 #pragma unroll
       for (int j = 0; j < kIn; ++j) x_v[u][j] = load<kVec>(reinterpret_cast<const T*>(p.p[kOut + j]), base + u * kThreads);
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kThreads >= n_vec) continue;
       Vec<T, kVec> y_v[kOut];
       compute_vector(x_v[u], y_v, f);
 #pragma unroll
@@ -227,20 +230,8 @@ __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInput
       }
     }
   }
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t v = whole + first; v < n_vec; v += stride) {
-    Vec<T, kVec> x_v[kIn > 0 ? kIn : 1];
-    Vec<T, kVec> y_v[kOut];
-#pragma unroll
-    for (int j = 0; j < kIn; ++j) x_v[j] = load<kVec>(reinterpret_cast<const T*>(p.p[kOut + j]), v);
-    compute_vector(x_v, y_v, f);
-#pragma unroll
-    for (int k = 0; k < kOut; ++k) {
-      if (p.p[k] != nullptr) store<kVec>(reinterpret_cast<T*>(p.p[k]), v, y_v[k]);
-    }
-  }
-  for (int64_t i = n_vec * kVec + first; i < n; i += stride) {
+  const int64_t i = n_vec * kVec + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {  // fewer than kVec elements: one each for the first threads
     acc_t<T> x[kIn > 0 ? kIn : 1];
     acc_t<T> y[kOut];
 #pragma unroll
@@ -253,38 +244,48 @@ __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInput
   }
 }
 
-// Anything else (broadcast, strided, misaligned): grid-stride over chunks of
-// kThreads * kUnroll elements, thread t the elements t, t + kThreads, ... of a chunk, each
-// operand's address from the offset calculator; every input of the thread's kUnroll
-// elements is loaded before the math.
+// Anything else (broadcast, strided, misaligned): grid-stride over elements, each
+// operand's address from the offset calculator, with the inputs of the next kDepth - 1
+// elements in flight while one is computed (their output offsets kept for the store). The
+// loop starts kDepth - 1 steps early to fill the pipeline, so the offset calculator and
+// the math each have one call site.
 template <typename T, typename F>
 __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs + F::kOutputs> p,
                                                            OffsetCalculator<F::kInputs + F::kOutputs> calc, int64_t n,
                                                            F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
-  constexpr int kU = kUnroll<F>;
-  constexpr int64_t kChunk = int64_t(kThreads) * kU;
-  for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n; base += int64_t(gridDim.x) * kChunk) {
-    int64_t offset[kU][kIn + kOut];
-    acc_t<T> x[kU][kIn > 0 ? kIn : 1];
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  T x[kDepth][kIn > 0 ? kIn : 1];  // storage type: converted at the math, as loaded
+  int64_t out_offset[kDepth][kOut];
+  for (int64_t i = first - (kDepth - 1) * stride; i < n; i += stride) {
+    const int64_t next = i + (kDepth - 1) * stride;
+    if (next < n) {
+      int64_t offset[kIn + kOut];
+      calc.offsets(next, offset);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t i = base + u * kThreads;
-      if (i >= n) continue;
-      calc.offsets(i, offset[u]);
+      for (int j = 0; j < kIn; ++j) x[kDepth - 1][j] = *reinterpret_cast<const T*>(p.p[kOut + j] + offset[kOut + j]);
 #pragma unroll
-      for (int j = 0; j < kIn; ++j) x[u][j] = to_acc(*reinterpret_cast<const T*>(p.p[kOut + j] + offset[u][kOut + j]));
+      for (int k = 0; k < kOut; ++k) out_offset[kDepth - 1][k] = offset[k];
     }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (base + u * kThreads >= n) continue;
+    if (i >= first) {
+      acc_t<T> in[kIn > 0 ? kIn : 1];
       acc_t<T> y[kOut];
-      f(x[u], y);
+#pragma unroll
+      for (int j = 0; j < kIn; ++j) in[j] = to_acc(x[0][j]);
+      f(in, y);
 #pragma unroll
       for (int k = 0; k < kOut; ++k) {
-        if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + offset[u][k]) = from_acc<T>(y[k]);
+        if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + out_offset[0][k]) = from_acc<T>(y[k]);
       }
+    }
+#pragma unroll
+    for (int d = 0; d < kDepth - 1; ++d) {
+#pragma unroll
+      for (int j = 0; j < kIn; ++j) x[d][j] = x[d + 1][j];
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) out_offset[d][k] = out_offset[d + 1][k];
     }
   }
 }
@@ -304,9 +305,9 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   const int64_t n = loop.numel;
   if (loop.ndim == 0 && aligned) {
     constexpr int kVec = kVecWidth<T>;
-    constexpr int64_t kChunk = int64_t(kThreads) * kUnroll<F> * kVec;  // elements per block per step
-    contiguous_kernel<T, kVec, F><<<grid_size<contiguous_kernel<T, kVec, F>>((n + kChunk - 1) / kChunk), kThreads, 0,
-                                    stream>>>(p, n, f);
+    constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
+    const int64_t blocks = (n / kVec + kChunk - 1) / kChunk;
+    contiguous_kernel<T, kVec, F><<<grid_size<contiguous_kernel<T, kVec, F>>(blocks), kThreads, 0, stream>>>(p, n, f);
     return;
   }
   OffsetCalculator<kN> calc;
@@ -321,9 +322,8 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
       for (int k = 0; k < kN; ++k) calc.strides[d][k] = loop.strides[d * loop.num_operands + k];
     }
   }
-  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll<F>;
-  strided_kernel<T, F><<<grid_size<strided_kernel<T, F>>((n + kChunk - 1) / kChunk), kThreads, 0, stream>>>(p, calc,
-                                                                                                          n, f);
+  strided_kernel<T, F><<<grid_size<strided_kernel<T, F>>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      p, calc, n, f);
 }
 
 // The entry point of an op's kernel (forward_cuda, backward_cuda): F built by make(zero of
