@@ -312,7 +312,6 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
                                    const std::vector<bool>& present, CpuKernel cpu, CudaKernel cuda,
                                    const double* scalars) {
   const at::ScalarType dtype = check_args(name, args);
-  const c10::SymDimVector shape = broadcast_shape(name, args);  // names the argument that does not fit
   const c10::Device on = device_arg(args).tensor.device();
 #ifdef FUSEGEN_WITH_CUDA
   std::optional<c10::cuda::CUDAGuard> device_guard;
@@ -324,12 +323,22 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   std::vector<at::Tensor> outputs(present.size());
   if (device == Device::kMeta && any_symbolic(inputs)) {
     // Dynamic shapes: no TensorIterator; contiguous outputs of the broadcast shape.
+    const c10::SymDimVector shape = broadcast_shape(name, args);
     for (size_t k = 0; k < present.size(); ++k) {
       if (present[k]) outputs[k] = at::empty_symint(shape, inputs.front().options());
     }
     return outputs;
   }
-  at::TensorIterator iter = make_iterator(num_outputs, inputs);
+  // TensorIterator checks the broadcast; only when it fails is the shape worked out again,
+  // for an error that names the argument that does not fit (not on every call).
+  at::TensorIterator iter = [&] {
+    try {
+      return make_iterator(num_outputs, inputs);
+    } catch (const c10::Error&) {
+      broadcast_shape(name, args);  // throws the named error when the shapes are the cause
+      throw;
+    }
+  }();
   for (size_t k = 0, next = 0; k < present.size(); ++k) {
     if (present[k]) outputs[k] = iter.output(static_cast<int64_t>(next++));
   }
