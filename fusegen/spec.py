@@ -21,6 +21,7 @@ import hashlib
 import dataclasses
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 
 import sympy
@@ -153,8 +154,9 @@ class OpSpec:
             return []
         reads = ", ".join(["grad"] + list(p.reads))
         fp32 = p.bytes[4]
-        return [f"backward reads: {reads}; forward+backward move {fp32} bytes per element in float32",
-                f"  ({p.why})"]
+        why = textwrap.wrap(f"({p.why})", 86)
+        return [f"backward reads: {reads}; forward+backward move {fp32} bytes per element in float32"] + \
+            [f"  {line}" for line in why]
 
 
 def differentiate(parsed: Parsed, name: str | None = None, command: str | None = None,
