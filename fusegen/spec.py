@@ -56,7 +56,7 @@ class Plan:
     saved_output: str | None        # the name the forward's output has in the backward, or None
     reads: tuple[str, ...]          # tensors the backward reads besides dout (output first)
     bytes: dict                     # dtype size -> forward + backward bytes per element
-    alternative: dict               # the plan not taken: {"reads": [...], "bytes": {...}}
+    alternative: dict | None        # the plan not taken: {"reads": [...], "bytes": {...}}
     why: str
 
 
@@ -128,11 +128,13 @@ class OpSpec:
         p = self.plan
         if p is None:
             return {"tensors": list(self.backward_inputs), "why": "no backward kernel"}
-        return {"tensors": list(p.reads), "output": p.saved_output,
-                "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.bytes.items()},
-                "instead_of": {"tensors": p.alternative["reads"],
-                               "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.alternative["bytes"].items()}},
-                "why": p.why}
+        doc = {"tensors": list(p.reads), "output": p.saved_output,
+               "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.bytes.items()}}
+        if p.alternative is not None:
+            doc["instead_of"] = {"tensors": p.alternative["reads"],
+                                 "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.alternative["bytes"].items()}}
+        doc["why"] = p.why
+        return doc
 
     def summary(self) -> list[str]:
         """One line per gradient, for the CLI and the file headers."""
@@ -286,19 +288,23 @@ def _plan(forward, exprs, inputs, out_name):
     distinct = len(set(kernel))
     by_inputs = _reads_of(kernel, inputs)
     cost_inputs = _bytes(len(inputs), len(by_inputs), distinct)
-    if out_name is not None and kernel:
-        rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
-        by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in kernel], inputs, out_name)
-        if len(by_output) < len(by_inputs):
-            cost = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in kernel}))
-            why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of the output, "
-                   f"{cost_inputs[4] - cost[4]} bytes per element less than reading {', '.join(by_inputs)} (float32); "
-                   "saved with save_for_backward, so modifying the output in place before backward raises, as for eager's relu")
-            return Plan(out_name, tuple(by_output), cost, {"reads": by_inputs, "bytes": cost_inputs}, why), rewritten
-    why = "the inputs: no other tensor the backward could read moves fewer bytes"
-    if out_name is None:
-        why = "the inputs (an auxiliary op: the double backward runs it without its forward)"
-    return Plan(None, tuple(by_inputs), cost_inputs, {"reads": by_inputs, "bytes": cost_inputs}, why), list(exprs)
+    if out_name is None or not kernel:
+        why = "the inputs (an auxiliary op: the double backward runs it without its forward)" if kernel else \
+            "no backward kernel"
+        return Plan(None, tuple(by_inputs), cost_inputs, None, why), list(exprs)
+    rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
+    by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in kernel], inputs, out_name)
+    cost_output = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in kernel}))
+    if len(by_output) < len(by_inputs):
+        why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of the output, "
+               f"{cost_inputs[4] - cost_output[4]} bytes per element less than reading {', '.join(by_inputs)} "
+               "(float32); saved with save_for_backward, so modifying the output in place before backward "
+               "raises, as for eager's relu")
+        return (Plan(out_name, tuple(by_output), cost_output, {"reads": by_inputs, "bytes": cost_inputs}, why),
+                rewritten)
+    why = (f"the inputs: in terms of the output the gradients would read {', '.join(by_output)}, no fewer "
+           "tensors, and the output would have to stay unmodified until backward")
+    return Plan(None, tuple(by_inputs), cost_inputs, {"reads": by_output, "bytes": cost_output}, why), list(exprs)
 
 
 def _dout_steps(expr):
