@@ -136,6 +136,7 @@ class FusedOp:
         self.name = entry.name
         self.op = getattr(torch.ops.fusegen, self.name)
         self.params = entry.inputs + entry.scalars
+        self._arity, self._tensors = len(self.params), len(entry.inputs)  # read on every call
         self._generated = generated
         self._request = request
         self._signature = inspect.Signature(
@@ -159,14 +160,14 @@ class FusedOp:
         return getattr(torch.ops.fusegen, f"{self.name}_backward") if self.entry.backward_kernel else None
 
     def __call__(self, *args, **kwargs):
-        if kwargs or len(args) != len(self.params):
+        if kwargs or len(args) != self._arity:
             try:
                 bound = self._signature.bind(*args, **kwargs)
             except TypeError as err:
                 raise TypeError(f"fusegen op '{self.name}': {err}; expected "
                                 f"{self.name}({', '.join(self.params)})") from None
             args = tuple(bound.arguments[p] for p in self.params)
-        return _autograd.call(self.name, *as_tensors(args, len(self.entry.inputs)))
+        return _autograd.call(self.name, *as_tensors(args, self._tensors))
 
     def __repr__(self):
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"
@@ -180,10 +181,12 @@ def as_tensors(args, count: int):
     float dtype (`int_tensor + 0.5` is float32). The runtime moves it to the op's device."""
     tensors = args[:count]
     for a in tensors:
-        if isinstance(a, (bool, int, float)):
+        if not isinstance(a, torch.Tensor):  # one type test per tensor: the common case
             break
     else:
-        return args  # the common case, without a generator per call
+        return args
+    if not any(isinstance(a, (bool, int, float)) for a in tensors):
+        return args
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
     known = [a for a in tensors if isinstance(a, (torch.Tensor, bool, int, float))]
