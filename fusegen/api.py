@@ -119,7 +119,7 @@ def _entry(g: Generated, library: _build.Library | None, family=()) -> _index.En
 
 def _with_c_names(spec: OpSpec) -> OpSpec:
     """The spec as the C printer must see it: user names renamed to their C names."""
-    user = spec.inputs + spec.scalars
+    user = spec.inputs + spec.scalars + ((spec.saved_output,) if spec.saved_output else ())
     return dataclasses.replace(spec, forward_program=names.for_c(spec.forward_program, user),
                                backward_program=names.for_c(spec.backward_program, user))
 
@@ -139,6 +139,7 @@ class FusedOp:
         self.name = entry.name
         self.op = getattr(torch.ops.fusegen, self.name)
         self.params = entry.inputs + entry.scalars
+        self._arity, self._tensors = len(self.params), len(entry.inputs)  # read on every call
         self._generated = generated
         self._request = request
         self._signature = inspect.Signature(
@@ -167,14 +168,14 @@ class FusedOp:
         return getattr(torch.ops.fusegen, f"{self.name}_backward") if self.entry.backward_kernel else None
 
     def __call__(self, *args, **kwargs):
-        if kwargs or len(args) != len(self.params):
+        if kwargs or len(args) != self._arity:
             try:
                 bound = self._signature.bind(*args, **kwargs)
             except TypeError as err:
                 raise TypeError(f"fusegen op '{self.name}': {err}; expected "
                                 f"{self.name}({', '.join(self.params)})") from None
             args = tuple(bound.arguments[p] for p in self.params)
-        return _autograd.call(self.name, *as_tensors(args, len(self.entry.inputs)))
+        return _autograd.call(self.name, *as_tensors(args, self._tensors))
 
     def __repr__(self):
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"
@@ -187,6 +188,11 @@ def as_tensors(args, count: int):
     widens it (`bf16_tensor * 2.0` stays bfloat16) and lifts integer tensors to the default
     float dtype (`int_tensor + 0.5` is float32). The runtime moves it to the op's device."""
     tensors = args[:count]
+    for a in tensors:
+        if not isinstance(a, torch.Tensor):  # one type test per tensor: the common case
+            break
+    else:
+        return args
     if not any(isinstance(a, (bool, int, float)) for a in tensors):
         return args
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes

@@ -35,6 +35,7 @@ class OpInfo:
     vjp: object = None                  # fused reverse mode: vjp(ctx, *grads), or None
     jvp: object = None                  # fused forward mode: jvp(ctx, *tangents), or None
     function: object = None             # the op's torch.autograd.Function
+    saves_output: bool = False          # its backward reads its output (saved after the inputs)
     _derived: dict = field(default_factory=dict)
 
     @property
@@ -53,7 +54,7 @@ def _backward_info(spec: OpSpec) -> OpInfo:
     dout = sympy.Dummy(names.DOUT)
     return OpInfo(spec.name + names.BACKWARD_SUFFIX, (dout,) + tuple(map(symbol, spec.backward_inputs)),
                   tuple(map(symbol, spec.backward_scalars)),
-                  tuple(g.expr.xreplace({GRAD: dout}) for g in spec.kernel_gradients), True)
+                  tuple(e.xreplace({GRAD: dout}) for e in spec.backward_exprs), True)
 
 
 # -- reduction to an input's shape and dtype, as the C++ runtime's reduce_to_input --------------
@@ -66,30 +67,58 @@ def _reduce(grad, like):
 
 # -- fused vjp / jvp of each family member ------------------------------------------------------
 
+def _dout_op(steps, dout):
+    """A gradient of dout alone: eager's ops, in order (the runtime's apply_steps)."""
+    g = dout
+    for op, value in steps:
+        g = -g if op == "-" else (g * value if op == "*" else g / value)
+    return g
+
+
+def _gradients_of(spec: OpSpec, dout, needs, call, like):
+    """Each input's gradient where needs[i], as the runtime's gradients_of computes them:
+    one kernel output per distinct gradient (requested when an input that has it needs
+    it), eager ops on dout when every requested output is a function of dout alone.
+    `call(mask)` returns the requested kernel outputs; like(i) the tensor to reduce to."""
+    grads = {}
+    mask = [False] * len(spec.kernel_gradients)
+    kernel = False
+    for i, g in enumerate(spec.gradients):
+        if needs[i] and g.output is not None:
+            mask[g.output] = True
+            kernel = kernel or g.dout_steps is None
+    computed = {}
+    if kernel:
+        it = iter(call(mask))
+        computed = {k: next(it) for k, m in enumerate(mask) if m}
+    for i, g in enumerate(spec.gradients):
+        if not needs[i]:
+            continue
+        full = computed.get(g.output)
+        if full is None and g.dout_steps is not None:
+            full = _dout_op(g.dout_steps, dout)
+        if full is not None:
+            grads[i] = _reduce(full, like(i))
+    return grads
+
+
 def _vjp_of_forward(spec: OpSpec):
-    """<name>'s reverse mode: <name>_backward, plus dout passed through."""
+    """<name>'s reverse mode: <name>_backward, plus the gradients of dout alone."""
     index = {x: i for i, x in enumerate(spec.inputs)}
-    kernel = [index[g.input] for g in spec.kernel_gradients]
-    backward_args = [index[x] for x in spec.backward_inputs]
     scalar_args = [spec.scalars.index(s) for s in spec.backward_scalars]
 
     def vjp(ctx, dout):
-        tensors = ctx.saved_tensors
+        tensors = ctx.saved_tensors  # the inputs, then the output when the backward reads it
         grads = [None] * (len(spec.inputs) + len(spec.scalars))
         if dout is None:
             return grads
-        needs = ctx.needs_input_grad
-        mask = [needs[i] for i in kernel]
-        if any(mask):
-            computed = autograd.call(spec.name + names.BACKWARD_SUFFIX,
-                dout, *[tensors[i] for i in backward_args], *[ctx.scalars[i] for i in scalar_args], mask)
-            it = iter(computed)
-            for i, m in zip(kernel, mask):
-                if m:
-                    grads[i] = _reduce(next(it), tensors[i])
-        for i, g in enumerate(spec.gradients):
-            if g.passthrough and needs[i]:
-                grads[i] = _reduce(dout, tensors[i])
+        reads = [tensors[-1] if x == spec.saved_output else tensors[index[x]] for x in spec.backward_inputs]
+
+        def call(mask):
+            return autograd.call(spec.name + names.BACKWARD_SUFFIX,
+                                 dout, *reads, *[ctx.scalars[i] for i in scalar_args], mask)
+        for i, g in _gradients_of(spec, dout, ctx.needs_input_grad, call, lambda i: tensors[i]).items():
+            grads[i] = g
         return grads
     return vjp
 
@@ -101,7 +130,6 @@ def _vjp_of_backward(spec: OpSpec, grad2: OpSpec):
     # grad2's inputs: dout, the backward's inputs, gg_<x> per kernel gradient, in that order.
     grad2_own = {n: i for i, n in enumerate(grad2.inputs[:len(own)])}
     gg_names = grad2.inputs[len(own):]
-    grad2_index = {g.input: k for k, g in enumerate(grad2.gradients)}
     scalar_args = [spec.backward_scalars.index(s) for s in grad2.backward_scalars]
     op_name = grad2.name + names.BACKWARD_SUFFIX
 
@@ -119,24 +147,15 @@ def _vjp_of_backward(spec: OpSpec, grad2: OpSpec):
             g = arriving.get(k)
             values[gname] = g if g is not None else torch.zeros((), dtype=dtype, device=device)
         needs = ctx.needs_input_grad
-        wanted = {n for n, i in grad2_own.items() if needs[i]}
-        kernel2 = grad2.kernel_gradients
-        mask = [g.input in wanted for g in kernel2]
         one = torch.ones((), dtype=dtype, device=device)
-        computed = {}
-        if any(mask):
-            out = autograd.call(op_name,
-                one, *[values[n] for n in grad2.backward_inputs], *[ctx.scalars[i] for i in scalar_args], mask)
-            it = iter(out)
-            computed = {g.input: next(it) for g, m in zip(kernel2, mask) if m}
-        for n, i in grad2_own.items():
-            if not needs[i]:
-                continue
-            g = computed.get(n)
-            if g is None and grad2.gradients[grad2_index[n]].passthrough:
-                g = one.expand(torch.broadcast_shapes(*[v.shape for v in values.values()]))
-            if g is not None:
-                grads[i] = _reduce(g, tensors[i])
+        ones = one.expand(torch.broadcast_shapes(*[v.shape for v in values.values()]))
+        wanted = [n in grad2_own and needs[grad2_own[n]] for n in grad2.inputs]
+
+        def call(mask):
+            return autograd.call(op_name, one, *[values[n] for n in grad2.backward_inputs],
+                                 *[ctx.scalars[i] for i in scalar_args], mask)
+        for j, g in _gradients_of(grad2, ones, wanted, call, lambda j: tensors[grad2_own[grad2.inputs[j]]]).items():
+            grads[grad2_own[grad2.inputs[j]]] = g
         return grads
     return vjp
 
@@ -296,7 +315,9 @@ def _function(info: OpInfo):
         ctx.scalars = scalars
         ctx.mask = mask
         ctx.out_shape = (output[0].shape if output else ()) if info.backward else output.shape
-        ctx.save_for_backward(*tensors)
+        # The output too when the backward reads it: saved as an output, so autograd's version
+        # counter catches an in-place change of it before backward.
+        ctx.save_for_backward(*tensors, *([output] if info.saves_output else []))
         ctx.save_for_forward(*tensors)
 
     vjp = info.vjp or _composite_vjp(info)
@@ -345,6 +366,7 @@ def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...]) -> list[OpInfo]:
         main = s is spec
         forward = _forward_info(s)
         forward.vjp = _vjp_of_forward(s)
+        forward.saves_output = s.saved_output is not None
         forward.jvp = _jvp_of_forward(s, jvp) if main and jvp is not None else None
         out.append(forward)
         if s.kernel_gradients:

@@ -30,7 +30,7 @@ ROLES = {
 LOCALS = frozenset("""
     out dout n scalar_t acc_t tag grads output_mask stream dtype scalars forward backward
     forward_cpu backward_cpu forward_cuda backward_cuda kDef registered kInputNames
-    kScalarNames kBackwardInputs kBackwardScalars kKernelGrads kPassthrough Forward Backward
+    kScalarNames kBackwardInputs kBackwardInputNames kBackwardScalars kGrads kDoutSteps Forward Backward
     kInputs kOutputs x y zero data strides loop T
 """.split())
 
@@ -39,6 +39,11 @@ TEMP_PREFIX = "t"
 
 # The incoming gradient (d loss / d out) in the math and the backward schema.
 DOUT = "dout"
+
+# The forward's output when the backward reads it instead of inputs (spec._plan): a name
+# beside the user's (fresh() adds `_` on a clash), so it is `in_result` in C, as
+# derivatives.yaml calls it `result`.
+SAVED_OUTPUT = "result"
 
 # The ops fusegen registers beside a user's op <name> (spec.py derives them, api.py builds
 # them into the op's library, autograd.py uses them):
@@ -121,6 +126,17 @@ def for_c(program, user_names):
         temps=tuple((s, e.xreplace(rename)) for s, e in program.temps),
         results=tuple((r, e.xreplace(rename)) for r, e in program.results),
     )
+
+
+def c_double(value: float) -> str:
+    """A double literal that reads back as exactly `value` (inf and NaN included)."""
+    import math
+    if math.isnan(value):
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "-INFINITY"
+    text = repr(float(value))
+    return text if ("e" in text or "." in text) else text + ".0"
 
 
 def op_namespace(op_name: str) -> str:

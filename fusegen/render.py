@@ -72,18 +72,40 @@ class Name:
         return names.value(self.name)
 
 
+def _step(op: str, value: float) -> str:
+    """One DoutStep initializer: the value printed exactly (repr round-trips a double)."""
+    return f"{{'{op}', {names.c_double(value)}}}"
+
+
+def _grad_defs(spec: OpSpec) -> tuple[list[str], list[str]]:
+    """The DoutStep arrays (one per distinct list of steps) and one GradDef per input."""
+    arrays: dict[tuple, str] = {}
+    defs = []
+    for g in spec.gradients:
+        output = -1 if g.output is None else g.output
+        if not g.dout_steps:
+            defs.append(f"{{{output}, {0 if g.dout_steps == () else -1}, nullptr}}")
+            continue
+        array = arrays.setdefault(g.dout_steps, f"kDoutSteps{len(arrays)}")
+        defs.append(f"{{{output}, {len(g.dout_steps)}, {array}}}")
+    lines = [f"const DoutStep {a}[] = {{{', '.join(_step(*st) for st in steps)}}};" for steps, a in arrays.items()]
+    return lines, defs
+
+
 def _context(spec: OpSpec, printed: PrintedOp) -> dict:
     """Names and printed math for the templates; every C spelling is in the templates."""
     inputs = [Name(x, index=i) for i, x in enumerate(spec.inputs)]
     by_name = {x.name: x for x in inputs}
-    kernel_grads = [Name(g.input, index=by_name[g.input].index, kernel_index=k)
-                    for k, g in enumerate(spec.kernel_gradients)]
-    passthrough = {g.input for g in spec.gradients if g.passthrough}
+    if spec.saved_output:
+        by_name[spec.saved_output] = Name(spec.saved_output, index=-1)  # kResult
+    kernel_grads = [Name(g.input, index=by_name[g.input].index, kernel_index=g.output)
+                    for g in spec.kernel_gradients]
+    steps, grad_defs = _grad_defs(spec)
     return {
         "name": spec.name,
         "ns": names.op_namespace(spec.name),
         "text": spec.text,
-        "gradient_lines": spec.summary(),
+        "gradient_lines": spec.summary() + spec.saved_lines(),
         "version": FUSEGEN_VERSION,
         "command": spec.command,
         "inputs": inputs,
@@ -91,7 +113,8 @@ def _context(spec: OpSpec, printed: PrintedOp) -> dict:
         "backward_inputs": [by_name[x] for x in spec.backward_inputs],
         "backward_scalars": [Name(s, index=spec.scalars.index(s)) for s in spec.backward_scalars],
         "kernel_grads": kernel_grads,
-        "passthrough_flags": ["true" if x in passthrough else "false" for x in spec.inputs],
+        "dout_steps": steps,
+        "grad_defs": grad_defs,
         "dout": names.DOUT,
         "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}
                  for t in COMPUTE_TYPES],

@@ -18,8 +18,10 @@ chosen never turns the gradient into NaN (0 * inf), and contributes +0.
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 
 import sympy
@@ -41,6 +43,21 @@ class Gradient:
     input: str
     expr: sympy.Expr          # the whole gradient: contains GRAD
     passthrough: bool         # exactly GRAD: it flows through, no kernel work
+    output: int | None = None           # the backward kernel's output that holds it (shared
+                                        # by identical gradients), None: no kernel output
+    dout_steps: tuple | None = None     # a function of GRAD alone: eager's ops on dout,
+                                        # (("-", 0.0) | ("*", c) | ("/", c), ...); () is GRAD
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the backward reads, chosen by the bytes forward + backward move (`_plan`)."""
+
+    saved_output: str | None        # the name the forward's output has in the backward, or None
+    reads: tuple[str, ...]          # tensors the backward reads besides dout (output first)
+    bytes: dict                     # dtype size -> forward + backward bytes per element
+    alternative: dict | None        # the plan not taken: {"reads": [...], "bytes": {...}}
+    why: str
 
 
 @dataclass(frozen=True)
@@ -63,14 +80,27 @@ class OpSpec:
     gradients: tuple[Gradient, ...]        # one per tensor input, schema order
     forward_program: Program
     backward_program: Program              # computes every non-passthrough gradient
-    backward_inputs: tuple[str, ...]       # tensor inputs the backward reads
+    backward_inputs: tuple[str, ...]       # tensors the backward reads: the saved output
+                                           # (plan.saved_output) first, then inputs
     backward_scalars: tuple[str, ...]      # scalars the backward reads
     command: str                           # the CLI line that regenerates the files
+    backward_exprs: tuple[sympy.Expr, ...] = ()   # per kernel output, in the backward's tensors
+    plan: Plan | None = None
 
     @property
     def kernel_gradients(self) -> tuple[Gradient, ...]:
-        """Gradients the backward kernel computes (the rest pass grad through)."""
-        return tuple(g for g in self.gradients if not g.passthrough)
+        """One gradient per output of the backward kernel (the first input that has it), in
+        output order; identical gradients share an output, the others pass grad through or
+        are eager ops on dout alone."""
+        owners = {}
+        for g in self.gradients:
+            if g.output is not None:
+                owners.setdefault(g.output, g)
+        return tuple(owners[k] for k in sorted(owners))
+
+    @property
+    def saved_output(self) -> str | None:
+        return self.plan.saved_output if self.plan else None
 
     def to_json(self, content_hash: str, auxiliary=()) -> str:
         doc = {
@@ -81,7 +111,12 @@ class OpSpec:
             "forward": text(self.forward),
             "gradients": {g.input: text(g.expr) for g in self.gradients},
             "passthrough": [g.input for g in self.gradients if g.passthrough],
+            "from_dout": {g.input: text(g.expr) for g in self.gradients
+                          if g.dout_steps and g.output is None},
+            "kernel_outputs": {names.grad(g.input): [h.input for h in self.gradients if h.output == g.output]
+                               for g in self.kernel_gradients},
             "backward_reads": list(self.backward_inputs) + list(self.backward_scalars),
+            "saved": self._saved_doc(),
             "auxiliary_ops": {a.name: {"inputs": list(a.inputs) + list(a.scalars), "forward": text(a.forward)}
                               for a in auxiliary},
             "fusegen_version": FUSEGEN_VERSION,
@@ -89,9 +124,41 @@ class OpSpec:
         }
         return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
+    def _saved_doc(self) -> dict:
+        p = self.plan
+        if p is None:
+            return {"tensors": list(self.backward_inputs), "why": "no backward kernel"}
+        doc = {"tensors": list(p.reads), "output": p.saved_output,
+               "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.bytes.items()}}
+        if p.alternative is not None:
+            doc["instead_of"] = {"tensors": p.alternative["reads"],
+                                 "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.alternative["bytes"].items()}}
+        doc["why"] = p.why
+        return doc
+
     def summary(self) -> list[str]:
         """One line per gradient, for the CLI and the file headers."""
-        return [f"d/d{g.input} = {text(g.expr)}" for g in self.gradients]
+        lines = []
+        first = {}
+        for g in self.gradients:
+            note = ""
+            if g.output is not None and first.setdefault(g.output, g.input) != g.input:
+                note = f"  (= d/d{first[g.output]}: computed and written once)"
+            elif g.dout_steps and g.output is None:
+                note = "  (eager ops on grad: no kernel)"
+            lines.append(f"d/d{g.input} = {text(g.expr)}{note}")
+        return lines
+
+    def saved_lines(self) -> list[str]:
+        """What the backward reads and why, for the file headers."""
+        p = self.plan
+        if p is None:
+            return []
+        reads = ", ".join(["grad"] + list(p.reads))
+        fp32 = p.bytes[4]
+        why = textwrap.wrap(f"({p.why})", 86)
+        return [f"backward reads: {reads}; forward+backward move {fp32} bytes per element in float32"] + \
+            [f"  {line}" for line in why]
 
 
 def differentiate(parsed: Parsed, name: str | None = None, command: str | None = None,
@@ -109,23 +176,47 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
     _check_printable(name, "the expression", forward)
     wanted = [symbol(i) for i in parsed.inputs]
     derived = backward(forward, wanted)
-    gradients = []
+    exprs = []
     for inp, sym in zip(parsed.inputs, wanted):
-        g = derived[sym]
-        _check_printable(name, f"the gradient for '{inp}'", g)
-        gradients.append(Gradient(inp, g, g == GRAD))
-    kernel_grads = [g for g in gradients if not g.passthrough]
+        _check_printable(name, f"the gradient for '{inp}'", derived[sym])
+        exprs.append(derived[sym])
+
+    # What the backward reads (`_plan`): the inputs, or the forward's output when that
+    # lets it read fewer tensors. The auxiliary ops keep their inputs: the double backward
+    # calls <name>_grad2_backward without running <name>_grad2, so there is no output.
+    taken = set(parsed.inputs) | set(parsed.scalars)
+    out_name = names.fresh(names.SAVED_OUTPUT, taken)
+    plan, kernel_exprs = _plan(forward, exprs, parsed.inputs, None if auxiliary else out_name)
+
+    # Identical gradients (the same tree, after the plan's rewriting) are one kernel output;
+    # a gradient of GRAD alone (`a - b`: -grad) needs the kernel only when another one does.
+    dout_only = [_dout_steps(e) if not auxiliary or e == GRAD else None for e in exprs]
+    needs_kernel = any(e != GRAD and steps is None for e, steps in zip(exprs, dout_only))
+    outputs: dict[sympy.Expr, int] = {}
+    gradients = []
+    for inp, e, ke, steps in zip(parsed.inputs, exprs, kernel_exprs, dout_only):
+        output = None
+        if e != GRAD and needs_kernel:
+            output = outputs.setdefault(ke, len(outputs))
+        gradients.append(Gradient(inp, e, e == GRAD, output, steps))
+    backward_exprs = tuple(outputs)  # insertion order is output order
+    if not backward_exprs:
+        plan = None
 
     # One cse over forward + backward: shared subterms (sigmoid(x) in silu) are found once,
     # then each program keeps only the temporaries its own results reach.
-    temps, reduced = sympy.cse([forward] + [g.expr for g in kernel_grads],
+    temps, reduced = sympy.cse([forward] + list(backward_exprs),
                                symbols=sympy.numbered_symbols("__cse"), order="none")
     forward_program = _program(temps, [("out", reduced[0])])
-    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(kernel_grads, reduced[1:])])
+    owners = [next(g for g in gradients if g.output == k) for k in range(len(backward_exprs))]
+    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])])
 
     used = set()
-    for g in kernel_grads:
-        used |= {s.name for s in g.expr.free_symbols if s != GRAD}
+    for e in backward_exprs:
+        used |= {s.name for s in e.free_symbols if s != GRAD}
+    reads = ((out_name,) if plan and plan.saved_output else ()) + tuple(i for i in parsed.inputs if i in used)
+    if plan is not None:
+        plan = dataclasses.replace(plan, reads=reads)
     if command is None:
         command = default_command(parsed, name)
     return OpSpec(
@@ -137,10 +228,106 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
         gradients=tuple(gradients),
         forward_program=forward_program,
         backward_program=backward_program,
-        backward_inputs=tuple(i for i in parsed.inputs if i in used),
+        backward_inputs=reads,
         backward_scalars=tuple(s for s in parsed.scalars if s in used),
         command=command,
+        backward_exprs=backward_exprs,
+        plan=plan,
     )
+
+
+# -- what the backward reads ----------------------------------------------------------------
+#
+# Per element, with dtype size s: the forward reads its inputs and writes its output; the
+# backward reads dout and what it needs, and writes its kernel outputs. Reading the
+# forward's output instead of inputs costs nothing in the forward (it is written anyway),
+# so it wins exactly when it lets the backward read fewer tensors. A gradient is rewritten
+# in terms of the output by literal substitution of the forward's tree (eager's formulas
+# for exp, sigmoid, tanh, relu, sqrt, ... use `result`) and by _KINKS, conditions on a
+# function's argument that are the same condition on its value, for every input, NaN and
+# signed zero included.
+_SIZES = (4, 2)                     # float32, then float16/bfloat16: the training dtypes
+_DTYPE_OF_SIZE = {8: "float64", 4: "float32", 2: "bfloat16/float16"}
+
+# forward node -> {condition on its argument: the same condition on its result}.
+# relu(a) = clamp_min(a, 0): a > 0 <=> relu(a) > 0 and a <= 0 <=> relu(a) <= 0 (a = NaN:
+# both false; a = -0.0: relu gives -0.0, both <= 0). Not a >= 0: relu(-1) = 0 >= 0.
+_KINKS = {
+    fn.Relu: lambda a, r: {fn.Greater(a, _ZERO): fn.Greater(r, _ZERO),
+                           fn.LessEqual(a, _ZERO): fn.LessEqual(r, _ZERO),
+                           fn.Less(_ZERO, a): fn.Less(_ZERO, r),
+                           fn.GreaterEqual(_ZERO, a): fn.GreaterEqual(_ZERO, r)},
+}
+
+
+def _in_terms_of_output(forward, exprs, out):
+    rules = {forward: out}
+    kink = _KINKS.get(type(forward))
+    if kink is not None:
+        rules.update(kink(forward.args[0], out))
+    return [e.xreplace(rules) for e in exprs]
+
+
+def _bytes(num_inputs: int, reads: int, outputs: int) -> dict:
+    """Forward (inputs + output) plus backward (dout + what it reads + its outputs) bytes
+    per element, per dtype size."""
+    return {s: s * ((num_inputs + 1) + (1 + reads + outputs)) for s in _SIZES}
+
+
+def _reads_of(exprs, inputs, out=None) -> list[str]:
+    used = set().union(*(e.free_symbols for e in exprs)) if exprs else set()
+    names_used = {s.name for s in used if s != GRAD}
+    return ([out] if out is not None and out in names_used else []) + [i for i in inputs if i in names_used]
+
+
+def _plan(forward, exprs, inputs, out_name):
+    """(Plan, the gradients as the backward computes them)."""
+    kernel = [e for e in exprs if e != GRAD]
+    if all(_dout_steps(e) is not None for e in kernel):
+        kernel = []  # eager ops on dout alone: no kernel
+    distinct = len(set(kernel))
+    by_inputs = _reads_of(kernel, inputs)
+    cost_inputs = _bytes(len(inputs), len(by_inputs), distinct)
+    if out_name is None or not kernel:
+        why = "the inputs (an auxiliary op: the double backward runs it without its forward)" if kernel else \
+            "no backward kernel"
+        return Plan(None, tuple(by_inputs), cost_inputs, None, why), list(exprs)
+    rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
+    by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in kernel], inputs, out_name)
+    cost_output = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in kernel}))
+    if len(by_output) < len(by_inputs):
+        why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of the output, "
+               f"{cost_inputs[4] - cost_output[4]} bytes per element less than reading {', '.join(by_inputs)} "
+               "(float32); saved with save_for_backward, so modifying the output in place before backward "
+               "raises, as for eager's relu")
+        return (Plan(out_name, tuple(by_output), cost_output, {"reads": by_inputs, "bytes": cost_inputs}, why),
+                rewritten)
+    why = (f"the inputs: in terms of the output the gradients would read {', '.join(by_output)}, no fewer "
+           "tensors, and the output would have to stay unmodified until backward")
+    return Plan(None, tuple(by_inputs), cost_inputs, {"reads": by_output, "bytes": cost_output}, why), list(exprs)
+
+
+def _dout_steps(expr):
+    """`expr` as eager ops applied to GRAD alone, innermost first (neg, mul or div by a
+    number), or None when it reads anything else."""
+    steps = []
+    while expr != GRAD:
+        t, args = type(expr), expr.args
+        if t is fn.Negative:
+            steps.append(("-", 0.0))
+            expr = args[0]
+        elif t is fn.Times and fn.is_number(args[1]):
+            steps.append(("*", float(args[1])))
+            expr = args[0]
+        elif t is fn.Times and fn.is_number(args[0]):
+            steps.append(("*", float(args[0])))
+            expr = args[1]
+        elif t is fn.Divide and fn.is_number(args[1]):
+            steps.append(("/", float(args[1])))
+            expr = args[0]
+        else:
+            return None
+    return tuple(reversed(steps))
 
 
 # -- the auxiliary ops: higher order from the same pipeline ----------------------------------
@@ -162,7 +349,7 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
     kernel = spec.kernel_gradients
     if not kernel:
         return None
-    taken = set(spec.inputs) | set(spec.scalars)
+    taken = set(spec.inputs) | set(spec.scalars) | set(spec.backward_inputs)
     dout = names.fresh(names.GRAD2_DOUT, taken)
     taken.add(dout)
     gg = []
@@ -170,8 +357,8 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
         gg.append(names.fresh(names.GRAD2_GG.format(g.input), taken))
         taken.add(gg[-1])
     tree = None
-    for g, gname in zip(kernel, gg):
-        term = fn.mul(symbol(gname), g.expr.xreplace({GRAD: symbol(dout)}))
+    for e, gname in zip(spec.backward_exprs, gg):
+        term = fn.mul(symbol(gname), e.xreplace({GRAD: symbol(dout)}))
         tree = term if tree is None else fn.add(tree, term)
     inputs = (dout,) + spec.backward_inputs + tuple(gg)
     parsed = Parsed(text(tree), tree, inputs, spec.backward_scalars)

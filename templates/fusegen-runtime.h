@@ -88,6 +88,27 @@ struct CudaLoop {
 };
 using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
+// A gradient that is a function of dout alone, as the eager ops that compute it, applied
+// to dout in order: `a - b` gives b the steps {'-'}, `2*x` gives x {'*', 2}. No kernel
+// reads the inputs for it.
+struct DoutStep {
+  char op;       // '-': negate; '*': multiply by value; '/': divide by value
+  double value;
+};
+
+// Where one input's gradient comes from.
+struct GradDef {
+  int output;              // the backward kernel's output that holds it (identical gradients
+                           // share one), -1: none
+  int num_steps;           // >= 0: a function of dout alone, `steps` applied to dout (0: dout
+                           // itself, no kernel ever); -1: only the kernel computes it
+  const DoutStep* steps;
+};
+
+// backward_inputs[i] == kResult: the backward reads the forward's output, saved with
+// save_for_backward (so an in-place change of the output before backward is caught).
+constexpr int kResult = -1;
+
 // One op, described by its generated code. Names are strings (any user name works); all
 // arrays are static data of the op's translation unit.
 struct OpDef {
@@ -99,20 +120,20 @@ struct OpDef {
   const char* const* input_names;   // the user's names (schema, messages)
   int num_scalars;
   const char* const* scalar_names;
-  int num_backward_inputs;          // the tensors the backward reads, in input order
-  const int* backward_inputs;       // ... as indices into the inputs
+  int num_backward_inputs;          // the tensors the backward reads (after dout)
+  const int* backward_inputs;       // ... as indices into the inputs, or kResult
+  const char* const* backward_input_names;  // ... named for messages (the user's names)
   int num_backward_scalars;
   const int* backward_scalars;      // indices into the scalars
-  int num_kernel_grads;             // gradients the backward kernel computes
-  const int* kernel_grads;          // ... as indices into the inputs
-  const bool* passthrough;          // per input: its gradient is dout itself (no kernel)
+  int num_kernel_grads;             // outputs of the backward kernel: distinct gradients
+  const GradDef* grads;             // per input: where its gradient comes from
   CpuKernel forward_cpu;
   CpuKernel backward_cpu;           // nullptr without kernel gradients
   CudaKernel forward_cuda;          // nullptr in a build without CUDA
   CudaKernel backward_cuda;
 };
 
-constexpr int kAbi = 2;
+constexpr int kAbi = 3;
 
 // Defines fusegen::<name> (and <name>_backward) and registers the op's CPU, Meta, CUDA and
 // Autograd kernels. Called once per op from a static initializer of the op's library.

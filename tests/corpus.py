@@ -120,6 +120,13 @@ CORPUS: list[Case] = [
          (REAL, REAL)),
     Case("cp_neg_pi", "operator", "-x*math.pi + torch.sin(-y)/2 - x/y**2",
          lambda x, y: -x * math.pi + torch.sin(-y) / 2 - x / y ** 2, (REAL, POSITIVE)),
+    # -- what the backward reads (spec._plan): the output, gradients of dout alone ----------
+    # relu(x+y): one gradient for both inputs, computed from the saved output.
+    Case("cp_relu_add", "plan", "relu(x+y)", lambda x, y: F.relu(x + y), (REAL, REAL)),
+    # every gradient is eager ops on dout: no backward kernel at all
+    Case("cp_sub_scaled", "plan", "a - 2*b + c/4", lambda a, b, c: a - 2 * b + c / 4, (REAL, REAL, REAL)),
+    # a kernel for x and y; z's -dout/4 is one more kernel output, or eager ops alone
+    Case("cp_mul_sub", "plan", "x*y - z/4", lambda x, y, z: x * y - z / 4, (REAL, REAL, REAL)),
     # -- runtime scalar and broadcasting ---------------------------------------------------
     Case("cp_swish_beta", "scalar", "x*torch.sigmoid(beta*x) + alpha*y",
          lambda x, y, beta, alpha: x * torch.sigmoid(beta * x) + alpha * y, (REAL, REAL),

@@ -39,9 +39,12 @@ void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t
 const char* const kInputNames[] = { "a", "b" };
 const char* const kScalarNames[] = {  };
 const int kBackwardInputs[] = {  };
+const char* const kBackwardInputNames[] = {  };
 const int kBackwardScalars[] = {  };
-const int kKernelGrads[] = {  };
-const bool kPassthrough[] = { true, true };
+
+// Per input: {output of the backward kernel (identical gradients share one) or -1,
+// number of eager steps on dout (0: dout itself; -1: not a function of dout alone), steps}.
+const GradDef kGrads[] = { {-1, 0, nullptr}, {-1, 0, nullptr} };
 
 const OpDef kDef = {
     kAbi,
@@ -50,10 +53,9 @@ const OpDef kDef = {
     nullptr,
     2, kInputNames,
     0, nullptr,
+    0, nullptr, nullptr,
     0, nullptr,
-    0, nullptr,
-    0, nullptr,
-    kPassthrough,
+    0, kGrads,
     forward_cpu,
     nullptr,
 #ifdef FUSEGEN_WITH_CUDA

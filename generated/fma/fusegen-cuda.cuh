@@ -84,7 +84,6 @@ void dispatch_dtype(Dtype dtype, F&& f) {
 }
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;  // 8 x 256 threads fill an SM; the grid-stride loop does the rest.
 constexpr int kMaxDevices = 64;
 
 // Multiprocessor count of the current device, asked once per device.
@@ -102,11 +101,26 @@ inline int sm_count() {
   return count;
 }
 
-// Enough blocks for one item per thread, capped at a full wave of resident blocks.
-inline unsigned grid_size(int64_t items) {
-  const int64_t wanted = (items + kThreads - 1) / kThreads;
-  const int64_t cap = int64_t(sm_count()) * kBlocksPerSm;
-  return static_cast<unsigned>(wanted < cap ? (wanted > 0 ? wanted : 1) : cap);
+// Blocks of `kernel` resident on one SM at once (registers decide: a backward with many
+// operands keeps fewer), asked once per kernel; the kernels are compiled for the one
+// architecture of the machine that builds them, so one answer holds for its devices.
+template <auto kKernel>
+int blocks_per_sm() {
+  static const int blocks = [] {
+    int b = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kThreads, 0);
+    return b > 0 ? b : 1;
+  }();
+  return blocks;
+}
+
+// Enough blocks for `items` work items of one block each, capped at one full wave of
+// resident blocks on this device: the grid-stride loop does the rest, with no second,
+// partly empty wave.
+template <auto kKernel>
+unsigned grid_size(int64_t items) {
+  const int64_t cap = int64_t(sm_count()) * blocks_per_sm<kKernel>();
+  return static_cast<unsigned>(items < cap ? (items > 0 ? items : 1) : cap);
 }
 
 // The data pointers of a kernel's operands, by value: outputs first (null: not wanted),
@@ -161,37 +175,63 @@ struct OffsetCalculator {
 // The one elementwise kernel shape, for any F (Forward, Backward, or any later function of
 // F::kInputs inputs and F::kOutputs outputs, fusegen-runtime.h): F runs in the compute type
 // on values loaded as T.
+//
+// Bytes in flight: a grid-stride loop that loads one 16-byte vector per input, computes,
+// stores and only then loads the next keeps one access per tensor in flight per thread.
+// The contiguous kernel loads kUnroll vectors per input before any math (each one more
+// copy of F's math in the kernel: compile time, a new op's nvcc run, grows with it, hence
+// 2); the strided kernel keeps the next element's inputs in flight while it computes one
+// (a software pipeline, so its offset calculator, the larger part of its code, has one
+// call site).
+constexpr int kUnroll = 2;
+constexpr int kDepth = 2;
 
-// Contiguous and 16-byte aligned: grid-stride over kVec-element vectors, every input's
-// vector loaded before the math, then the last n % kVec elements one per thread.
+template <typename T, int kVec, typename F>
+__device__ __forceinline__ void compute_vector(const Vec<T, kVec> (&x_v)[F::kInputs > 0 ? F::kInputs : 1],
+                                               Vec<T, kVec> (&y_v)[F::kOutputs], const F& f) {
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    acc_t<T> x[F::kInputs > 0 ? F::kInputs : 1];
+    acc_t<T> y[F::kOutputs];
+#pragma unroll
+    for (int j = 0; j < F::kInputs; ++j) x[j] = to_acc(x_v[j].v[e]);
+    f(x, y);
+#pragma unroll
+    for (int k = 0; k < F::kOutputs; ++k) y_v[k].v[e] = from_acc<T>(y[k]);
+  }
+}
+
+// Contiguous and 16-byte aligned: each block takes chunks of kThreads * kUnroll vectors
+// (thread t the vectors t and t + kThreads: every load coalesced), grid-stride; a vector
+// past the end is skipped (a predicate, so the body is compiled once, not again for a
+// tail loop); then the last n % kVec elements, one per thread.
 template <typename T, int kVec, typename F>
 __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInputs + F::kOutputs> p, int64_t n, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
   const int64_t n_vec = n / kVec;
-  for (int64_t v = first; v < n_vec; v += stride) {
-    Vec<T, kVec> x_v[kIn > 0 ? kIn : 1];
-    Vec<T, kVec> y_v[kOut];
+  for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n_vec; base += int64_t(gridDim.x) * kChunk) {
+    Vec<T, kVec> x_v[kUnroll][kIn > 0 ? kIn : 1];
 #pragma unroll
-    for (int j = 0; j < kIn; ++j) x_v[j] = load<kVec>(reinterpret_cast<const T*>(p.p[kOut + j]), v);
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kThreads >= n_vec) continue;
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      acc_t<T> x[kIn > 0 ? kIn : 1];
-      acc_t<T> y[kOut];
-#pragma unroll
-      for (int j = 0; j < kIn; ++j) x[j] = to_acc(x_v[j].v[e]);
-      f(x, y);
-#pragma unroll
-      for (int k = 0; k < kOut; ++k) y_v[k].v[e] = from_acc<T>(y[k]);
+      for (int j = 0; j < kIn; ++j) x_v[u][j] = load<kVec>(reinterpret_cast<const T*>(p.p[kOut + j]), base + u * kThreads);
     }
 #pragma unroll
-    for (int k = 0; k < kOut; ++k) {
-      if (p.p[k] != nullptr) store<kVec>(reinterpret_cast<T*>(p.p[k]), v, y_v[k]);
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kThreads >= n_vec) continue;
+      Vec<T, kVec> y_v[kOut];
+      compute_vector(x_v[u], y_v, f);
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) {
+        if (p.p[k] != nullptr) store<kVec>(reinterpret_cast<T*>(p.p[k]), base + u * kThreads, y_v[k]);
+      }
     }
   }
-  for (int64_t i = n_vec * kVec + first; i < n; i += stride) {
+  const int64_t i = n_vec * kVec + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {  // fewer than kVec elements: one each for the first threads
     acc_t<T> x[kIn > 0 ? kIn : 1];
     acc_t<T> y[kOut];
 #pragma unroll
@@ -205,7 +245,10 @@ __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInput
 }
 
 // Anything else (broadcast, strided, misaligned): grid-stride over elements, each
-// operand's address from the offset calculator.
+// operand's address from the offset calculator, with the inputs of the next kDepth - 1
+// elements in flight while one is computed (their output offsets kept for the store). The
+// loop starts kDepth - 1 steps early to fill the pipeline, so the offset calculator and
+// the math each have one call site.
 template <typename T, typename F>
 __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs + F::kOutputs> p,
                                                            OffsetCalculator<F::kInputs + F::kOutputs> calc, int64_t n,
@@ -213,17 +256,36 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    int64_t offset[kIn + kOut];
-    calc.offsets(i, offset);
-    acc_t<T> x[kIn > 0 ? kIn : 1];
-    acc_t<T> y[kOut];
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  T x[kDepth][kIn > 0 ? kIn : 1];  // storage type: converted at the math, as loaded
+  int64_t out_offset[kDepth][kOut];
+  for (int64_t i = first - (kDepth - 1) * stride; i < n; i += stride) {
+    const int64_t next = i + (kDepth - 1) * stride;
+    if (next < n) {
+      int64_t offset[kIn + kOut];
+      calc.offsets(next, offset);
 #pragma unroll
-    for (int j = 0; j < kIn; ++j) x[j] = to_acc(*reinterpret_cast<const T*>(p.p[kOut + j] + offset[kOut + j]));
-    f(x, y);
+      for (int j = 0; j < kIn; ++j) x[kDepth - 1][j] = *reinterpret_cast<const T*>(p.p[kOut + j] + offset[kOut + j]);
 #pragma unroll
-    for (int k = 0; k < kOut; ++k) {
-      if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + offset[k]) = from_acc<T>(y[k]);
+      for (int k = 0; k < kOut; ++k) out_offset[kDepth - 1][k] = offset[k];
+    }
+    if (i >= first) {
+      acc_t<T> in[kIn > 0 ? kIn : 1];
+      acc_t<T> y[kOut];
+#pragma unroll
+      for (int j = 0; j < kIn; ++j) in[j] = to_acc(x[0][j]);
+      f(in, y);
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) {
+        if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + out_offset[0][k]) = from_acc<T>(y[k]);
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kDepth - 1; ++d) {
+#pragma unroll
+      for (int j = 0; j < kIn; ++j) x[d][j] = x[d + 1][j];
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) out_offset[d][k] = out_offset[d + 1][k];
     }
   }
 }
@@ -243,7 +305,9 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   const int64_t n = loop.numel;
   if (loop.ndim == 0 && aligned) {
     constexpr int kVec = kVecWidth<T>;
-    contiguous_kernel<T, kVec, F><<<grid_size((n + kVec - 1) / kVec), kThreads, 0, stream>>>(p, n, f);
+    constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
+    const int64_t blocks = (n / kVec + kChunk - 1) / kChunk;
+    contiguous_kernel<T, kVec, F><<<grid_size<contiguous_kernel<T, kVec, F>>(blocks), kThreads, 0, stream>>>(p, n, f);
     return;
   }
   OffsetCalculator<kN> calc;
@@ -258,7 +322,8 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
       for (int k = 0; k < kN; ++k) calc.strides[d][k] = loop.strides[d * loop.num_operands + k];
     }
   }
-  strided_kernel<T, F><<<grid_size(n), kThreads, 0, stream>>>(p, calc, n, f);
+  strided_kernel<T, F><<<grid_size<strided_kernel<T, F>>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      p, calc, n, f);
 }
 
 // The entry point of an op's kernel (forward_cuda, backward_cuda): F built by make(zero of

@@ -277,19 +277,13 @@ struct BackwardArgs {
     }
     for (bool b : stack[first + count - 1].toBoolList()) mask.push_back(b);
   }
-  // Named arguments of saved tensors (dout, then the inputs the backward reads).
-  static Args of(const OpDef& def, const std::vector<at::Tensor>& saved) {
-    Args args{{"dout", saved[0]}};
-    for (int i = 0; i < def.num_backward_inputs; ++i) args.push_back({def.input_names[def.backward_inputs[i]], saved[i + 1]});
-    return args;
-  }
-  Args named(const OpDef& def) const {
+  // Named arguments (dout, then the tensors the backward reads, by the user's names).
+  static Args of(const OpDef& def, const std::vector<at::Tensor>& tensors) {
     Args args{{"dout", tensors[0]}};
-    for (int i = 0; i < def.num_backward_inputs; ++i) {
-      args.push_back({def.input_names[def.backward_inputs[i]], tensors[i + 1]});  // the user's name
-    }
+    for (int i = 0; i < def.num_backward_inputs; ++i) args.push_back({def.backward_input_names[i], tensors[i + 1]});
     return args;
   }
+  Args named(const OpDef& def) const { return of(def, tensors); }
   void push(torch::jit::Stack& stack) const {
     for (const at::Tensor& t : tensors) stack.emplace_back(t);
     for (double s : scalars) stack.emplace_back(s);
@@ -318,7 +312,6 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
                                    const std::vector<bool>& present, CpuKernel cpu, CudaKernel cuda,
                                    const double* scalars) {
   const at::ScalarType dtype = check_args(name, args);
-  const c10::SymDimVector shape = broadcast_shape(name, args);  // names the argument that does not fit
   const c10::Device on = device_arg(args).tensor.device();
 #ifdef FUSEGEN_WITH_CUDA
   std::optional<c10::cuda::CUDAGuard> device_guard;
@@ -330,12 +323,22 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   std::vector<at::Tensor> outputs(present.size());
   if (device == Device::kMeta && any_symbolic(inputs)) {
     // Dynamic shapes: no TensorIterator; contiguous outputs of the broadcast shape.
+    const c10::SymDimVector shape = broadcast_shape(name, args);
     for (size_t k = 0; k < present.size(); ++k) {
       if (present[k]) outputs[k] = at::empty_symint(shape, inputs.front().options());
     }
     return outputs;
   }
-  at::TensorIterator iter = make_iterator(num_outputs, inputs);
+  // TensorIterator checks the broadcast; only when it fails is the shape worked out again,
+  // for an error that names the argument that does not fit (not on every call).
+  at::TensorIterator iter = [&] {
+    try {
+      return make_iterator(num_outputs, inputs);
+    } catch (const c10::Error&) {
+      broadcast_shape(name, args);  // throws the named error when the shapes are the cause
+      throw;
+    }
+  }();
   for (size_t k = 0, next = 0; k < present.size(); ++k) {
     if (present[k]) outputs[k] = iter.output(static_cast<int64_t>(next++));
   }
@@ -372,13 +375,89 @@ std::vector<at::Tensor> run_backward(const Op& op, Device device, const Backward
 // fusegen::<name>_backward. Both go through the dispatcher, so torch.compile and opcheck
 // see ordinary ops.
 
+// Each input's sizes and dtype, packed into one list for saved_data (one entry instead of
+// two string-keyed ones per input): per input, the dtype, the number of dimensions, the sizes.
+c10::IValue pack_metadata(at::TensorList tensors) {
+  std::vector<c10::SymInt> packed;
+  for (const at::Tensor& t : tensors) {
+    const c10::SymIntArrayRef sizes = t.sym_sizes();
+    packed.emplace_back(static_cast<int64_t>(t.scalar_type()));
+    packed.emplace_back(static_cast<int64_t>(sizes.size()));
+    packed.insert(packed.end(), sizes.begin(), sizes.end());
+  }
+  return c10::IValue(c10::SymIntArrayRef(packed));
+}
+
+struct InputMeta {
+  at::ScalarType dtype;
+  std::vector<c10::SymInt> sizes;
+};
+
+std::vector<InputMeta> unpack_metadata(const c10::IValue& packed) {
+  const std::vector<c10::SymInt> all = packed.toSymIntVector();
+  std::vector<InputMeta> out;
+  for (size_t k = 0; k < all.size();) {
+    const auto dtype = static_cast<at::ScalarType>(all[k].expect_int());
+    const int64_t ndim = all[k + 1].expect_int();
+    out.push_back({dtype, std::vector<c10::SymInt>(all.begin() + k + 2, all.begin() + k + 2 + ndim)});
+    k += 2 + ndim;
+  }
+  return out;
+}
+
 // A gradient computed at the broadcast shape, summed back to the input's shape and cast
 // to its dtype. A gradient that already fits is returned as is (no kernel).
-at::Tensor reduce_to_input(AutogradContext* ctx, int index, const at::Tensor& grad) {
-  const std::string key = std::to_string(index);
-  const std::vector<c10::SymInt> sizes = ctx->saved_data["sizes" + key].toSymIntVector();
-  const at::ScalarType dtype = ctx->saved_data["dtype" + key].toScalarType();
-  return at::sum_to(grad, c10::SymIntArrayRef(sizes)).to(dtype);
+at::Tensor reduce_to_input(const InputMeta& meta, const at::Tensor& grad) {
+  at::Tensor g = at::sum_to(grad, c10::SymIntArrayRef(meta.sizes));
+  return g.scalar_type() == meta.dtype ? g : g.to(meta.dtype);
+}
+
+// A gradient of dout alone (GradDef::steps): the eager ops, in order.
+at::Tensor apply_steps(const GradDef& grad, const at::Tensor& dout) {
+  at::Tensor g = dout;
+  for (int s = 0; s < grad.num_steps; ++s) {
+    const DoutStep& step = grad.steps[s];
+    g = step.op == '-' ? at::neg(g) : step.op == '*' ? at::mul(g, step.value) : at::div(g, step.value);
+  }
+  return g;
+}
+
+// The gradients of `def`'s inputs for which needs(i) holds, into grads[i]: the kernel
+// outputs are requested per distinct gradient (one output for identical ones); when every
+// requested one is also a function of dout alone, eager ops on dout compute them instead
+// (they read dout only, the kernel would read the inputs too). `call(mask)` runs the
+// backward kernel through the dispatcher and returns the requested outputs.
+template <typename Needs, typename Call>
+void gradients_of(const OpDef& def, const at::Tensor& dout, const std::vector<InputMeta>& meta, Needs&& needs,
+                  Call&& call, variable_list& grads) {
+  std::vector<bool> mask(def.num_kernel_grads, false);
+  bool kernel = false;
+  for (int i = 0; i < def.num_inputs; ++i) {
+    const GradDef& g = def.grads[i];
+    if (!needs(i) || g.output < 0) continue;
+    mask[g.output] = true;
+    kernel = kernel || g.num_steps < 0;
+  }
+  std::vector<at::Tensor> computed(def.num_kernel_grads);
+  if (kernel) {
+    const std::vector<at::Tensor> out = call(mask);
+    for (int k = 0, next = 0; k < def.num_kernel_grads; ++k) {
+      if (mask[k]) computed[k] = out[next++];
+    }
+  }
+  std::vector<at::Tensor> from_dout(def.num_inputs);  // by the first input with the same steps
+  for (int i = 0; i < def.num_inputs; ++i) {
+    if (!needs(i)) continue;
+    const GradDef& g = def.grads[i];
+    at::Tensor full = g.output >= 0 ? computed[g.output] : at::Tensor();
+    if (!full.defined() && g.num_steps >= 0) {
+      for (int j = 0; j < i && !full.defined(); ++j) {
+        if (from_dout[j].defined() && def.grads[j].steps == g.steps && def.grads[j].num_steps == g.num_steps) full = from_dout[j];
+      }
+      if (!full.defined()) full = from_dout[i] = apply_steps(g, dout);
+    }
+    if (full.defined()) grads[i] = reduce_to_input(meta[i], full);
+  }
 }
 
 // Arguments of apply(): the tensors first (one gradient each), then two non-tensors.
@@ -387,22 +466,32 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
   static at::Tensor forward(AutogradContext* ctx, at::TensorList tensors, const Op* op, std::vector<double> scalars) {
     const OpDef& def = *op->def;
     ctx->saved_data["op"] = reinterpret_cast<int64_t>(op);
+    if (def.num_backward_scalars > 0) {
+      std::vector<double> used;
+      for (int i = 0; i < def.num_backward_scalars; ++i) used.push_back(scalars[def.backward_scalars[i]]);
+      ctx->saved_data["scalars"] = c10::List<double>(used);
+    }
+    ctx->saved_data["meta"] = pack_metadata(tensors);
+    at::Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      torch::jit::Stack stack;
+      stack.reserve(tensors.size() + scalars.size());
+      for (const at::Tensor& t : tensors) stack.emplace_back(t);
+      for (double s : scalars) stack.emplace_back(s);
+      op->forward_op->callBoxed(stack);
+      out = std::move(stack.back()).toTensor();
+    }
+    // The output, when saved, is saved as an output: autograd's version counter then
+    // refuses a backward after the output was modified in place, as for eager's relu.
     std::vector<at::Tensor> saved;
-    for (int i = 0; i < def.num_backward_inputs; ++i) saved.push_back(tensors[def.backward_inputs[i]]);
+    saved.reserve(def.num_backward_inputs);
+    for (int i = 0; i < def.num_backward_inputs; ++i) {
+      const int k = def.backward_inputs[i];
+      saved.push_back(k == kResult ? out : tensors[k]);
+    }
     ctx->save_for_backward(saved);
-    for (int i = 0; i < def.num_backward_scalars; ++i) {
-      ctx->saved_data["scalar" + std::to_string(i)] = scalars[def.backward_scalars[i]];
-    }
-    for (int i = 0; i < def.num_inputs; ++i) {
-      ctx->saved_data["sizes" + std::to_string(i)] = tensors[i].sym_sizes();
-      ctx->saved_data["dtype" + std::to_string(i)] = tensors[i].scalar_type();
-    }
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    torch::jit::Stack stack;
-    for (const at::Tensor& t : tensors) stack.emplace_back(t);
-    for (double s : scalars) stack.emplace_back(s);
-    op->forward_op->callBoxed(stack);
-    return stack.back().toTensor();
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list douts) {
@@ -410,34 +499,23 @@ class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
     const OpDef& def = *op.def;
     const at::Tensor& dout = douts[0];
     variable_list grads(def.num_inputs + 2);  // one per tensor; the op and the scalars get none
-    if (def.num_kernel_grads > 0) {
+    const std::vector<InputMeta> meta = unpack_metadata(ctx->saved_data["meta"]);
+    gradients_of(def, dout, meta, [&](int i) { return ctx->needs_input_grad(i); }, [&](const std::vector<bool>& mask) {
       BackwardArgs a;
       a.tensors.push_back(dout);
       for (const at::Tensor& t : ctx->get_saved_variables()) a.tensors.push_back(t);
-      for (int i = 0; i < def.num_backward_scalars; ++i) {
-        a.scalars.push_back(ctx->saved_data["scalar" + std::to_string(i)].toDouble());
+      if (def.num_backward_scalars > 0) {
+        for (double s : ctx->saved_data["scalars"].toDoubleList()) a.scalars.push_back(s);
       }
-      bool any = false;
-      for (int k = 0; k < def.num_kernel_grads; ++k) {
-        a.mask.push_back(ctx->needs_input_grad(def.kernel_grads[k]));
-        any = any || a.mask.back();
-      }
-      if (any) {
-        torch::jit::Stack stack;
-        a.push(stack);
-        op.backward_op->callBoxed(stack);
-        const std::vector<at::Tensor> computed = stack.back().toTensorVector();
-        size_t next = 0;
-        for (int k = 0; k < def.num_kernel_grads; ++k) {
-          const int i = def.kernel_grads[k];
-          if (a.mask[k]) grads[i] = reduce_to_input(ctx, i, computed[next++]);
-        }
-      }
-    }
-    // d/dx = 1: dout passes through without a kernel.
-    for (int i = 0; i < def.num_inputs; ++i) {
-      if (def.passthrough[i] && ctx->needs_input_grad(i)) grads[i] = reduce_to_input(ctx, i, dout);
-    }
+      a.mask = mask;
+      torch::jit::Stack stack;
+      a.push(stack);
+      // Without create_graph nothing differentiates the backward: skip its autograd kernel.
+      std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+      if (!at::GradMode::is_enabled()) below_autograd.emplace();
+      op.backward_op->callBoxed(stack);
+      return std::move(stack.back()).toTensorVector();
+    }, grads);
     return grads;
   }
 };
@@ -458,10 +536,7 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
                                std::vector<double> scalars, std::vector<bool> mask) {
     ctx->saved_data["op"] = reinterpret_cast<int64_t>(op);
     ctx->save_for_backward(tensors.vec());
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      ctx->saved_data["sizes" + std::to_string(i)] = tensors[i].sym_sizes();
-      ctx->saved_data["dtype" + std::to_string(i)] = tensors[i].scalar_type();
-    }
+    ctx->saved_data["meta"] = pack_metadata(tensors);
     ctx->saved_data["scalars"] = c10::List<double>(scalars);
     c10::List<bool> mask_list;
     for (bool b : mask) mask_list.push_back(b);
@@ -486,10 +561,10 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
                                 "_grad2, which is not loaded (a library built without fusegen fuses first and "
                                 "second derivatives; load the op with fusegen (fusegen.fuse / @fused) for any order)");
     const OpDef& def2 = *grad2->def;
-    const std::vector<at::Tensor> saved = ctx->get_saved_variables();  // dout, the inputs the backward read
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();  // dout, the tensors the backward read
     const int own = 1 + def.num_backward_inputs;
     variable_list grads(own + 3);  // one per tensor; the op, the scalars and the mask get none
-    // <name>_grad2's inputs: dout, the backward's inputs, then gg_k per kernel gradient.
+    // <name>_grad2's inputs: dout, the backward's tensors, then gg_k per kernel output.
     std::vector<at::Tensor> inputs(saved.begin(), saved.end());
     const at::ScalarType dtype = check_args(op.backward_name, BackwardArgs::of(def, saved));
     const at::TensorOptions options = saved[0].options().dtype(dtype);
@@ -502,33 +577,22 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
       inputs.push_back(gg.defined() ? gg : at::zeros({}, options));
     }
     if (!any_gg) return grads;
-    BackwardArgs a;
-    a.tensors.push_back(at::ones({}, options));
-    for (int i = 0; i < def2.num_backward_inputs; ++i) a.tensors.push_back(inputs[def2.backward_inputs[i]]);
+    const at::Tensor one = at::ones({}, options);
     const c10::List<double> scalars = ctx->saved_data["scalars"].toDoubleList();
-    for (int i = 0; i < def2.num_backward_scalars; ++i) a.scalars.push_back(scalars[def2.backward_scalars[i]]);
-    bool any = false;
-    for (int k = 0; k < def2.num_kernel_grads; ++k) {
-      const int i = def2.kernel_grads[k];
-      a.mask.push_back(i < own && ctx->needs_input_grad(i));
-      any = any || a.mask.back();
-    }
-    std::vector<at::Tensor> computed;
-    if (any) {
+    // d h / d input = 1 (a passthrough of grad2) is the incoming gradient: ones.
+    const at::Tensor ones = one.expand_symint(saved[0].sym_sizes());
+    gradients_of(def2, ones, unpack_metadata(ctx->saved_data["meta"]),
+                 [&](int i) { return i < own && ctx->needs_input_grad(i); }, [&](const std::vector<bool>& mask2) {
+      BackwardArgs a;
+      a.tensors.push_back(one);
+      for (int i = 0; i < def2.num_backward_inputs; ++i) a.tensors.push_back(inputs[def2.backward_inputs[i]]);
+      for (int i = 0; i < def2.num_backward_scalars; ++i) a.scalars.push_back(scalars[def2.backward_scalars[i]]);
+      a.mask = mask2;
       torch::jit::Stack stack;
       a.push(stack);
       grad2->backward_op->callBoxed(stack);
-      computed = stack.back().toTensorVector();
-    }
-    next = 0;
-    for (int k = 0; k < def2.num_kernel_grads; ++k) {
-      if (a.mask[k]) grads[def2.kernel_grads[k]] = reduce_to_input(ctx, def2.kernel_grads[k], computed[next++]);
-    }
-    for (int i = 0; i < own; ++i) {  // d h / d input = 1: the incoming gradient, ones
-      if (def2.passthrough[i] && ctx->needs_input_grad(i)) {
-        grads[i] = reduce_to_input(ctx, i, at::ones({}, options).expand_symint(saved[0].sym_sizes()));
-      }
-    }
+      return std::move(stack.back()).toTensorVector();
+    }, grads);
     return grads;
   }
 };
@@ -544,6 +608,13 @@ class Kernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& /*handle*/, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
     const OpDef& def = *op_->def;
+    if (key_ == Key::kAutograd && !records_graph(def, *stack)) {
+      // Nothing to differentiate (no_grad, or no tensor requires grad): no autograd Function,
+      // no saved state; straight to the device kernel, as eager's autograd kernels do.
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      (backward_ ? op_->backward_op : op_->forward_op)->callBoxed(*stack);
+      return;
+    }
     if (!backward_) {
       ForwardArgs a(def, *stack);
       at::Tensor out;
@@ -571,6 +642,20 @@ class Kernel final : public c10::OperatorKernel {
   }
 
  private:
+  // Whether this call must record an autograd node: grad mode on and some tensor argument
+  // requires grad (read off the stack, before anything is unpacked).
+  bool records_graph(const OpDef& def, const torch::jit::Stack& stack) const {
+    if (!at::GradMode::is_enabled()) return false;
+    const int tensors = backward_ ? 1 + def.num_backward_inputs : def.num_inputs;
+    const int args = backward_ ? tensors + def.num_backward_scalars + 1 : tensors + def.num_scalars;
+    const size_t first = stack.size() - args;
+    for (int i = 0; i < tensors; ++i) {
+      const c10::IValue& v = stack[first + i];
+      if (v.isTensor() && v.toTensor().requires_grad()) return true;
+    }
+    return false;
+  }
+
   Device device() const { return key_ == Key::kCpu ? Device::kCpu : key_ == Key::kMeta ? Device::kMeta : Device::kCuda; }
 
   const Op* op_;

@@ -65,7 +65,8 @@ def test_corpus_on_cuda(cuda_ops, case, dtype):
     check_close(case, cuda_ops[case.name], on_cuda(case, 4099, dtype, seed=1), dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16],
+                         ids=["f32", "bf16", "f64", "f16"])
 @pytest.mark.parametrize("which", ["all", "first", "last"])
 @pytest.mark.parametrize("case", SEEDS, ids=repr)
 def test_misaligned_views(cuda_ops, case, which, dtype):
@@ -96,25 +97,96 @@ def test_broadcast_case(cuda_ops):
     check_close(case, cuda_ops[case.name], on_cuda(case, 1000, torch.float32), torch.float32)
 
 
-def test_non_default_stream(cuda_ops):
-    case, op = BY_NAME["cp_gelu_tanh"], cuda_ops["cp_gelu_tanh"]
-    (x,) = on_cuda(case, 2 ** 22, torch.float32)
+@pytest.mark.parametrize("name", ["cp_gelu_tanh", "cp_relu_add", "cp_add_mul", "cp_mul_sub"])
+def test_non_default_stream(cuda_ops, name):
+    """Forward and backward on a side stream (the backward of cp_relu_add reads the saved
+    output, cp_add_mul's writes one gradient for two inputs)."""
+    case, op = BY_NAME[name], cuda_ops[name]
+    xs = on_cuda(case, 2 ** 22, torch.float32)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         # a long producer on the side stream, then the op: correct only if the op runs on
         # the current (side) stream, ordered after the producer
-        y = x * 1.0
+        ys = [x * 1.0 for x in xs]
         for _ in range(20):
-            y = y + 0.0
-        leaf = y.detach().requires_grad_(True)
-        out = op(leaf)
-        (gx,) = torch.autograd.grad(out, leaf, torch.ones_like(out))
+            ys = [y + 0.0 for y in ys]
+        leaves = [y.detach().requires_grad_(True) for y in ys]
+        out = op(*leaves)
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
     stream.synchronize()
-    torch.testing.assert_close(out, case.eager(x), **TOL[torch.float32])
-    xe = x.clone().requires_grad_(True)
-    (ge,) = torch.autograd.grad(case.eager(xe), xe, torch.ones_like(xe))
-    torch.testing.assert_close(gx, ge, **TOL[torch.float32])
+    torch.testing.assert_close(out, case.eager(*xs), **TOL[torch.float32])
+    xe = [x.clone().requires_grad_(True) for x in xs]
+    want = torch.autograd.grad(case.eager(*xe), xe, torch.ones_like(xe[0]))
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("name", ["cp_fma", "cp_relu_add", "cp_add_mul", "cp_silu"])
+def test_cuda_graph_capture_and_replay(cuda_ops, name):
+    """Forward and backward captured in a CUDA graph, replayed on new values: every launch
+    is on the capturing stream, and nothing syncs with the host."""
+    case, op = BY_NAME[name], cuda_ops[name]
+    static = [t.requires_grad_(True) for t in on_cuda(case, 100003, torch.float32, seed=3)]
+    dout = torch.randn(100003, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graphs asks
+        for _ in range(3):
+            torch.autograd.grad(op(*static), static, dout)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op(*static)
+        grads = torch.autograd.grad(out, static, dout)
+    for seed in (4, 5):
+        fresh = on_cuda(case, 100003, torch.float32, seed=seed)
+        with torch.no_grad():
+            for s, f in zip(static, fresh):
+                s.copy_(f)
+        graph.replay()
+        torch.cuda.synchronize()
+        xe = [f.clone().requires_grad_(True) for f in fresh]
+        want_out = case.eager(*xe)
+        want = torch.autograd.grad(want_out, xe, dout)
+        torch.testing.assert_close(out, want_out, **TOL[torch.float32])
+        for g, w in zip(grads, want):
+            torch.testing.assert_close(g, w, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("n", [1023, 1024, 1025, 4 * 256 * 4 * 3 + 1, 2 * 256 * 8 * 5 + 13, 1056 * 256 * 16 + 77])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
+@pytest.mark.parametrize("name", ["cp_fma", "cp_silu", "cp_relu_add", "cp_add_mul"])
+def test_unrolled_kernel_tails(cuda_ops, name, dtype, n):
+    """Sizes around the kernels' chunks (kThreads x kUnroll vectors) and a full wave: the
+    unrolled loop, the partial chunk and the scalar tail."""
+    case = BY_NAME[name]
+    check_close(case, cuda_ops[name], on_cuda(case, n, dtype, seed=n % 97), dtype)
+
+
+def test_saved_output_in_place_check_cuda(cuda_ops):
+    op = cuda_ops["cp_relu_add"]
+    x, y = (torch.randn(4096, device="cuda", requires_grad=True) for _ in range(2))
+    out = op(x, y)
+    out.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_deduped_gradients_cuda(cuda_ops, dtype):
+    """(x+y)*w: the backward op writes one tensor for x and y; broadcast inputs get it
+    summed to their own shapes."""
+    op = cuda_ops["cp_add_mul"]
+    x, y, w, dout = (torch.randn(3, 4099, device="cuda", dtype=dtype) for _ in range(4))
+    grads = op.backward_op(dout, x, y, w, [True, True])
+    assert len(grads) == 2
+    xs = [x.requires_grad_(True), y[:1].clone().requires_grad_(True), w.requires_grad_(True)]
+    got = torch.autograd.grad(op(*xs), xs, dout)
+    want = torch.autograd.grad((xs[0] + xs[1]) * xs[2], xs, dout)
+    assert got[1].shape == (1, 4099)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g.float(), e.float(), rtol=2e-2 if dtype == torch.bfloat16 else 2e-5, atol=2e-2)
 
 
 def test_zero_size_launches_nothing(cuda_ops):
@@ -261,6 +333,19 @@ def test_cuda_strided_past_2_31_elements(cuda_ops):
     idx = torch.tensor([0, 1, 2 ** 31 - 1, 2 ** 31, 2 ** 31 + 1, n - 1], device="cuda")
     torch.testing.assert_close(out[idx].float(), torch.full((6,), 4.0, device="cuda"))
     del base, out
+def test_cuda_contiguous_past_2_31_elements(cuda_ops):
+    """The 16-byte unrolled kernel with 64-bit indices: a contiguous bf16 tensor of more than
+    2^31 elements (4 GiB in, 4 GiB out)."""
+    n = 2 ** 31 + 8 * 37 + 3
+    x = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+    x[: 2 ** 30] = 0.5
+    x[2 ** 30:] = -1.25
+    out = cuda_ops["cp_silu"].op(x)
+    idx = torch.tensor([0, 2 ** 30 - 1, 2 ** 30, 2 ** 31 - 1, 2 ** 31, n - 2, n - 1], device="cuda")
+    torch.testing.assert_close(out[idx], BY_NAME["cp_silu"].eager(x[idx]))
+    del x, out
+
+
 # -- higher order (issue 10) ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", CORPUS, ids=repr)
