@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "fusegen-math.h"
 #include "fusegen-runtime.h"
@@ -131,40 +132,53 @@ struct Pointers {
 };
 
 // Division by a fixed divisor as a multiply and a shift (Granlund and Montgomery, as
-// PyTorch's IntDivider, but 64-bit): q = (umulhi(n, magic) + n) >> shift, exact for every
-// n < 2^63 (so the sum cannot overflow) and divisor in [1, 2^63).
+// PyTorch's IntDivider): q = (umulhi(n, magic) + n) >> shift. Two widths: 32-bit, exact for
+// n < 2^31 and divisor in [1, 2^31] (one mul.hi: the strided kernel's index math is most of
+// its work, and a 64-bit umulhi is several instructions), and 64-bit, exact for n < 2^63
+// and divisor in [1, 2^63).
+template <typename U>
 struct IntDivider {
-  uint64_t divisor;
-  uint64_t magic;
+  U divisor;
+  U magic;
   unsigned shift;
 
   IntDivider() = default;
-  explicit IntDivider(uint64_t d) : divisor(d), shift(0) {
-    while (shift < 63 && (uint64_t(1) << shift) < d) ++shift;
+  explicit IntDivider(U d) : divisor(d), shift(0) {
+    constexpr unsigned kBits = sizeof(U) * 8;
+    while (shift < kBits - 1 && (U(1) << shift) < d) ++shift;
     const unsigned __int128 one = 1;
-    magic = static_cast<uint64_t>(((one << 64) * ((one << shift) - d)) / d + 1);
+    magic = static_cast<U>(((one << kBits) * ((one << shift) - d)) / d + 1);
   }
-  __device__ __forceinline__ uint64_t div(uint64_t n) const { return (__umul64hi(n, magic) + n) >> shift; }
+  __device__ __forceinline__ U div(U n) const {
+    if constexpr (sizeof(U) == 4) {
+      return (__umulhi(n, magic) + n) >> shift;
+    } else {
+      return (__umul64hi(n, magic) + n) >> shift;
+    }
+  }
 };
 
 // A linear element index -> the byte offset of each operand, for any layout TensorIterator
 // produces (broadcast: stride 0; transposed; sliced; channels_last): sizes with dimension
-// 0 the fastest, as the runtime passes them. 64-bit, so more than 2^31 elements work.
-template <int kN>
+// 0 the fastest, as the runtime passes them. Index is uint32_t when the element count and
+// every operand's byte span fit in 31 bits (fits_32bit), else uint64_t, so more than 2^31
+// elements work.
+template <int kN, typename Index>
 struct OffsetCalculator {
+  using Offset = std::make_signed_t<Index>;
   int ndim;
-  IntDivider sizes[kMaxDims];
-  int64_t strides[kMaxDims][kN];
+  IntDivider<Index> sizes[kMaxDims];
+  Offset strides[kMaxDims][kN];
 
-  __device__ __forceinline__ void offsets(int64_t linear, int64_t (&out)[kN]) const {
+  __device__ __forceinline__ void offsets(Index linear, Offset (&out)[kN]) const {
 #pragma unroll
     for (int k = 0; k < kN; ++k) out[k] = 0;
-    uint64_t rest = static_cast<uint64_t>(linear);
+    Index rest = linear;
 #pragma unroll
     for (int d = 0; d < kMaxDims; ++d) {
       if (d == ndim) break;
-      const uint64_t q = sizes[d].div(rest);
-      const int64_t index = static_cast<int64_t>(rest - q * sizes[d].divisor);
+      const Index q = sizes[d].div(rest);
+      const Offset index = static_cast<Offset>(rest - q * sizes[d].divisor);
       rest = q;
 #pragma unroll
       for (int k = 0; k < kN; ++k) out[k] += index * strides[d][k];
@@ -249,21 +263,22 @@ __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInput
 // elements in flight while one is computed (their output offsets kept for the store). The
 // loop starts kDepth - 1 steps early to fill the pipeline, so the offset calculator and
 // the math each have one call site.
-template <typename T, typename F>
+template <typename T, typename F, typename Index>
 __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs + F::kOutputs> p,
-                                                           OffsetCalculator<F::kInputs + F::kOutputs> calc, int64_t n,
-                                                           F f) {
+                                                           OffsetCalculator<F::kInputs + F::kOutputs, Index> calc,
+                                                           int64_t n, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
+  using Offset = typename OffsetCalculator<kIn + kOut, Index>::Offset;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   T x[kDepth][kIn > 0 ? kIn : 1];  // storage type: converted at the math, as loaded
-  int64_t out_offset[kDepth][kOut];
+  Offset out_offset[kDepth][kOut];
   for (int64_t i = first - (kDepth - 1) * stride; i < n; i += stride) {
     const int64_t next = i + (kDepth - 1) * stride;
     if (next < n) {
-      int64_t offset[kIn + kOut];
-      calc.offsets(next, offset);
+      Offset offset[kIn + kOut];
+      calc.offsets(static_cast<Index>(next), offset);
 #pragma unroll
       for (int j = 0; j < kIn; ++j) x[kDepth - 1][j] = *reinterpret_cast<const T*>(p.p[kOut + j] + offset[kOut + j]);
 #pragma unroll
@@ -290,6 +305,47 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
   }
 }
 
+// Whether the strided kernel may use 32-bit index math: fewer than 2^31 elements, and every
+// operand's largest byte offset below 2^31 (PyTorch's can_use_32bit_indexing, in bytes).
+inline bool fits_32bit(const CudaLoop& loop, int64_t n, int num_operands, size_t element_size) {
+  constexpr int64_t kLimit = int64_t(1) << 31;
+  if (n >= kLimit) return false;
+  if (loop.ndim == 0) return n * int64_t(element_size) < kLimit;
+  for (int k = 0; k < num_operands; ++k) {
+    int64_t span = 0;
+    for (int d = 0; d < loop.ndim; ++d) {
+      const int64_t step = loop.strides[d * loop.num_operands + k];
+      span += (loop.sizes[d] - 1) * (step < 0 ? -step : step);
+    }
+    if (span >= kLimit) return false;
+  }
+  return true;
+}
+
+// The offset-calculator kernel over the loop, with Index-wide index math.
+template <typename T, typename F, typename Index>
+void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+                    cudaStream_t stream) {
+  constexpr int kN = F::kInputs + F::kOutputs;
+  using Calc = OffsetCalculator<kN, Index>;
+  using Offset = typename Calc::Offset;
+  const int64_t n = loop.numel;
+  Calc calc;
+  if (loop.ndim == 0) {  // contiguous but misaligned: one dimension of unit steps
+    calc.ndim = 1;
+    calc.sizes[0] = IntDivider<Index>(static_cast<Index>(n));
+    for (int k = 0; k < kN; ++k) calc.strides[0][k] = p.p[k] != nullptr ? Offset(sizeof(T)) : 0;
+  } else {
+    calc.ndim = loop.ndim;
+    for (int d = 0; d < loop.ndim; ++d) {
+      calc.sizes[d] = IntDivider<Index>(static_cast<Index>(loop.sizes[d]));
+      for (int k = 0; k < kN; ++k) calc.strides[d][k] = static_cast<Offset>(loop.strides[d * loop.num_operands + k]);
+    }
+  }
+  strided_kernel<T, F, Index><<<grid_size<strided_kernel<T, F, Index>>((n + kThreads - 1) / kThreads), kThreads, 0,
+                                stream>>>(p, calc, n, f);
+}
+
 // Launches F over the runtime's CudaLoop on `stream`: the 16-byte kernel when the loop is
 // contiguous and every pointer 16-byte aligned (x[1:] of a float tensor is not), the
 // offset-calculator kernel otherwise.
@@ -310,20 +366,11 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
     contiguous_kernel<T, kVec, F><<<grid_size<contiguous_kernel<T, kVec, F>>(blocks), kThreads, 0, stream>>>(p, n, f);
     return;
   }
-  OffsetCalculator<kN> calc;
-  if (loop.ndim == 0) {  // contiguous but misaligned: one dimension of unit steps
-    calc.ndim = 1;
-    calc.sizes[0] = IntDivider(static_cast<uint64_t>(n));
-    for (int k = 0; k < kN; ++k) calc.strides[0][k] = p.p[k] != nullptr ? int64_t(sizeof(T)) : 0;
+  if (fits_32bit(loop, n, kN, sizeof(T))) {
+    launch_strided<T, F, uint32_t>(loop, p, f, stream);
   } else {
-    calc.ndim = loop.ndim;
-    for (int d = 0; d < loop.ndim; ++d) {
-      calc.sizes[d] = IntDivider(static_cast<uint64_t>(loop.sizes[d]));
-      for (int k = 0; k < kN; ++k) calc.strides[d][k] = loop.strides[d * loop.num_operands + k];
-    }
+    launch_strided<T, F, uint64_t>(loop, p, f, stream);
   }
-  strided_kernel<T, F><<<grid_size<strided_kernel<T, F>>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      p, calc, n, f);
 }
 
 // The entry point of an op's kernel (forward_cuda, backward_cuda): F built by make(zero of
