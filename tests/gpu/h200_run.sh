@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# One device call: GPU facts, the seed check, the CUDA tests, the benchmark. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|all]
+# GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|compile|all]
+# One mode is one device call of 1-5 minutes (2026-12-01, H200: tests about 4 min, bench
+# about 3, build 1); `all` is more than the 10 minutes a call may run and brings back more
+# than the 8 files a call returns, so split it over calls.
 set -uo pipefail
 what=${1:-all}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FUSEGEN_CACHE_DIR=${FUSEGEN_CACHE_DIR:-/tmp/fusegen-cache}
@@ -28,6 +31,10 @@ if [[ $what == gp || $what == bench || $what == all ]]; then
 fi
 if [[ $what == build || $what == all ]]; then
   python3 -m fusegen.bench build --no-compile --json "$OUT/bench_build.json" 2>&1 | tee "$OUT/bench_build.log"
+  status=$((status | ${PIPESTATUS[0]}))
+fi
+if [[ $what == compile || $what == all ]]; then
+  python3 -m fusegen.bench_compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
 exit $status
