@@ -140,6 +140,7 @@ class FusedOp:
         self.op = getattr(torch.ops.fusegen, self.name)
         self.params = entry.inputs + entry.scalars
         self._arity, self._tensors = len(self.params), len(entry.inputs)  # read on every call
+        self._default = self.op.default  # the OpOverload: the fast path calls it directly
         self._generated = generated
         self._request = request
         self._signature = inspect.Signature(
@@ -168,6 +169,8 @@ class FusedOp:
         return getattr(torch.ops.fusegen, f"{self.name}_backward") if self.entry.backward_kernel else None
 
     def __call__(self, *args, **kwargs):
+        if not kwargs and len(args) == self._arity and _autograd.plain(args, self._tensors):
+            return self._default(*args)
         if kwargs or len(args) != self._arity:
             try:
                 bound = self._signature.bind(*args, **kwargs)
