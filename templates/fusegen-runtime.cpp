@@ -299,7 +299,13 @@ struct BackwardArgs {
     for (int i = 0; i < def.num_backward_scalars; ++i) {
       scalars.push_back(stack[first + 1 + def.num_backward_inputs + i].toDouble());
     }
-    for (bool b : stack[first + count - 1].toBoolList()) mask.push_back(b);
+    const c10::List<bool> list = stack[first + count - 1].toBoolList();
+    // The schema's bool[K] is not checked by the dispatcher: a longer or shorter mask would
+    // index past the kernel's outputs.
+    TORCH_CHECK(static_cast<int>(list.size()) == def.num_kernel_grads, "fusegen::", def.name,
+                "_backward: argument 'output_mask' must have ", def.num_kernel_grads,
+                " entries (one per gradient the backward kernel computes), got ", list.size());
+    for (bool b : list) mask.push_back(b);
   }
   // Named arguments (dout, then the tensors the backward reads, by the user's names).
   static Args of(const OpDef& def, const std::vector<at::Tensor>& tensors) {

@@ -59,6 +59,15 @@ def test_backward_op_checks_its_arguments_too(corpus_ops):
         torch.ops.fusegen.cp_fma_backward(f, f, torch.randn(4), [True, True])
 
 
+@pytest.mark.parametrize("mask", [[True, True, False], [True], []])
+def test_backward_op_output_mask_of_the_wrong_length(corpus_ops, mask):
+    """The schema's bool[2] is not checked by the dispatcher; a mask of another length is a
+    clear error, not a read past the kernel's outputs (it crashed the process)."""
+    with pytest.raises(RuntimeError, match=r"fusegen::cp_fma_backward: argument 'output_mask' must have 2 "
+                                           rf"entries \(one per gradient the backward kernel computes\), got {len(mask)}"):
+        torch.ops.fusegen.cp_fma_backward(f, f, f, mask)
+
+
 @pytest.mark.parametrize("args, kwargs, message", [
     ((f, f), {}, "missing a required argument: 'c'"),
     ((f, f, f, f), {}, "too many positional arguments"),
