@@ -119,6 +119,27 @@ def test_meta_output_has_the_real_layout(corpus_ops):
     assert meta.device.type == "meta" and meta.shape == real.shape and meta.stride() == real.stride()
 
 
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, CL], ids=["nchw", "channels_last"])
+def test_meta_layout_under_dynamic_shapes(memory_format):
+    """Symbolic sizes skip TensorIterator in the Meta impl; its outputs still take the
+    layout of the input of the output's shape, so an opaque op in a dynamic-shape compile
+    agrees with the real kernel (inductor asserts the strides: with contiguous Meta outputs
+    a channels_last input failed there)."""
+    from fusegen.api import fuse
+
+    op = fuse("x*s+b", name=f"lay_dyn_{'cl' if memory_format is CL else 'nchw'}", compile="opaque")
+    s, b = torch.randn(1, 8, 1, 1), torch.randn(1, 8, 1, 1)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: op(x, s, b) * 2, dynamic=True, fullgraph=True)  # inductor checks strides
+    # No cached graphs: they are keyed by op name, not by the runtime whose Meta impl made them.
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        for shape in [(2, 8, 5, 5), (3, 8, 7, 6)]:
+            x = torch.randn(shape).contiguous(memory_format=memory_format)
+            got, want = compiled(x), (x * s + b) * 2
+            torch.testing.assert_close(got, want)
+            assert got.stride() == want.stride()
+
+
 def test_opcheck_with_real_layouts(corpus_ops):
     x, s, b = nchw(F64, CL)
     for args in [(x, s, b), (x.transpose(1, 3), s.transpose(1, 3), b.transpose(0, 2)), (x, torch.tensor(2.0, dtype=F64), b)]:

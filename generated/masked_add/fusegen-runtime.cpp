@@ -352,10 +352,22 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   for (bool p : present) num_outputs += p;
   std::vector<at::Tensor> outputs(present.size());
   if (device == Device::kMeta && any_symbolic(inputs)) {
-    // Dynamic shapes: no TensorIterator; contiguous outputs of the broadcast shape.
+    // Dynamic shapes: no TensorIterator (it needs concrete sizes). The outputs take the
+    // broadcast shape and the memory format of the first input of that shape, which is
+    // TensorIterator's answer for contiguous and channels_last layouts (a channels_last
+    // activation with a per-channel scale gives a channels_last output; a contiguous
+    // default would contradict the real kernel's strides under torch.compile). Other
+    // permutations (a transposed input) still get contiguous outputs here.
     const c10::SymDimVector shape = broadcast_shape(name, args);
+    at::MemoryFormat format = at::MemoryFormat::Contiguous;
+    for (const at::Tensor& t : inputs) {
+      if (t.sym_sizes() == c10::SymIntArrayRef(shape)) {
+        format = t.suggest_memory_format();
+        break;
+      }
+    }
     for (size_t k = 0; k < present.size(); ++k) {
-      if (present[k]) outputs[k] = at::empty_symint(shape, inputs.front().options());
+      if (present[k]) outputs[k] = at::empty_symint(shape, inputs.front().options().memory_format(format));
     }
     return outputs;
   }
