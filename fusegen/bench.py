@@ -66,29 +66,6 @@ def _sync(device: str):
         torch.cuda.synchronize()
 
 
-def timed_ms(fn, reps: int, device: str, warm: int = 5) -> float:
-    """Median milliseconds of one call: CUDA events on the GPU, perf_counter on the CPU."""
-    for _ in range(warm):
-        fn()
-    if device != "cuda":
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _sample_ms(call, sets, device: str) -> float:
     """One sample: `call` over every set back to back, milliseconds per call."""
     if device != "cuda":
@@ -103,6 +80,15 @@ def _sample_ms(call, sets, device: str) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / len(sets)
+
+
+def timed_ms(fn, reps: int, device: str, warm: int = 5) -> float:
+    """Median milliseconds of one call: CUDA events on the GPU, perf_counter on the CPU."""
+    for _ in range(warm):
+        fn()
+    _sync(device)
+    once = [()]  # one call per sample
+    return statistics.median(_sample_ms(fn, once, device) for _ in range(reps))
 
 
 def rotating_ms(call, sets, device: str, budget_s: float, min_samples: int = 5,

@@ -256,7 +256,7 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     for index, chunk in enumerate(chunks(cpp, CPP_PER_UNIT)):
         units[f"unit{index}.cpp"] = include(chunk)
     if cuda:
-        cu = [(f"{n}/{f}", text) for n, files in ops for f, text in files.items() if f in _own(files, ".cu")]
+        cu = [(f"{n}/{f}", files[f]) for n, files in ops for f in _own(files, ".cu")]
         cores = os.cpu_count() or 1
         if 2 * len(cu) <= cores:
             # Cores to spare (a new op on the GPU machine): each .cu that has a backward is

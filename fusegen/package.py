@@ -216,9 +216,8 @@ def build_wheel(project: Path, out: Path) -> Path:
     if r.returncode != 0:
         from .build import first_compiler_error
         log = r.stdout + r.stderr
-        first = first_compiler_error(log)
-        where = "" if first is None else (f"\nfirst error: {first[0]}:{first[1]}: {first[3]}" if first[0] else
-                                          f"\nfirst error: {first[3]}")
+        first = first_compiler_error(log)  # (file, line, column, message), file None for a linker line
+        where = "" if first is None else f"\nfirst error: {f'{first[0]}:{first[1]}: ' if first[0] else ''}{first[3]}"
         tail = "\n".join(log.splitlines()[-40:])
         raise PackageError(f"building the wheel failed:{where}\n{tail}")
     name = project.name

@@ -214,7 +214,7 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
     used = set()
     for e in backward_exprs:
         used |= {s.name for s in e.free_symbols if s != GRAD}
-    reads = ((out_name,) if plan and plan.saved_output else ()) + tuple(i for i in parsed.inputs if i in used)
+    reads = tuple(_reads_of(backward_exprs, parsed.inputs, plan.saved_output if plan else None))
     if plan is not None:
         plan = dataclasses.replace(plan, reads=reads)
     if command is None:
