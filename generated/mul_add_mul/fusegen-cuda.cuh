@@ -85,6 +85,19 @@ void dispatch_dtype(Dtype dtype, F&& f) {
 }
 
 constexpr int kThreads = 256;
+
+// One block per kThreads * kUnroll vectors (or elements), as many blocks as that takes:
+// no cap at one wave of resident blocks. Measured on the H200 at n = 2^27
+// (tests/gpu/kernel_probe.py): capping the contiguous kernel's grid at one wave and
+// striding over the rest costs 5 % (a*b+c fp32) to 16 % (silu bf16) against the uncapped
+// grid, which reaches the copy rate of the same bytes; the block scheduler refills an SM
+// the moment a block ends, while a grid-stride loop waits for its slowest thread. The
+// grid-stride loops stay, for more blocks than a grid may have.
+inline unsigned grid_size(int64_t items) {
+  constexpr int64_t kMaxBlocks = (int64_t(1) << 31) - 1;
+  return static_cast<unsigned>(items < 1 ? 1 : items < kMaxBlocks ? items : kMaxBlocks);
+}
+
 constexpr int kMaxDevices = 64;
 
 // Multiprocessor count of the current device, asked once per device.
@@ -115,11 +128,11 @@ int blocks_per_sm() {
   return blocks;
 }
 
-// Enough blocks for `items` work items of one block each, capped at one full wave of
-// resident blocks on this device: the grid-stride loop does the rest, with no second,
-// partly empty wave.
+// The strided kernel is the exception: its software pipeline (below) needs several
+// elements per thread, and on the H200 an uncapped grid made it 10-40 % slower (a sliced
+// input, fp32 and bf16), so its grid is capped at one full wave of resident blocks.
 template <auto kKernel>
-unsigned grid_size(int64_t items) {
+unsigned wave_grid_size(int64_t items) {
   const int64_t cap = int64_t(sm_count()) * blocks_per_sm<kKernel>();
   return static_cast<unsigned>(items < cap ? (items > 0 ? items : 1) : cap);
 }
@@ -170,19 +183,34 @@ struct OffsetCalculator {
   IntDivider<Index> sizes[kMaxDims];
   Offset strides[kMaxDims][kN];
 
+  // Unrolled over kMaxDims (every size and stride an operand of the instructions, no
+  // loads): the strided kernel's per-element path. Rolled (`rolled`: sizes and strides
+  // read from the kernel's parameters at run time): a third of the code, for the kernels
+  // that call it once per vector or per block, where a new op's nvcc time matters more
+  // (the broadcast and tiled kernels cost +1 s per nvcc unit unrolled, +0.1 s rolled).
+  template <bool kRolled = false>
   __device__ __forceinline__ void offsets(Index linear, Offset (&out)[kN]) const {
 #pragma unroll
     for (int k = 0; k < kN; ++k) out[k] = 0;
     Index rest = linear;
+    if constexpr (kRolled) {
+#pragma unroll 1
+      for (int d = 0; d < ndim; ++d) step(d, rest, out);
+    } else {
 #pragma unroll
-    for (int d = 0; d < kMaxDims; ++d) {
-      if (d == ndim) break;
-      const Index q = sizes[d].div(rest);
-      const Offset index = static_cast<Offset>(rest - q * sizes[d].divisor);
-      rest = q;
-#pragma unroll
-      for (int k = 0; k < kN; ++k) out[k] += index * strides[d][k];
+      for (int d = 0; d < kMaxDims; ++d) {
+        if (d == ndim) break;
+        step(d, rest, out);
+      }
     }
+  }
+
+  __device__ __forceinline__ void step(int d, Index& rest, Offset (&out)[kN]) const {
+    const Index q = sizes[d].div(rest);
+    const Offset index = static_cast<Offset>(rest - q * sizes[d].divisor);
+    rest = q;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) out[k] += index * strides[d][k];
   }
 };
 
@@ -305,8 +333,159 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
   }
 }
 
-// Whether the strided kernel may use 32-bit index math: fewer than 2^31 elements, and every
-// operand's largest byte offset below 2^31 (PyTorch's can_use_32bit_indexing, in bytes).
+// Broadcast along the loop's slow dimensions, contiguous along the fast one (a per-channel
+// scale of NCHW or channels_last activations, a bias row): kVec elements of dimension 0
+// share every operand's offset computation, each operand is one kVec-wide access
+// (contiguous along dimension 0) or one element repeated (a step of 0 along it: bit k of
+// `repeated`), and each thread has kUnroll vectors in flight, as in the contiguous kernel.
+// `calc` counts vectors: its dimension 0 is the loop's divided by kVec.
+template <typename T> constexpr int kBroadcastVec = kVecWidth<T> < 4 ? kVecWidth<T> : 4;
+
+template <typename T, int kVec, typename F>
+__global__ void __launch_bounds__(kThreads) broadcast_kernel(Pointers<F::kInputs + F::kOutputs> p,
+                                                             OffsetCalculator<F::kInputs + F::kOutputs, uint32_t> calc,
+                                                             uint32_t n_vec, uint32_t repeated, F f) {
+  constexpr int kIn = F::kInputs;
+  constexpr int kOut = F::kOutputs;
+  using Offset = int32_t;
+  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
+  for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n_vec; base += int64_t(gridDim.x) * kChunk) {
+    Vec<T, kVec> x_v[kUnroll][kIn > 0 ? kIn : 1];
+    Offset offset[kUnroll][kIn + kOut];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kThreads >= n_vec) continue;
+      calc.template offsets<true>(static_cast<uint32_t>(base + u * kThreads), offset[u]);
+#pragma unroll
+      for (int j = 0; j < kIn; ++j) {
+        const char* at = p.p[kOut + j] + offset[u][kOut + j];
+        if (repeated >> (kOut + j) & 1) {
+          const T value = *reinterpret_cast<const T*>(at);
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) x_v[u][j].v[e] = value;
+        } else {
+          x_v[u][j] = *reinterpret_cast<const Vec<T, kVec>*>(at);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kThreads >= n_vec) continue;
+      Vec<T, kVec> y_v[kOut];
+      compute_vector(x_v[u], y_v, f);
+#pragma unroll
+      for (int k = 0; k < kOut; ++k) {
+        if (p.p[k] != nullptr) *reinterpret_cast<Vec<T, kVec>*>(p.p[k] + offset[u][k]) = y_v[k];
+      }
+    }
+  }
+}
+
+// An input contiguous along the loop's dimension 1 while the outputs are contiguous along
+// dimension 0 (a transposed input: TensorIterator orders the loop by the first input's
+// strides, so the others are read across): element by element, a warp would touch 32 rows
+// for one load. Tiles of kTile x kTileCols elements instead: such inputs come in through shared
+// memory, a warp reading along their rows, and leave it transposed; the other operands are
+// read and written directly, a warp along dimension 0. One block per tile: blockIdx.x and
+// .y its place along dimensions 0 and 1 (no division: 64-bit ones cost more than the
+// tile's own work), blockIdx.z the index over the outer dimensions (2 and up), turned into
+// offsets once per block.
+// FUSEGEN_TILE_COLS (32 or 64) only to compare the two on a GPU (tests/gpu/h200_run.sh).
+#ifndef FUSEGEN_TILE_COLS
+#define FUSEGEN_TILE_COLS 64
+#endif
+constexpr int kTile = 32;                     // along dimension 0: a warp
+constexpr int kTileCols = FUSEGEN_TILE_COLS;  // along dimension 1
+constexpr int kTileRows = kThreads / kTile;
+constexpr int kTileSpan = kTileCols / kTile;  // a tiled input's row segments per row
+static_assert(kTileSpan * kTile == kTileCols, "kTileCols: a multiple of kTile");
+
+template <int kN>
+struct TileLoop {
+  int64_t size0, size1;
+  int64_t stride0[kN], stride1[kN];
+  int8_t slot[kN];  // the shared-memory tile of input k, -1: read directly
+  OffsetCalculator<kN, uint64_t> outer;
+};
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F::kOutputs> p,
+                                                         TileLoop<F::kInputs + F::kOutputs> loop, F f) {
+  constexpr int kIn = F::kInputs;
+  constexpr int kOut = F::kOutputs;
+  constexpr int kPer = kTileCols / kTileRows;  // elements per thread
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char tile_bytes[];
+  auto tile = reinterpret_cast<A(*)[kTile][kTileCols + 1]>(tile_bytes);  // +1: no bank conflicts
+  const int64_t first0 = int64_t(blockIdx.x) * kTile;
+  const int64_t first1 = int64_t(blockIdx.y) * kTileCols;
+  int64_t base[kIn + kOut];
+  loop.outer.template offsets<true>(blockIdx.z, base);
+  const int lane = threadIdx.x % kTile;
+  const int row = threadIdx.x / kTile;
+  // Every load first, into registers, with no branch between them, so that all of them
+  // are in flight at once (with a branch per operand, nvcc waited for each load before the
+  // next: 28 registers, half the copy rate): a tiled input's rows, lanes along dimension 1,
+  // the others lanes along dimension 0. Element e of a thread: for a tiled input row
+  // e / kTileSpan * kTileRows and column e % kTileSpan * kTile from its own, for the
+  // others column e * kTileRows. Then the tiled inputs go through shared memory, which transposes them.
+  A x[kPer][kIn > 0 ? kIn : 1];
+#pragma unroll
+  for (int j = 0; j < kIn; ++j) {
+    const int k = kOut + j;
+    const bool tiled = loop.slot[k] >= 0;
+    const int64_t i0 = first0 + (tiled ? row : lane);
+    const int64_t i1 = first1 + (tiled ? lane : row);
+    const char* at = p.p[k] + base[k] + i0 * loop.stride0[k] + i1 * loop.stride1[k];
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int d0 = tiled ? e / kTileSpan * kTileRows : 0;
+      const int d1 = tiled ? e % kTileSpan * kTile : e * kTileRows;
+      if (i0 + d0 < loop.size0 && i1 + d1 < loop.size1) {
+        x[e][j] = to_acc(*reinterpret_cast<const T*>(at + d0 * loop.stride0[k] + d1 * loop.stride1[k]));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kIn; ++j) {
+    const int s = loop.slot[kOut + j];
+    if (s < 0) continue;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) tile[s][row + e / kTileSpan * kTileRows][lane + e % kTileSpan * kTile] = x[e][j];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kIn; ++j) {
+    const int s = loop.slot[kOut + j];
+    if (s < 0) continue;
+#pragma unroll
+    for (int r = 0; r < kPer; ++r) x[r][j] = tile[s][lane][row + r * kTileRows];
+  }
+  const int64_t i0 = first0 + lane;
+  char* out[kOut];
+#pragma unroll
+  for (int k = 0; k < kOut; ++k) out[k] = p.p[k] + base[k] + i0 * loop.stride0[k] + (first1 + row) * loop.stride1[k];
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    const int64_t i1 = first1 + row + r * kTileRows;
+    if (i0 >= loop.size0 || i1 >= loop.size1) continue;
+    A y[kOut];
+    f(x[r], y);
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) {
+      if (p.p[k] != nullptr) *reinterpret_cast<T*>(out[k] + r * kTileRows * loop.stride1[k]) = from_acc<T>(y[k]);
+    }
+  }
+}
+
+// The kernels after the contiguous one, each with the test that picks it: the first that
+// takes the loop runs it (launch_elementwise). Strides are operand k's byte steps,
+// loop.strides[d * num_operands + k]; a null operand (an output not wanted) takes any path.
+
+inline int64_t step(const CudaLoop& loop, int d, int k) { return loop.strides[d * loop.num_operands + k]; }
+
+// Whether 32-bit index math may be used: fewer than 2^31 elements, and every operand's
+// largest byte offset below 2^31 (PyTorch's can_use_32bit_indexing, in bytes).
 inline bool fits_32bit(const CudaLoop& loop, int64_t n, int num_operands, size_t element_size) {
   constexpr int64_t kLimit = int64_t(1) << 31;
   if (n >= kLimit) return false;
@@ -314,15 +493,97 @@ inline bool fits_32bit(const CudaLoop& loop, int64_t n, int num_operands, size_t
   for (int k = 0; k < num_operands; ++k) {
     int64_t span = 0;
     for (int d = 0; d < loop.ndim; ++d) {
-      const int64_t step = loop.strides[d * loop.num_operands + k];
-      span += (loop.sizes[d] - 1) * (step < 0 ? -step : step);
+      const int64_t s = step(loop, d, k);
+      span += (loop.sizes[d] - 1) * (s < 0 ? -s : s);
     }
     if (span >= kLimit) return false;
   }
   return true;
 }
 
-// The offset-calculator kernel over the loop, with Index-wide index math.
+// An offset calculator over the loop's dimensions [from, ndim), dimension `from` counted
+// in units of `group` elements (its steps `group` times the loop's).
+template <typename Index, int kN>
+OffsetCalculator<kN, Index> offset_calculator(const CudaLoop& loop, const Pointers<kN>& p, int from, int64_t group) {
+  using Offset = typename OffsetCalculator<kN, Index>::Offset;
+  OffsetCalculator<kN, Index> calc;
+  calc.ndim = loop.ndim - from;
+  for (int d = from; d < loop.ndim; ++d) {
+    const int64_t unit = d == from ? group : 1;
+    calc.sizes[d - from] = IntDivider<Index>(static_cast<Index>(loop.sizes[d] / unit));
+    for (int k = 0; k < kN; ++k) calc.strides[d - from][k] = p.p[k] ? static_cast<Offset>(step(loop, d, k) * unit) : 0;
+  }
+  return calc;
+}
+
+// The broadcast kernel takes the loop when dimension 0 splits into whole vectors, every
+// operand either steps by one element along it, with its pointer and its other steps
+// keeping each vector aligned to its width, or by none (a repeated element; never an
+// output), and 32-bit index math fits.
+template <typename T, typename F>
+bool launch_broadcast(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+                      cudaStream_t stream) {
+  constexpr int kN = F::kInputs + F::kOutputs;
+  constexpr int kVec = kBroadcastVec<T>;
+  constexpr int64_t kBytes = int64_t(sizeof(T)) * kVec;
+  if (loop.ndim == 0 || loop.sizes[0] % kVec != 0 || !fits_32bit(loop, loop.numel, kN, sizeof(T))) return false;
+  uint32_t repeated = 0;
+  for (int k = 0; k < kN; ++k) {
+    if (p.p[k] == nullptr) continue;
+    if (step(loop, 0, k) == 0 && k >= F::kOutputs) {
+      repeated |= 1u << k;
+      continue;
+    }
+    if (step(loop, 0, k) != int64_t(sizeof(T)) || reinterpret_cast<std::uintptr_t>(p.p[k]) % kBytes != 0) return false;
+    for (int d = 1; d < loop.ndim; ++d) {
+      if (step(loop, d, k) % kBytes != 0) return false;
+    }
+  }
+  const int64_t n_vec = loop.numel / kVec;
+  const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
+  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
+  broadcast_kernel<T, kVec, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
+      p, calc, static_cast<uint32_t>(n_vec), repeated, f);
+  return true;
+}
+
+// The tiled kernel takes the loop when some input steps by one element along dimension 1
+// and not along dimension 0 (nor by 0: a repeated row is read directly), every output
+// steps by one element along dimension 0, and the tiles fit in 48 KiB of shared memory.
+template <typename T, typename F>
+bool launch_tiled(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+                  cudaStream_t stream) {
+  constexpr int kN = F::kInputs + F::kOutputs;
+  constexpr int64_t kElement = sizeof(T);
+  constexpr size_t kTileBytes = sizeof(acc_t<T>) * kTile * (kTileCols + 1);
+  if (loop.ndim < 2 || loop.sizes[0] < kTile / 2 || loop.sizes[1] < kTile / 2) return false;
+  TileLoop<kN> tl;
+  int tiles = 0;
+  for (int k = 0; k < kN; ++k) {
+    tl.slot[k] = -1;
+    tl.stride0[k] = p.p[k] ? step(loop, 0, k) : 0;
+    tl.stride1[k] = p.p[k] ? step(loop, 1, k) : 0;
+    if (p.p[k] == nullptr) continue;
+    if (k < F::kOutputs && tl.stride0[k] != kElement) return false;
+    if (k >= F::kOutputs && tl.stride1[k] == kElement && tl.stride0[k] != kElement && tl.stride0[k] != 0) {
+      tl.slot[k] = static_cast<int8_t>(tiles++);
+    }
+  }
+  if (tiles == 0 || tiles * kTileBytes > 48 * 1024) return false;
+  const int64_t tiles0 = (loop.sizes[0] + kTile - 1) / kTile;
+  const int64_t tiles1 = (loop.sizes[1] + kTileCols - 1) / kTileCols;
+  const int64_t outer = loop.numel / (loop.sizes[0] * loop.sizes[1]);
+  constexpr int64_t kMaxY = 65535;  // CUDA's limit for gridDim.y and .z; x goes to 2^31 - 1
+  if (tiles0 >= (int64_t(1) << 31) || tiles1 > kMaxY || outer > kMaxY) return false;
+  tl.size0 = loop.sizes[0];
+  tl.size1 = loop.sizes[1];
+  tl.outer = offset_calculator<uint64_t>(loop, p, 2, 1);
+  const dim3 grid(static_cast<unsigned>(tiles0), static_cast<unsigned>(tiles1), static_cast<unsigned>(outer));
+  tiled_kernel<T, F><<<grid, kThreads, tiles * kTileBytes, stream>>>(p, tl, f);
+  return true;
+}
+
+// The offset-calculator kernel over the loop, with Index-wide index math: any layout.
 template <typename T, typename F, typename Index>
 void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
                     cudaStream_t stream) {
@@ -336,19 +597,16 @@ void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutput
     calc.sizes[0] = IntDivider<Index>(static_cast<Index>(n));
     for (int k = 0; k < kN; ++k) calc.strides[0][k] = p.p[k] != nullptr ? Offset(sizeof(T)) : 0;
   } else {
-    calc.ndim = loop.ndim;
-    for (int d = 0; d < loop.ndim; ++d) {
-      calc.sizes[d] = IntDivider<Index>(static_cast<Index>(loop.sizes[d]));
-      for (int k = 0; k < kN; ++k) calc.strides[d][k] = static_cast<Offset>(loop.strides[d * loop.num_operands + k]);
-    }
+    calc = offset_calculator<Index>(loop, p, 0, 1);
   }
-  strided_kernel<T, F, Index><<<grid_size<strided_kernel<T, F, Index>>((n + kThreads - 1) / kThreads), kThreads, 0,
-                                stream>>>(p, calc, n, f);
+  strided_kernel<T, F, Index><<<wave_grid_size<strided_kernel<T, F, Index>>((n + kThreads - 1) / kThreads), kThreads,
+                                0, stream>>>(p, calc, n, f);
 }
 
 // Launches F over the runtime's CudaLoop on `stream`: the 16-byte kernel when the loop is
-// contiguous and every pointer 16-byte aligned (x[1:] of a float tensor is not), the
-// offset-calculator kernel otherwise.
+// contiguous and every pointer 16-byte aligned (x[1:] of a float tensor is not), else the
+// tiled kernel for a transposed input, the broadcast kernel, and the offset-calculator
+// kernel for anything else.
 template <typename T, typename F>
 void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   constexpr int kN = F::kInputs + F::kOutputs;
@@ -362,10 +620,10 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   if (loop.ndim == 0 && aligned) {
     constexpr int kVec = kVecWidth<T>;
     constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
-    const int64_t blocks = (n / kVec + kChunk - 1) / kChunk;
-    contiguous_kernel<T, kVec, F><<<grid_size<contiguous_kernel<T, kVec, F>>(blocks), kThreads, 0, stream>>>(p, n, f);
+    contiguous_kernel<T, kVec, F><<<grid_size((n / kVec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(p, n, f);
     return;
   }
+  if (launch_tiled<T>(loop, p, f, stream) || launch_broadcast<T>(loop, p, f, stream)) return;
   if (fits_32bit(loop, n, kN, sizeof(T))) {
     launch_strided<T, F, uint32_t>(loop, p, f, stream);
   } else {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|compile|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|compile|tiles|all]
 # One mode is one device call of 1-5 minutes (2026-12-01, H200: tests about 4 min, bench
 # about 3, build 1); `all` is more than the 10 minutes a call may run and brings back more
 # than the 8 files a call returns, so split it over calls.
@@ -36,5 +36,14 @@ fi
 if [[ $what == compile || $what == all ]]; then
   python3 -m fusegen.bench_compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"
   status=$((status | ${PIPESTATUS[0]}))
+fi
+if [[ $what == tiles ]]; then
+  # The tiled kernel's tile width (templates/fusegen-cuda.cuh, FUSEGEN_TILE_COLS): the
+  # default 64 against 32, each in a cache of its own (the flag is not part of the key).
+  for cols in 64 32; do
+    FUSEGEN_CACHE_DIR=/tmp/fusegen-tiles-$cols NVCC_APPEND_FLAGS="-DFUSEGEN_TILE_COLS=$cols" \
+      python3 -m fusegen.bench layouts --json "$OUT/layouts_tiles_$cols.json" 2>&1 | tee "$OUT/tiles_$cols.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
 fi
 exit $status

@@ -283,6 +283,50 @@ def test_cuda_strided_inputs(cuda_ops, kind, dtype):
     _layout_check(cuda_ops["cp_silu"], lambda x: x * torch.sigmoid(x), [a], dtype)
 
 
+def _kernels_run(fn):
+    """The names of the CUDA kernels fn launches, from the profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def _kernel_path_cases(kw):
+    """name -> (inputs of a*b+c, the kernel the forward must take)."""
+    nchw = torch.randn(4, 20, 8, 6, **kw)
+    return {
+        "per-channel NCHW": ([nchw, torch.randn(1, 20, 1, 1, **kw), torch.randn(20, 1, 1, **kw)], "broadcast_kernel"),
+        "per-channel channels_last": ([nchw.contiguous(memory_format=torch.channels_last), torch.randn(1, 20, 1, 1, **kw),
+                                       torch.randn(20, 1, 1, **kw)], "broadcast_kernel"),
+        "row bias": ([torch.randn(37, 64, **kw), torch.randn(37, 64, **kw), torch.randn(64, **kw)], "broadcast_kernel"),
+        "row scale, column bias": ([torch.randn(37, 64, **kw), torch.randn(64, **kw), torch.randn(37, 1, **kw)],
+                                   "broadcast_kernel"),
+        "misaligned broadcast": ([torch.randn(37 * 64 + 1, **kw)[1:].view(37, 64), torch.randn(64, **kw),
+                                  torch.randn(37, 1, **kw)], "strided_kernel"),
+        "transposed, edge tiles": ([torch.randn(45, 70, **kw).t(), torch.randn(70, 45, **kw), torch.randn(70, 45, **kw)],
+                                   "tiled_kernel"),
+        "two transposed inputs": ([torch.randn(70, 45, **kw), torch.randn(45, 70, **kw).t(), torch.randn(45, 70, **kw).t()],
+                                  "tiled_kernel"),
+        "transposed, outer dims": ([torch.randn(3, 50, 40, **kw).transpose(1, 2), torch.randn(3, 40, 50, **kw),
+                                    torch.randn(1, 50, **kw)], "tiled_kernel"),
+        "transposed, small": ([torch.randn(9, 70, **kw).t(), torch.randn(70, 9, **kw), torch.randn(70, 9, **kw)],
+                              "strided_kernel"),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16],
+                         ids=["f32", "bf16", "f64", "f16"])
+@pytest.mark.parametrize("case", list(_kernel_path_cases({})), ids=str)
+def test_cuda_kernel_paths(cuda_ops, case, dtype):
+    """Each layout takes the kernel meant for it (named by the profiler) and matches eager,
+    forward and backward (the backward's kernel reads dout and the inputs in the same layout)."""
+    tensors, kernel = _kernel_path_cases(dict(device="cuda", dtype=dtype))[case]
+    op = cuda_ops["cp_fma"].op
+    names = _kernels_run(lambda: op(*tensors))
+    assert any(f"fusegen::{kernel}<" in n for n in names), names
+    _layout_check(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, tensors, dtype)
+
+
 def test_cuda_no_copy_of_strided_inputs(cuda_ops):
     x = torch.randn(8, 16, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
     s = torch.randn(1, 16, 1, 1, device="cuda")
