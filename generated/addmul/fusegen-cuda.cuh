@@ -187,7 +187,7 @@ struct OffsetCalculator {
   // loads): the strided kernel's per-element path. Rolled (`rolled`: sizes and strides
   // read from the kernel's parameters at run time): a third of the code, for the kernels
   // that call it once per vector or per block, where a new op's nvcc time matters more
-  // (the broadcast and tiled kernels cost +1 s per nvcc unit unrolled, +0.1 s rolled).
+  // (the vector and tiled kernels cost +1 s per nvcc unit unrolled, +0.1 s rolled).
   template <bool kRolled = false>
   __device__ __forceinline__ void offsets(Index linear, Offset (&out)[kN]) const {
 #pragma unroll
@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInput
   }
 }
 
-// Anything else (broadcast, strided, misaligned): grid-stride over elements, each
+// Anything else (a fast dimension that does not split into vectors, offsets past 2^31,
+// a misaligned contiguous loop): grid-stride over elements, each
 // operand's address from the offset calculator, with the inputs of the next kDepth - 1
 // elements in flight while one is computed (their output offsets kept for the store). The
 // loop starts kDepth - 1 steps early to fill the pipeline, so the offset calculator and
@@ -333,18 +334,26 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
   }
 }
 
-// Broadcast along the loop's slow dimensions, contiguous along the fast one (a per-channel
-// scale of NCHW or channels_last activations, a bias row): kVec elements of dimension 0
-// share every operand's offset computation, each operand is one kVec-wide access
-// (contiguous along dimension 0) or one element repeated (a step of 0 along it: bit k of
-// `repeated`), and each thread has kUnroll vectors in flight, as in the contiguous kernel.
-// `calc` counts vectors: its dimension 0 is the loop's divided by kVec.
-template <typename T> constexpr int kBroadcastVec = kVecWidth<T> < 4 ? kVecWidth<T> : 4;
+// Any loop whose dimension 0 splits into vectors of kVec elements (a per-channel scale of
+// NCHW or channels_last activations, a bias row, a sliced input beside contiguous ones):
+// the kVec elements of a vector share every operand's offset computation, and each
+// operand is, along dimension 0, one kVec-wide access (contiguous and aligned), one
+// element repeated (a step of 0: bit k of `repeated`), or kVec elements gathered at its
+// step (`gathered`, steps in `step`); each thread has kUnroll vectors in flight, as in the
+// contiguous kernel. `calc` counts vectors: its dimension 0 is the loop's divided by kVec.
+template <typename T> constexpr int kVectorWidth = kVecWidth<T> < 4 ? kVecWidth<T> : 4;
+
+template <int kN>
+struct Modes {
+  uint32_t repeated = 0;
+  uint32_t gathered = 0;
+  int32_t step[kN] = {};  // bytes between a gathered operand's elements along dimension 0
+};
 
 template <typename T, int kVec, typename F>
-__global__ void __launch_bounds__(kThreads) broadcast_kernel(Pointers<F::kInputs + F::kOutputs> p,
-                                                             OffsetCalculator<F::kInputs + F::kOutputs, uint32_t> calc,
-                                                             uint32_t n_vec, uint32_t repeated, F f) {
+__global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + F::kOutputs> p,
+                                                          OffsetCalculator<F::kInputs + F::kOutputs, uint32_t> calc,
+                                                          uint32_t n_vec, Modes<F::kInputs + F::kOutputs> modes, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
   using Offset = int32_t;
@@ -358,11 +367,15 @@ __global__ void __launch_bounds__(kThreads) broadcast_kernel(Pointers<F::kInputs
       calc.template offsets<true>(static_cast<uint32_t>(base + u * kThreads), offset[u]);
 #pragma unroll
       for (int j = 0; j < kIn; ++j) {
-        const char* at = p.p[kOut + j] + offset[u][kOut + j];
-        if (repeated >> (kOut + j) & 1) {
+        const int k = kOut + j;
+        const char* at = p.p[k] + offset[u][k];
+        if (modes.repeated >> k & 1) {
           const T value = *reinterpret_cast<const T*>(at);
 #pragma unroll
           for (int e = 0; e < kVec; ++e) x_v[u][j].v[e] = value;
+        } else if (modes.gathered >> k & 1) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) x_v[u][j].v[e] = *reinterpret_cast<const T*>(at + e * modes.step[k]);
         } else {
           x_v[u][j] = *reinterpret_cast<const Vec<T, kVec>*>(at);
         }
@@ -375,7 +388,14 @@ __global__ void __launch_bounds__(kThreads) broadcast_kernel(Pointers<F::kInputs
       compute_vector(x_v[u], y_v, f);
 #pragma unroll
       for (int k = 0; k < kOut; ++k) {
-        if (p.p[k] != nullptr) *reinterpret_cast<Vec<T, kVec>*>(p.p[k] + offset[u][k]) = y_v[k];
+        if (p.p[k] == nullptr) continue;
+        char* at = p.p[k] + offset[u][k];
+        if (modes.gathered >> k & 1) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) *reinterpret_cast<T*>(at + e * modes.step[k]) = y_v[k].v[e];
+        } else {
+          *reinterpret_cast<Vec<T, kVec>*>(at) = y_v[k];
+        }
       }
     }
   }
@@ -516,34 +536,35 @@ OffsetCalculator<kN, Index> offset_calculator(const CudaLoop& loop, const Pointe
   return calc;
 }
 
-// The broadcast kernel takes the loop when dimension 0 splits into whole vectors, every
-// operand either steps by one element along it, with its pointer and its other steps
-// keeping each vector aligned to its width, or by none (a repeated element; never an
-// output), and 32-bit index math fits.
+// The vector kernel takes the loop when dimension 0 splits into whole vectors and 32-bit
+// index math fits. An operand is a vector access when it steps by one element along
+// dimension 0 and its pointer and its other steps keep each vector aligned to its width;
+// repeated when it steps by none (an input); gathered otherwise.
 template <typename T, typename F>
-bool launch_broadcast(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
-                      cudaStream_t stream) {
+bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+                   cudaStream_t stream) {
   constexpr int kN = F::kInputs + F::kOutputs;
-  constexpr int kVec = kBroadcastVec<T>;
+  constexpr int kVec = kVectorWidth<T>;
   constexpr int64_t kBytes = int64_t(sizeof(T)) * kVec;
   if (loop.ndim == 0 || loop.sizes[0] % kVec != 0 || !fits_32bit(loop, loop.numel, kN, sizeof(T))) return false;
-  uint32_t repeated = 0;
+  Modes<kN> modes;
   for (int k = 0; k < kN; ++k) {
     if (p.p[k] == nullptr) continue;
-    if (step(loop, 0, k) == 0 && k >= F::kOutputs) {
-      repeated |= 1u << k;
-      continue;
-    }
-    if (step(loop, 0, k) != int64_t(sizeof(T)) || reinterpret_cast<std::uintptr_t>(p.p[k]) % kBytes != 0) return false;
-    for (int d = 1; d < loop.ndim; ++d) {
-      if (step(loop, d, k) % kBytes != 0) return false;
+    const int64_t s = step(loop, 0, k);
+    bool vector = s == int64_t(sizeof(T)) && reinterpret_cast<std::uintptr_t>(p.p[k]) % kBytes == 0;
+    for (int d = 1; d < loop.ndim && vector; ++d) vector = step(loop, d, k) % kBytes == 0;
+    if (s == 0 && k >= F::kOutputs) {
+      modes.repeated |= 1u << k;
+    } else if (!vector) {
+      modes.gathered |= 1u << k;
+      modes.step[k] = static_cast<int32_t>(s);
     }
   }
   const int64_t n_vec = loop.numel / kVec;
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
   constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
-  broadcast_kernel<T, kVec, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
-      p, calc, static_cast<uint32_t>(n_vec), repeated, f);
+  vector_kernel<T, kVec, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
+      p, calc, static_cast<uint32_t>(n_vec), modes, f);
   return true;
 }
 
@@ -605,8 +626,8 @@ void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutput
 
 // Launches F over the runtime's CudaLoop on `stream`: the 16-byte kernel when the loop is
 // contiguous and every pointer 16-byte aligned (x[1:] of a float tensor is not), else the
-// tiled kernel for a transposed input, the broadcast kernel, and the offset-calculator
-// kernel for anything else.
+// tiled kernel for a transposed input, the vector kernel when dimension 0 splits into
+// vectors, and the offset-calculator kernel for anything else.
 template <typename T, typename F>
 void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   constexpr int kN = F::kInputs + F::kOutputs;
@@ -623,7 +644,7 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
     contiguous_kernel<T, kVec, F><<<grid_size((n / kVec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(p, n, f);
     return;
   }
-  if (launch_tiled<T>(loop, p, f, stream) || launch_broadcast<T>(loop, p, f, stream)) return;
+  if (launch_tiled<T>(loop, p, f, stream) || launch_vector<T>(loop, p, f, stream)) return;
   if (fits_32bit(loop, n, kN, sizeof(T))) {
     launch_strided<T, F, uint32_t>(loop, p, f, stream);
   } else {

@@ -295,22 +295,28 @@ def _kernel_path_cases(kw):
     """name -> (inputs of a*b+c, the kernel the forward must take)."""
     nchw = torch.randn(4, 20, 8, 6, **kw)
     return {
-        "per-channel NCHW": ([nchw, torch.randn(1, 20, 1, 1, **kw), torch.randn(20, 1, 1, **kw)], "broadcast_kernel"),
+        "per-channel NCHW": ([nchw, torch.randn(1, 20, 1, 1, **kw), torch.randn(20, 1, 1, **kw)], "vector_kernel"),
         "per-channel channels_last": ([nchw.contiguous(memory_format=torch.channels_last), torch.randn(1, 20, 1, 1, **kw),
-                                       torch.randn(20, 1, 1, **kw)], "broadcast_kernel"),
-        "row bias": ([torch.randn(37, 64, **kw), torch.randn(37, 64, **kw), torch.randn(64, **kw)], "broadcast_kernel"),
+                                       torch.randn(20, 1, 1, **kw)], "vector_kernel"),
+        "row bias": ([torch.randn(37, 64, **kw), torch.randn(37, 64, **kw), torch.randn(64, **kw)], "vector_kernel"),
         "row scale, column bias": ([torch.randn(37, 64, **kw), torch.randn(64, **kw), torch.randn(37, 1, **kw)],
-                                   "broadcast_kernel"),
+                                   "vector_kernel"),
         "misaligned broadcast": ([torch.randn(37 * 64 + 1, **kw)[1:].view(37, 64), torch.randn(64, **kw),
-                                  torch.randn(37, 1, **kw)], "strided_kernel"),
+                                  torch.randn(37, 1, **kw)], "vector_kernel"),
+        "sliced beside contiguous": ([torch.randn(2 * 4100, **kw)[::2], torch.randn(4100, **kw), torch.randn(4100, **kw)],
+                                     "vector_kernel"),
+        "odd fast dimension": ([torch.randn(37, 63, **kw), torch.randn(63, **kw), torch.randn(37, 1, **kw)],
+                               "strided_kernel"),
+        "misaligned contiguous": ([torch.randn(4101, **kw)[1:], torch.randn(4100, **kw), torch.randn(4100, **kw)],
+                                  "strided_kernel"),
         "transposed, edge tiles": ([torch.randn(45, 70, **kw).t(), torch.randn(70, 45, **kw), torch.randn(70, 45, **kw)],
                                    "tiled_kernel"),
         "two transposed inputs": ([torch.randn(70, 45, **kw), torch.randn(45, 70, **kw).t(), torch.randn(45, 70, **kw).t()],
                                   "tiled_kernel"),
         "transposed, outer dims": ([torch.randn(3, 50, 40, **kw).transpose(1, 2), torch.randn(3, 40, 50, **kw),
                                     torch.randn(1, 50, **kw)], "tiled_kernel"),
-        "transposed, small": ([torch.randn(9, 70, **kw).t(), torch.randn(70, 9, **kw), torch.randn(70, 9, **kw)],
-                              "strided_kernel"),
+        "transposed, small": ([torch.randn(9, 72, **kw).t(), torch.randn(72, 9, **kw), torch.randn(72, 9, **kw)],
+                              "vector_kernel"),
     }
 
 
