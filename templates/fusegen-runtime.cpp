@@ -339,6 +339,74 @@ std::vector<at::Tensor> requested(const std::vector<at::Tensor>& grads) {
 
 enum class Device { kCpu, kMeta, kCuda };
 
+// The common case of a training step: every tensor of the computed dtype, on the op's
+// device, of one shape with the contiguous strides and no dimension of size 0 or 1 (where
+// TensorIterator may order dimensions of equal strides differently). TensorIterator lays
+// it out as one contiguous run with contiguous outputs; building it is about 0.3 us of a
+// call (CPU machine, n = 4096), so this case skips it (run_contiguous) with the same result.
+bool is_plain_contiguous(const Args& args, at::ScalarType dtype, c10::Device device) {
+  const at::Tensor& first = args.front().tensor;
+  if (first.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+  const c10::IntArrayRef sizes = first.sizes();
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1, stride = 1; d >= 0; stride *= sizes[d--]) {
+    if (sizes[d] < 2 || first.strides()[d] != stride) return false;
+  }
+  for (const Arg& arg : args) {
+    const at::Tensor& t = arg.tensor;
+    if (t.scalar_type() != dtype || t.device() != device || t.layout() != at::kStrided) return false;
+    if (&t != &first && (t.sizes() != sizes || t.strides() != first.strides())) return false;
+  }
+  return true;
+}
+
+// The kernel over is_plain_contiguous arguments: contiguous outputs (present[k]) of their
+// shape, one run of numel elements (split over threads as TensorIterator::for_each would
+// split it, on the CPU); returns the outputs, as run_kernel does.
+std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>& present, Device device, CpuKernel cpu,
+                                       CudaKernel cuda, Dtype dtype, const double* scalars) {
+  const at::Tensor& first = args.front().tensor;
+  std::vector<at::Tensor> outputs(present.size());
+  c10::SmallVector<char*, 16> data;
+  c10::SmallVector<int64_t, 16> strides;
+  const int64_t size = static_cast<int64_t>(first.element_size());
+  for (size_t k = 0; k < present.size(); ++k) {
+    if (present[k]) outputs[k] = at::empty(first.sizes(), first.options());
+    data.push_back(present[k] ? static_cast<char*>(outputs[k].data_ptr()) : nullptr);
+    strides.push_back(present[k] ? size : 0);
+  }
+  for (const Arg& arg : args) {
+    data.push_back(static_cast<char*>(const_cast<void*>(arg.tensor.const_data_ptr())));
+    strides.push_back(size);
+  }
+  const int64_t n = first.numel();
+  if (device == Device::kCpu) {
+    for (const at::Tensor& out : outputs) {
+      if (out.defined()) advise_huge_pages(out);
+    }
+    if (n < kCpuGrain) {
+      cpu(dtype, data.data(), strides.data(), n, scalars);
+      return outputs;
+    }
+    at::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) {
+      c10::SmallVector<char*, 16> part(data);
+      for (size_t k = 0; k < part.size(); ++k) {
+        if (part[k] != nullptr) part[k] += begin * strides[k];
+      }
+      cpu(dtype, part.data(), strides.data(), end - begin, scalars);
+    });
+  } else {
+#ifdef FUSEGEN_WITH_CUDA
+    // What launch_cuda hands the kernel for a contiguous iterator (ndim 0: no strides).
+    const CudaLoop loop{n, 0, static_cast<int>(data.size()), first.sizes().data(), nullptr, data.data()};
+    cuda(dtype, loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+#else
+    (void)cuda;
+#endif
+  }
+  return outputs;
+}
+
 // What the forward and the backward share: check the arguments, then lay out `num_outputs`
 // outputs over the kernel's inputs and run `cpu` or `cuda` on them. present[k]: whether the
 // kernel's output k is wanted (allocated); returns the outputs, an undefined tensor for
@@ -352,6 +420,9 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   std::optional<c10::cuda::CUDAGuard> device_guard;
   if (device == Device::kCuda) device_guard.emplace(on);  // checked: one device
 #endif
+  if (device != Device::kMeta && is_plain_contiguous(args, dtype, on)) {
+    return run_contiguous(args, present, device, cpu, cuda, kernel_dtype(dtype), scalars);
+  }
   const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
   int num_outputs = 0;
   for (bool p : present) num_outputs += p;
