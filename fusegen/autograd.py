@@ -103,18 +103,12 @@ def _has_tangent(tensors) -> bool:
             and any(_unpack_dual(t, 0).tangent is not None for t in tensors))
 
 
-def plain(args, count: int) -> bool:
+def eager() -> bool:
     """Whether a FusedOp call may go straight to the op (api.FusedOp.__call__'s fast path):
-    not traced by torch.compile, no torch.func transform, no forward-mode level, and its
-    first `count` arguments plain torch.Tensors (a number, a subclass or a wrong type takes
-    the full path of `as_tensors` and `call`). The same conditions as `call`'s, in one pass:
-    the Python layer over the op is most of a small call's overhead."""
-    if _is_compiling() or _functorch_active() or forward_ad._current_level >= 0:
-        return False
-    for i in range(count):
-        if type(args[i]) is not _Tensor:
-            return False
-    return True
+    not traced by torch.compile, no torch.func transform, no forward-mode level. Then `call`
+    would call the op as it is, whatever its arguments (a number among the tensors, which
+    the op refuses, takes the full path of `as_tensors` and `call`)."""
+    return not (_is_compiling() or _functorch_active() or forward_ad._current_level >= 0)
 
 
 def call(name: str, *args):

@@ -120,6 +120,21 @@ def host_median_us(fn, device: str, calls: int, repeats: int = 3) -> float:
     return statistics.median(host_us(fn, device, calls) for _ in range(repeats))
 
 
+def paired_host_us(fn, floor, device: str, calls: int, pairs: int) -> tuple[list[float], list[float]]:
+    """(fn's, floor's) µs per call of `pairs` batches each, run alternately (floor first in
+    every other pair), so that a slow spell of a busy machine lands on both sides of a pair
+    instead of deciding one figure: the ratio to the floor is then the median of the pairs'."""
+    ours, theirs = [], []
+    for i in range(pairs):
+        if i % 2:
+            ours.append(host_us(fn, device, calls))
+            theirs.append(host_us(floor, device, calls))
+        else:
+            theirs.append(host_us(floor, device, calls))
+            ours.append(host_us(fn, device, calls))
+    return ours, theirs
+
+
 def l2_bytes(device: str) -> int:
     """The L2 cache of the current GPU (0 on the CPU: no rotation there)."""
     if device != "cuda":
@@ -294,22 +309,18 @@ def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, bud
     }
     runner = _Runner(device, l2, budget_s, wanted, directions, static, progress, result["rows"], result["skipped"])
     host_rows = []
-    floors = _floors(device) if host else {}
+    floors = _floors(device) if host else {}  # the floor's calls, timed in pairs with each row's
     for dtype in dtypes:  # dtype by dtype: a run cut short has every expression of the first ones
         for case in cases:
             impls = runner.case(case, dtype, sorted(sizes, reverse=True))
             if host and not any(r["expr"] == case.label for r in host_rows):
-                host_rows.extend(_host_rows(case, impls, dtype, device, directions))
+                host_rows.extend(_host_rows(case, impls, dtype, device, directions, floors))
             result["copy"] = [{"bytes": b, "ms": ms} for b, ms in sorted(runner.copies.ms.items())]
             result["summary"] = summarize(result["rows"])
             if host:
                 result["host"] = _host_result(floors, host_rows, device)
             if out_json:
                 write_text(out_json, json.dumps(result, indent=1))
-    if host:
-        for direction, us in _floors(device).items():  # again at the end: the floor of the whole run
-            floors[direction] = min(floors[direction], us)
-        result["host"] = _host_result(floors, host_rows, device)
     return result
 
 
@@ -397,21 +408,24 @@ def device_info(device: str) -> dict:
 
 # -- host overhead ----------------------------------------------------------------------------
 
-HOST_CALLS = {"fwd": 2000, "fwd+bwd": 500}
+HOST_CALLS = {"fwd": 500, "fwd+bwd": 150}  # calls per batch
+HOST_PAIRS = 7                              # batches of each implementation, each paired with one of the floor's
 
 
-def _floors(device: str) -> dict[str, float]:
-    """PyTorch's cheapest calls at HOST_N: `x*2`, and `x*2` with torch.autograd.grad."""
+def _floors(device: str) -> dict:
+    """PyTorch's cheapest calls at HOST_N, by direction: `x*2`, and `x*2` with
+    torch.autograd.grad (callables, timed in pairs with each implementation's)."""
     x = torch.randn(HOST_N, device=device)
     xg = x.detach().requires_grad_()
     g = torch.randn(HOST_N, device=device)
-    return {"fwd": host_median_us(lambda: x * 2, device, HOST_CALLS["fwd"]),
-            "fwd+bwd": host_median_us(lambda: torch.autograd.grad(xg * 2, xg, g), device, HOST_CALLS["fwd+bwd"])}
+    return {"fwd": lambda: x * 2, "fwd+bwd": lambda: torch.autograd.grad(xg * 2, xg, g)}
 
 
-def _host_rows(case, impls, dtype, device: str, directions) -> list[dict]:
+def _host_rows(case, impls, dtype, device: str, directions, floors) -> list[dict]:
     """Host µs per call at HOST_N of each implementation, and of torch.ops.fusegen.<name>
-    called directly (`fusegen.op`: the op without FusedOp's Python binding)."""
+    called directly (`fusegen.op`: the op without FusedOp's Python binding), each in
+    HOST_PAIRS batches alternated with batches of the floor (paired_host_us): `us` and
+    `floor_us` are the medians of the batches, `vs_floor` the median of the pairs' ratios."""
     k = len(case.op.entry.inputs)
     xs = [torch.randn(HOST_N, dtype=dtype, device=device) for _ in range(k)]
     xg = [x.detach().requires_grad_() for x in xs]
@@ -427,24 +441,30 @@ def _host_rows(case, impls, dtype, device: str, directions) -> list[dict]:
             try:
                 if direction == "fwd":
                     args = impl.prepare(xs)
-                    us = host_median_us(lambda: impl.forward(*args), device, HOST_CALLS[direction])
+                    fn = lambda: impl.forward(*args)  # noqa: E731
                 else:
-                    us = host_median_us(lambda: torch.autograd.grad(impl.forward(*xg), xg, g), device,
-                                        HOST_CALLS[direction])
+                    fn = lambda: torch.autograd.grad(impl.forward(*xg), xg, g)  # noqa: E731
+                ours, floor = paired_host_us(fn, floors[direction], device, HOST_CALLS[direction], HOST_PAIRS)
             except Exception:  # already reported by the timed runs
                 continue
             rows.append({"expr": case.label, "dtype": dtype_name(dtype), "impl": name, "direction": direction,
-                         "us": us})
+                         "us": statistics.median(ours), "floor_us": statistics.median(floor),
+                         "vs_floor": statistics.median(a / b for a, b in zip(ours, floor)),
+                         "samples_us": ours, "floor_samples_us": floor})
     return rows
 
 
 def _host_result(floors, rows, device) -> dict:
-    for r in rows:
-        r["vs_floor"] = r["us"] / floors[r["direction"]]
-    return {"n": HOST_N, "device": device, "floor": {"fwd": {"what": "x*2", "us": floors["fwd"]},
+    """The host part of the JSON: the rows, and per direction the floor, the median of every
+    batch of it that ran paired with a row (measured alone when no row has that direction)."""
+    floor_us = {}
+    for direction, fn in floors.items():
+        pooled = [us for r in rows if r["direction"] == direction for us in r["floor_samples_us"]]
+        floor_us[direction] = statistics.median(pooled) if pooled else host_median_us(fn, device, HOST_CALLS[direction])
+    return {"n": HOST_N, "device": device, "floor": {"fwd": {"what": "x*2", "us": floor_us["fwd"]},
                                                       "fwd+bwd": {"what": "x*2 and torch.autograd.grad",
-                                                                  "us": floors["fwd+bwd"]}},
-            "target": HOST_TARGET, "rows": rows}
+                                                                  "us": floor_us["fwd+bwd"]}},
+            "target": HOST_TARGET, "pairs": HOST_PAIRS, "rows": rows}
 
 
 # -- ratios -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 
 import pytest
@@ -103,8 +104,13 @@ def test_bench_on_the_cpu_writes_every_field(tmp_path, capsys):
     assert host["floor"]["fwd"]["us"] > 0 and host["floor"]["fwd+bwd"]["us"] > 0
     assert {(r["expr"], r["impl"], r["direction"]) for r in host["rows"]} == {
         (e, i, k) for e in ("fma", "relu_add") for i in ("fusegen", "fusegen.op", "eager") for k in ("fwd", "fwd+bwd")}
-    for r in host["rows"]:
-        assert r["dtype"] == "float32" and r["vs_floor"] == pytest.approx(r["us"] / host["floor"][r["direction"]]["us"])
+    for r in host["rows"]:  # paired batches: the ratio is the median of the pairs', the floor the median of all
+        assert r["dtype"] == "float32" and len(r["samples_us"]) == len(r["floor_samples_us"]) == host["pairs"]
+        assert r["us"] == statistics.median(r["samples_us"]) and r["floor_us"] == statistics.median(r["floor_samples_us"])
+        assert r["vs_floor"] == pytest.approx(statistics.median(a / b for a, b in zip(r["samples_us"], r["floor_samples_us"])))
+    for d in ("fwd", "fwd+bwd"):
+        pooled = [us for r in host["rows"] if r["direction"] == d for us in r["floor_samples_us"]]
+        assert host["floor"][d]["us"] == statistics.median(pooled)
 
     shown = capsys.readouterr()
     assert "| expr | fusegen | eager | fusegen / best peer |" in shown.out

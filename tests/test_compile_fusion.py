@@ -201,3 +201,26 @@ def test_bench_compile_runs_on_the_cpu(tmp_path):
     assert list(rows) == list(bench_compile.FORMS)
     assert [rows[f]["fusegen_ops"] for f in bench_compile.FORMS] == [2, 2, 0, 0]  # forward, backward
     assert rows["compile: decomposed op"]["max_rel_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("name, shapes, scalars", [
+    ("cp_relu_add", [(16,), (16,)], ()),               # saves its output
+    ("cp_fma", [(3, 4), (4,), (3, 1)], ()),             # broadcast inputs: gradients summed back
+    ("cp_swish_beta", [(8,), (8,)], (1.702, -0.75)),  # scalars the backward reads
+])
+def test_compiled_autograd_runs_the_fused_backward(corpus_ops, name, shapes, scalars):
+    """torch._dynamo.compiled_autograd captures the op's autograd node (its compiled_args and
+    apply_with_saved) as one call, with eager's gradients, and under torch.compile too."""
+    from torch._dynamo import compiled_autograd
+    op = corpus_ops[name]
+    leaves = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    want = torch.autograd.grad(op(*leaves, *scalars).sum(), leaves)
+    graphs = []
+    for compiler in (lambda gm: graphs.append(gm) or gm, torch.compile(backend="aot_eager")):
+        for t in leaves:
+            t.grad = None
+        with compiled_autograd._enable(compiler):
+            op(*leaves, *scalars).sum().backward()
+        for t, w in zip(leaves, want):
+            torch.testing.assert_close(t.grad, w, rtol=0, atol=0)
+    assert any(f"FusedBackward(fusegen::{name})" in str(n.target) for n in graphs[0].graph.nodes)

@@ -208,6 +208,19 @@ def test_forward_ad_dual_numbers(corpus_ops, case, no_composite):
     torch.testing.assert_close(results[0], results[1])
 
 
+def test_torch_ops_refuses_a_tangent_it_would_drop(corpus_ops):
+    """torch.ops.fusegen.<name> has reverse mode only: an input with a tangent that requires
+    grad is refused with the way out (the FusedOp), not an output without its tangent."""
+    op = corpus_ops["cp_fma"]
+    a, b, c = (torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(a, torch.ones(4, dtype=torch.float64))
+        with pytest.raises(RuntimeError, match="forward-mode AD .* needs the FusedOp"):
+            op.op(dual, b, c)
+        tangent = fwAD.unpack_dual(op(dual, b, c)).tangent
+    torch.testing.assert_close(tangent, b.detach())
+
+
 def test_forward_mode_uses_the_jvp_kernel(corpus_ops, monkeypatch):
     """jvp calls fusegen::<name>_jvp, one op, not a loop of ops."""
     from fusegen import autograd

@@ -5,9 +5,9 @@
 // file turns that into the schemas fusegen::<name> and fusegen::<name>_backward with
 // boxed CPU, Meta, CUDA and Autograd kernels: argument checks, type promotion, the layout
 // of every call by ATen's TensorIterator (broadcasting, strides, memory format, output
-// allocation), its parallel CPU loop, the CUDA device guard and stream, and
-// torch::autograd::Functions: the forward's backward calls <name>_backward, whose own
-// backward (double backward) calls <name>_grad2_backward.
+// allocation), its parallel CPU loop, the CUDA device guard and stream, and autograd: the
+// forward records a hand-written node (FusedBackward) that calls <name>_backward, whose own
+// backward (double backward, a torch::autograd::Function) calls <name>_grad2_backward.
 // Hand-written, not templated.
 #include "fusegen-runtime.h"
 
@@ -16,7 +16,10 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/TypeProperties.h>
+#include <ATen/FuncTorchTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #ifdef FUSEGEN_WITH_CUDA
@@ -259,6 +262,8 @@ struct Op {
   const OpDef* def;
   std::string name;           // "<name>"
   std::string backward_name;  // "<name>_backward"
+  std::string node_name;      // "FusedBackward(fusegen::<name>)": its autograd node's name (grad_fn.name(),
+                              // the profiler's backward events; not "fusegen::...", which names ops)
   std::optional<c10::OperatorHandle> forward_op;   // fusegen::<name>, looked up once
   std::optional<c10::OperatorHandle> backward_op;  // fusegen::<name>_backward
   bool has_backward() const { return def->num_kernel_grads > 0; }
@@ -334,6 +339,74 @@ std::vector<at::Tensor> requested(const std::vector<at::Tensor>& grads) {
 
 enum class Device { kCpu, kMeta, kCuda };
 
+// The common case of a training step: every tensor of the computed dtype, on the op's
+// device, of one shape with the contiguous strides and no dimension of size 0 or 1 (where
+// TensorIterator may order dimensions of equal strides differently). TensorIterator lays
+// it out as one contiguous run with contiguous outputs; building it is about 0.3 us of a
+// call (CPU machine, n = 4096), so this case skips it (run_contiguous) with the same result.
+bool is_plain_contiguous(const Args& args, at::ScalarType dtype, c10::Device device) {
+  const at::Tensor& first = args.front().tensor;
+  if (first.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+  const c10::IntArrayRef sizes = first.sizes();
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1, stride = 1; d >= 0; stride *= sizes[d--]) {
+    if (sizes[d] < 2 || first.strides()[d] != stride) return false;
+  }
+  for (const Arg& arg : args) {
+    const at::Tensor& t = arg.tensor;
+    if (t.scalar_type() != dtype || t.device() != device || t.layout() != at::kStrided) return false;
+    if (&t != &first && (t.sizes() != sizes || t.strides() != first.strides())) return false;
+  }
+  return true;
+}
+
+// The kernel over is_plain_contiguous arguments: contiguous outputs (present[k]) of their
+// shape, one run of numel elements (split over threads as TensorIterator::for_each would
+// split it, on the CPU); returns the outputs, as run_kernel does.
+std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>& present, Device device, CpuKernel cpu,
+                                       CudaKernel cuda, Dtype dtype, const double* scalars) {
+  const at::Tensor& first = args.front().tensor;
+  std::vector<at::Tensor> outputs(present.size());
+  c10::SmallVector<char*, 16> data;
+  c10::SmallVector<int64_t, 16> strides;
+  const int64_t size = static_cast<int64_t>(first.element_size());
+  for (size_t k = 0; k < present.size(); ++k) {
+    if (present[k]) outputs[k] = at::empty(first.sizes(), first.options());
+    data.push_back(present[k] ? static_cast<char*>(outputs[k].data_ptr()) : nullptr);
+    strides.push_back(present[k] ? size : 0);
+  }
+  for (const Arg& arg : args) {
+    data.push_back(static_cast<char*>(const_cast<void*>(arg.tensor.const_data_ptr())));
+    strides.push_back(size);
+  }
+  const int64_t n = first.numel();
+  if (device == Device::kCpu) {
+    for (const at::Tensor& out : outputs) {
+      if (out.defined()) advise_huge_pages(out);
+    }
+    if (n < kCpuGrain) {
+      cpu(dtype, data.data(), strides.data(), n, scalars);
+      return outputs;
+    }
+    at::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) {
+      c10::SmallVector<char*, 16> part(data);
+      for (size_t k = 0; k < part.size(); ++k) {
+        if (part[k] != nullptr) part[k] += begin * strides[k];
+      }
+      cpu(dtype, part.data(), strides.data(), end - begin, scalars);
+    });
+  } else {
+#ifdef FUSEGEN_WITH_CUDA
+    // What launch_cuda hands the kernel for a contiguous iterator (ndim 0: no strides).
+    const CudaLoop loop{n, 0, static_cast<int>(data.size()), first.sizes().data(), nullptr, data.data()};
+    cuda(dtype, loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+#else
+    (void)cuda;
+#endif
+  }
+  return outputs;
+}
+
 // What the forward and the backward share: check the arguments, then lay out `num_outputs`
 // outputs over the kernel's inputs and run `cpu` or `cuda` on them. present[k]: whether the
 // kernel's output k is wanted (allocated); returns the outputs, an undefined tensor for
@@ -347,6 +420,9 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   std::optional<c10::cuda::CUDAGuard> device_guard;
   if (device == Device::kCuda) device_guard.emplace(on);  // checked: one device
 #endif
+  if (device != Device::kMeta && is_plain_contiguous(args, dtype, on)) {
+    return run_contiguous(args, present, device, cpu, cuda, kernel_dtype(dtype), scalars);
+  }
   const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
   int num_outputs = 0;
   for (bool p : present) num_outputs += p;
@@ -420,31 +496,33 @@ std::vector<at::Tensor> run_backward(const Op& op, Device device, const Backward
 // fusegen::<name>_backward. Both go through the dispatcher, so torch.compile and opcheck
 // see ordinary ops.
 
-// Each input's sizes and dtype, packed into one list for saved_data (one entry instead of
-// two string-keyed ones per input): per input, the dtype, the number of dimensions, the sizes.
-c10::IValue pack_metadata(at::TensorList tensors) {
-  std::vector<c10::SymInt> packed;
-  for (const at::Tensor& t : tensors) {
-    const c10::SymIntArrayRef sizes = t.sym_sizes();
-    packed.emplace_back(static_cast<int64_t>(t.scalar_type()));
-    packed.emplace_back(static_cast<int64_t>(sizes.size()));
-    packed.insert(packed.end(), sizes.begin(), sizes.end());
-  }
-  return c10::IValue(c10::SymIntArrayRef(packed));
-}
-
+// What a gradient needs of its input: the dtype and the sizes it is summed back to.
 struct InputMeta {
   at::ScalarType dtype;
-  std::vector<c10::SymInt> sizes;
+  c10::SymDimVector sizes;
+
+  explicit InputMeta(const at::Tensor& t) : dtype(t.scalar_type()), sizes(t.sym_sizes().begin(), t.sym_sizes().end()) {}
+  InputMeta(at::ScalarType type, c10::SymIntArrayRef shape) : dtype(type), sizes(shape.begin(), shape.end()) {}
 };
 
-std::vector<InputMeta> unpack_metadata(const c10::IValue& packed) {
-  const std::vector<c10::SymInt> all = packed.toSymIntVector();
+// Each input's dtype and sizes in one list (for BackwardFunction's saved_data and compiled
+// autograd's packed state): per input, the dtype, the number of dimensions, the sizes.
+std::vector<c10::SymInt> pack_metadata(c10::ArrayRef<InputMeta> meta) {
+  std::vector<c10::SymInt> packed;
+  for (const InputMeta& m : meta) {
+    packed.emplace_back(static_cast<int64_t>(m.dtype));
+    packed.emplace_back(static_cast<int64_t>(m.sizes.size()));
+    packed.insert(packed.end(), m.sizes.begin(), m.sizes.end());
+  }
+  return packed;
+}
+
+std::vector<InputMeta> unpack_metadata(const std::vector<c10::SymInt>& all) {
   std::vector<InputMeta> out;
   for (size_t k = 0; k < all.size();) {
     const auto dtype = static_cast<at::ScalarType>(all[k].expect_int());
     const int64_t ndim = all[k + 1].expect_int();
-    out.push_back({dtype, std::vector<c10::SymInt>(all.begin() + k + 2, all.begin() + k + 2 + ndim)});
+    out.emplace_back(dtype, c10::SymIntArrayRef(all.data() + k + 2, static_cast<size_t>(ndim)));
     k += 2 + ndim;
   }
   return out;
@@ -473,7 +551,7 @@ at::Tensor apply_steps(const GradDef& grad, const at::Tensor& dout) {
 // (they read dout only, the kernel would read the inputs too). `call(mask)` runs the
 // backward kernel through the dispatcher and returns the requested outputs.
 template <typename Needs, typename Call>
-void gradients_of(const OpDef& def, const at::Tensor& dout, const std::vector<InputMeta>& meta, Needs&& needs,
+void gradients_of(const OpDef& def, const at::Tensor& dout, c10::ArrayRef<InputMeta> meta, Needs&& needs,
                   Call&& call, variable_list& grads) {
   std::vector<bool> mask(def.num_kernel_grads, false);
   bool kernel = false;
@@ -505,67 +583,150 @@ void gradients_of(const OpDef& def, const at::Tensor& dout, const std::vector<In
   }
 }
 
-// Arguments of apply(): the tensors first (one gradient each), then two non-tensors.
-class ForwardFunction : public torch::autograd::Function<ForwardFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, at::TensorList tensors, const Op* op, std::vector<double> scalars) {
-    const OpDef& def = *op->def;
-    ctx->saved_data["op"] = reinterpret_cast<int64_t>(op);
-    if (def.num_backward_scalars > 0) {
-      std::vector<double> used;
-      for (int i = 0; i < def.num_backward_scalars; ++i) used.push_back(scalars[def.backward_scalars[i]]);
-      ctx->saved_data["scalars"] = c10::List<double>(used);
-    }
-    ctx->saved_data["meta"] = pack_metadata(tensors);
-    at::Tensor out;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      torch::jit::Stack stack;
-      stack.reserve(tensors.size() + scalars.size());
-      for (const at::Tensor& t : tensors) stack.emplace_back(t);
-      for (double s : scalars) stack.emplace_back(s);
-      op->forward_op->callBoxed(stack);
-      out = std::move(stack.back()).toTensor();
-    }
-    // The output, when saved, is saved as an output: autograd's version counter then
-    // refuses a backward after the output was modified in place, as for eager's relu.
-    std::vector<at::Tensor> saved;
-    saved.reserve(def.num_backward_inputs);
-    for (int i = 0; i < def.num_backward_inputs; ++i) {
-      const int k = def.backward_inputs[i];
-      saved.push_back(k == kResult ? out : tensors[k]);
-    }
-    ctx->save_for_backward(saved);
-    return out;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list douts) {
-    const Op& op = *reinterpret_cast<const Op*>(ctx->saved_data["op"].toInt());
-    const OpDef& def = *op.def;
-    const at::Tensor& dout = douts[0];
-    variable_list grads(def.num_inputs + 2);  // one per tensor; the op and the scalars get none
-    const std::vector<InputMeta> meta = unpack_metadata(ctx->saved_data["meta"]);
-    gradients_of(def, dout, meta, [&](int i) { return ctx->needs_input_grad(i); }, [&](const std::vector<bool>& mask) {
-      BackwardArgs a;
-      a.tensors.push_back(dout);
-      for (const at::Tensor& t : ctx->get_saved_variables()) a.tensors.push_back(t);
-      if (def.num_backward_scalars > 0) {
-        for (double s : ctx->saved_data["scalars"].toDoubleList()) a.scalars.push_back(s);
-      }
-      a.mask = mask;
-      torch::jit::Stack stack;
-      a.push(stack);
-      // Without create_graph nothing differentiates the backward: skip its autograd kernel.
-      std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
-      if (!at::GradMode::is_enabled()) below_autograd.emplace();
-      op.backward_op->callBoxed(stack);
-      return std::move(stack.back()).toTensorVector();
-    }, grads);
-    return grads;
+// The node pointer of this torch's autograd graph: std::shared_ptr<Node> up to torch 2.12
+// (made with deleteNode, which frees a long graph without deep recursion), and
+// c10::intrusive_ptr<Node> from 2.13 on. Both spellings compile: only the matching one is
+// instantiated (deleteNode is found through its argument, when it exists).
+using NodePtr = decltype(torch::autograd::Edge::function);
+template <typename Ptr>
+struct NodeMaker;
+template <typename N>
+struct NodeMaker<c10::intrusive_ptr<N>> {
+  template <typename T, typename... A>
+  static NodePtr make(A&&... args) { return c10::make_intrusive<T>(std::forward<A>(args)...); }
+};
+template <typename N>
+struct NodeMaker<std::shared_ptr<N>> {
+  template <typename T, typename... A>
+  static NodePtr make(A&&... args) {
+    return std::shared_ptr<T>(new T(std::forward<A>(args)...), [](N* node) { deleteNode(node); });
   }
 };
 
 const Op* find_op(const std::string& name);
+
+// The first-order gradients of `op`'s inputs for which needs(i) holds: the eager ops of dout
+// alone, or <name>_backward over dout and `saved` (the tensors the backward reads). Without
+// create_graph nothing differentiates the backward, so its autograd kernel is skipped; with
+// it, that kernel records BackwardFunction (double backward).
+template <typename Needs>
+variable_list first_order_grads(const Op& op, const at::Tensor& dout, std::vector<at::Tensor> saved,
+                                c10::ArrayRef<double> scalars, c10::ArrayRef<InputMeta> meta, Needs&& needs) {
+  const OpDef& def = *op.def;
+  variable_list grads(def.num_inputs);
+  if (!dout.defined()) return grads;  // no gradient arrived: the inputs' are zero too (undefined), as in eager's nodes
+  gradients_of(def, dout, meta, needs, [&](const std::vector<bool>& mask) {
+    BackwardArgs a;
+    a.tensors.reserve(1 + saved.size());
+    a.tensors.push_back(dout);
+    for (at::Tensor& t : saved) a.tensors.push_back(std::move(t));
+    a.scalars.assign(scalars.begin(), scalars.end());
+    a.mask = mask;
+    torch::jit::Stack stack;
+    a.push(stack);
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    if (!at::GradMode::is_enabled()) below_autograd.emplace();
+    op.backward_op->callBoxed(stack);
+    return std::move(stack.back()).toTensorVector();
+  }, grads);
+  return grads;
+}
+
+// Compiled autograd's form of FusedBackward::apply (torch._dynamo.compiled_autograd): the
+// node's state arrives packed (FusedBackward::apply_with_saved packs it).
+variable_list apply_functional(const variable_list& inputs, const std::vector<c10::IValue>& args) {
+  torch::dynamo::autograd::PackedArgs packed(args);
+  const Op* op = find_op(packed.unpack<std::string>());
+  TORCH_INTERNAL_ASSERT(op != nullptr);
+  auto saved = packed.unpack<std::vector<at::Tensor>>();
+  const auto scalars = packed.unpack<std::vector<double>>();
+  const auto needs = packed.unpack<std::vector<bool>>();
+  const std::vector<InputMeta> meta = unpack_metadata(packed.unpack<std::vector<c10::SymInt>>());
+  return first_order_grads(*op, inputs[0], std::move(saved), scalars, meta, [&](int i) { return needs[i]; });
+}
+
+// The autograd node of one forward call, written as PyTorch's generated nodes are (a
+// torch::autograd::Function would add its string-keyed saved_data, IValue packing and
+// apply()'s bookkeeping: about 1 us a call on the CPU machine): the op, the tensors the
+// backward reads as SavedVariables (the forward's output saved as an output, so that its
+// version counter refuses a backward after an in-place change, as for eager's relu, and
+// "backward through the graph a second time" after they are freed), the scalars the
+// backward reads and each input's dtype and sizes, as plain members.
+class FusedBackward final : public torch::autograd::Node {
+ public:
+  explicit FusedBackward(const Op* op) : op_(op) {}
+
+  std::string name() const override { return op_->node_name; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (torch::autograd::SavedVariable& s : saved_) s.reset_data();
+  }
+
+  variable_list apply(variable_list&& douts) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return first_order_grads(*op_, douts[0], unpack_saved(), scalars_, meta_,
+                             [&](int i) { return task_should_compute_output(i); });
+  }
+
+  // Compiled autograd: the node's state for the cache key (tensors and sizes become graph
+  // inputs), then a call of apply_functional with that state packed, which the compiler
+  // traces (its <name>_backward call lands in the graph as the op).
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
+    args.collect(op_->node_name);
+    for (int i = 0; i < op_->def->num_backward_inputs; ++i) args.collect(saved_[i], op_->def->backward_inputs[i] == kResult);
+    for (double s : scalars_) args.collect(s);
+    for (const InputMeta& m : meta_) {
+      args.collect(m.dtype);
+      for (const c10::SymInt& d : m.sizes) args.collect(d);
+    }
+  }
+
+  variable_list apply_with_saved(const variable_list& inputs, torch::dynamo::autograd::SwapSavedVariables& swap) override {
+    namespace ca = torch::dynamo::autograd;
+    for (torch::autograd::SavedVariable& s : saved_) swap.before(s);
+    for (InputMeta& m : meta_) {
+      for (c10::SymInt& d : m.sizes) swap.before(d);
+    }
+    ca::PackedArgs packed;
+    packed.pack(op_->name);
+    packed.pack(unpack_saved());
+    packed.pack(std::vector<double>(scalars_.begin(), scalars_.end()));
+    std::vector<bool> needs;
+    for (size_t i = 0; i < num_outputs(); ++i) needs.push_back(task_should_compute_output(i));
+    packed.pack(needs);
+    packed.pack(pack_metadata(meta_));
+    const std::vector<c10::IValue>& state = packed.vec();
+    std::vector<at::TypePtr> schema;
+    for (const c10::IValue& v : state) schema.push_back(v.isTensor() ? at::TensorType::get() : v.type());
+    const auto& compiler = ca::getPyCompilerInterface();
+    const std::string fn = compiler->bind_function(swap.get_py_compiler(), op_->node_name, apply_functional, schema,
+                                                   /*is_custom_function=*/true, /*is_traceable=*/true);
+    variable_list out = compiler->call_function(swap.get_py_compiler(), "apply_functional", fn, inputs, state,
+                                                ca::IValuePacker<std::vector<std::optional<torch::autograd::InputMetadata>>>::pack(
+                                                    ca::get_input_metadata(next_edges())));
+    for (torch::autograd::SavedVariable& s : saved_) swap.after(s);
+    for (InputMeta& m : meta_) {
+      for (c10::SymInt& d : m.sizes) swap.after(d);
+    }
+    return out;
+  }
+
+  const Op* op_;
+  std::vector<torch::autograd::SavedVariable> saved_;  // def.backward_inputs, in order
+  c10::SmallVector<double, 4> scalars_;                // def.backward_scalars, in order
+  c10::SmallVector<InputMeta, 4> meta_;                // per input
+
+ private:
+  // The saved tensors; an output is saved without its grad_fn (this node: no cycle) and
+  // gets it back here.
+  std::vector<at::Tensor> unpack_saved() {
+    std::vector<at::Tensor> out;
+    out.reserve(saved_.size());
+    for (size_t i = 0; i < saved_.size(); ++i) out.push_back(saved_[i].unpack(op_->def->backward_inputs[i] == kResult ? getptr() : nullptr));
+    return out;
+  }
+};
 
 // The backward's own derivative (double backward), fused: <name>_backward computes
 // grad_k = dout * f_k(x); the gradients gg_k arriving at its outputs make
@@ -581,7 +742,8 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
                                std::vector<double> scalars, std::vector<bool> mask) {
     ctx->saved_data["op"] = reinterpret_cast<int64_t>(op);
     ctx->save_for_backward(tensors.vec());
-    ctx->saved_data["meta"] = pack_metadata(tensors);
+    std::vector<InputMeta> meta(tensors.begin(), tensors.end());
+    ctx->saved_data["meta"] = c10::IValue(c10::SymIntArrayRef(pack_metadata(meta)));
     ctx->saved_data["scalars"] = c10::List<double>(scalars);
     c10::List<bool> mask_list;
     for (bool b : mask) mask_list.push_back(b);
@@ -626,7 +788,7 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
     const c10::List<double> scalars = ctx->saved_data["scalars"].toDoubleList();
     // d h / d input = 1 (a passthrough of grad2) is the incoming gradient: ones.
     const at::Tensor ones = one.expand_symint(saved[0].sym_sizes());
-    gradients_of(def2, ones, unpack_metadata(ctx->saved_data["meta"]),
+    gradients_of(def2, ones, unpack_metadata(ctx->saved_data["meta"].toSymIntVector()),
                  [&](int i) { return i < own && ctx->needs_input_grad(i); }, [&](const std::vector<bool>& mask2) {
       BackwardArgs a;
       a.tensors.push_back(one);
@@ -651,25 +813,22 @@ class Kernel final : public c10::OperatorKernel {
  public:
   Kernel(const Op* op, bool backward, Key key) : op_(op), backward_(backward), key_(key) {}
 
-  void operator()(const c10::OperatorHandle& /*handle*/, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     const OpDef& def = *op_->def;
     if (key_ == Key::kAutograd && !records_graph(def, *stack)) {
-      // Nothing to differentiate (no_grad, or no tensor requires grad): no autograd Function,
-      // no saved state; straight to the device kernel, as eager's autograd kernels do.
+      // Nothing to differentiate (no_grad, or no tensor requires grad): no autograd node, no
+      // saved state; on to the next kernel (the device's), as eager's autograd kernels do.
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      (backward_ ? op_->backward_op : op_->forward_op)->callBoxed(*stack);
+      handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
       return;
     }
     if (!backward_) {
-      ForwardArgs a(def, *stack);
-      at::Tensor out;
       if (key_ == Key::kAutograd) {
-        // Function::apply records every input's metadata first: catch None before it does.
-        check_defined(op_->name, a.named(def));
-        out = ForwardFunction::apply(at::TensorList(a.tensors), op_, a.scalars);
-      } else {
-        out = run_forward(*op_, device(), a);
+        record_forward(handle, keys, stack);
+        return;
       }
+      ForwardArgs a(def, *stack);
+      at::Tensor out = run_forward(*op_, device(), a);
       torch::jit::drop(*stack, def.num_inputs + def.num_scalars);
       stack->emplace_back(std::move(out));
     } else {
@@ -687,6 +846,42 @@ class Kernel final : public c10::OperatorKernel {
   }
 
  private:
+  // The forward with autograd, as PyTorch's generated autograd kernels do it: the node and
+  // its edges, the output from the kernels below autograd, the output's history, then the
+  // saved tensors (the output's after its history, so it is saved as an output).
+  void record_forward(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) const {
+    const OpDef& def = *op_->def;
+    const ForwardArgs a(def, *stack);
+    check_defined(op_->name, a.named(def));
+    // torch.func and forward-mode AD go through the FusedOp's Python autograd.Function
+    // (fusegen/autograd.py): refuse them here, as a C++ autograd Function would.
+    if (const auto& functorch = at::functorch::functorchTLSAccessor()) functorch->checkSupportsCppAutogradFunction();
+    for (const at::Tensor& t : a.tensors) {
+      TORCH_CHECK(!t._fw_grad(/*level=*/0).defined(), "fusegen::", op_->name,
+                  ": forward-mode AD (an input with a tangent) needs the FusedOp (fusegen.fuse or @fused); "
+                  "torch.ops.fusegen.", op_->name, " has reverse mode only");
+    }
+    NodePtr node = NodeMaker<NodePtr>::make<FusedBackward>(op_);
+    auto* fn = static_cast<FusedBackward*>(node.get());
+    torch::autograd::edge_list edges;
+    edges.reserve(a.tensors.size());
+    for (const at::Tensor& t : a.tensors) edges.push_back(torch::autograd::impl::gradient_edge(t));
+    fn->set_next_edges(std::move(edges));
+    for (const at::Tensor& t : a.tensors) fn->meta_.emplace_back(t);
+    for (int i = 0; i < def.num_backward_scalars; ++i) fn->scalars_.push_back(a.scalars[def.backward_scalars[i]]);
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    }
+    const at::Tensor& out = stack->back().toTensor();
+    torch::autograd::set_history(out, node);
+    fn->saved_.reserve(def.num_backward_inputs);
+    for (int i = 0; i < def.num_backward_inputs; ++i) {
+      const int k = def.backward_inputs[i];
+      fn->saved_.emplace_back(k == kResult ? out : a.tensors[k], /*is_output=*/k == kResult);
+    }
+  }
+
   // Whether this call must record an autograd node: grad mode on and some tensor argument
   // requires grad (read off the stack, before anything is unpacked).
   bool records_graph(const OpDef& def, const torch::jit::Stack& stack) const {
@@ -739,7 +934,8 @@ bool register_op(const OpDef& def) {
   TORCH_CHECK(def.abi == kAbi, "fusegen::", def.name, ": built against fusegen-runtime.h ABI ", def.abi,
               ", but the runtime has ABI ", kAbi, "; rebuild the op");
   std::lock_guard<std::mutex> lock(registry_mutex());
-  Op* op = new Op{&def, def.name, std::string(def.name) + "_backward", std::nullopt, std::nullopt};
+  Op* op = new Op{&def, def.name, std::string(def.name) + "_backward", "FusedBackward(fusegen::" + std::string(def.name) + ")",
+                  std::nullopt, std::nullopt};
   const char* file = "fusegen-runtime.cpp";
   auto* defs = new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
   defs->def(def.schema);
