@@ -74,9 +74,15 @@ def test_cuda_host_code_compiles(tmp_path):
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
 
 
-def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cores, macros", [
+    (2, [("FUSEGEN_FORWARD_ONLY",), ("FUSEGEN_BACKWARD_ONLY",)]),
+    (16, [("FUSEGEN_FORWARD_ONLY", "FUSEGEN_WIDE_ONLY"), ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_16BIT_ONLY"),
+          ("FUSEGEN_BACKWARD_ONLY", "FUSEGEN_WIDE_ONLY"), ("FUSEGEN_BACKWARD_ONLY", "FUSEGEN_16BIT_ONLY")]),
+], ids=["by direction", "by direction and dtype"])
+def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch, cores, macros):
     """With cores to spare, build._units compiles an op's .cu as two units (forward
-    kernels, backward kernels) that together define each entry point exactly once."""
+    kernels, backward kernels), or four (each by dtype group), that together define each
+    entry point and each 16-bit launcher exactly once."""
     if NVCC is None:
         if os.environ.get("CI") == "true":
             pytest.fail("nvcc not found: CI must compile the generated CUDA sources")
@@ -85,9 +91,11 @@ def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch):
 
     folder = ROOT / "generated" / "addmul"
     files = {"addmul.cu": (folder / "addmul.cu").read_text(), "addmul.cpp": (folder / "addmul.cpp").read_text()}
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
     units = {name: text for name, text in build._units([("addmul", files)], cuda=True).items() if name.endswith(".cu")}
-    assert [text.splitlines()[0] for text in units.values()] == [f"#define {m}" for m in build.SPLIT_MACROS]
+    assert [tuple(line[len("#define "):] for line in text.splitlines() if line.startswith("#define"))
+            for text in units.values()] == macros
+    entries = [f"op_addmul::{d}_cuda{g}(" for d in ("forward", "backward") for g in ("", "_16bit")]
     defined = []
     for name, text in units.items():
         (tmp_path / name).write_text(text)
@@ -96,5 +104,5 @@ def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch):
                                  f"-I{folder}", "-c", str(tmp_path / name), "-o", str(obj)], capture_output=True, text=True)
         assert result.returncode == 0 and not result.stderr.strip(), result.stderr
         symbols = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True).stdout
-        defined.append(sorted(s for s in ("op_addmul::forward_cuda", "op_addmul::backward_cuda") if s in symbols))
-    assert defined == [["op_addmul::forward_cuda"], ["op_addmul::backward_cuda"]]
+        defined += [e for e in entries if e in symbols]
+    assert sorted(defined) == sorted(entries)

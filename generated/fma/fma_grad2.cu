@@ -14,30 +14,65 @@
 // No torch header: the shared runtime (fusegen-runtime.cpp) lays out the operands with
 // TensorIterator and calls these entry points with data pointers and strides; the generic
 // kernels of fusegen-cuda.cuh run Forward/Backward (fma_grad2.h) over them.
+//
+// Compiled alone, this file defines every entry point. A fusegen build with cores to spare
+// compiles it as up to four nvcc units in parallel and links them: forward or backward
+// kernels (FUSEGEN_FORWARD_ONLY, FUSEGEN_BACKWARD_ONLY), fp32/fp64 or fp16/bf16
+// (FUSEGEN_WIDE_ONLY, FUSEGEN_16BIT_ONLY), each unit generating its part of the kernels.
 #include "fusegen-cuda.cuh"
 #include "fusegen-runtime.h"
 #include "fma_grad2.h"
 
 namespace fusegen::op_fma_grad2 {
-// Compiled alone, this file defines both entry points. A fusegen build with cores to spare
-// compiles it twice in parallel, with FUSEGEN_FORWARD_ONLY and FUSEGEN_BACKWARD_ONLY (each
-// nvcc run then generates half the kernels), and links both objects.
+
 #ifndef FUSEGEN_BACKWARD_ONLY
-void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/, void* stream) {
-  run_cuda(dtype, loop, static_cast<cudaStream_t>(stream), [&](auto zero) {
-    using T = decltype(zero);  // the compute type
+// Forward<T> in the compute type T, with the call's scalars.
+inline auto forward_cuda_functor([[maybe_unused]] const double* scalars) {
+  return [=](auto zero) {
+    using T = decltype(zero);
     return Forward<T>{};
-  });
+  };
+}
+
+void forward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+
+#ifndef FUSEGEN_WIDE_ONLY
+void forward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_cuda<DtypeGroup::k16Bit>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
-#ifndef FUSEGEN_FORWARD_ONLY
-void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/, void* stream) {
-  run_cuda(dtype, loop, static_cast<cudaStream_t>(stream), [&](auto zero) {
-    using T = decltype(zero);  // the compute type
-    return Backward<T>{};
-  });
+#ifndef FUSEGEN_16BIT_ONLY
+void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  if (is_16bit(dtype)) return forward_cuda_16bit(dtype, loop, scalars, stream);
+  run_cuda<DtypeGroup::kWide>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
+#endif
+#endif
+
+#ifndef FUSEGEN_FORWARD_ONLY
+// Backward<T> in the compute type T, with the call's scalars.
+inline auto backward_cuda_functor([[maybe_unused]] const double* scalars) {
+  return [=](auto zero) {
+    using T = decltype(zero);
+    return Backward<T>{};
+  };
+}
+
+void backward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+
+#ifndef FUSEGEN_WIDE_ONLY
+void backward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_cuda<DtypeGroup::k16Bit>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+}
+#endif
+
+#ifndef FUSEGEN_16BIT_ONLY
+void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  if (is_16bit(dtype)) return backward_cuda_16bit(dtype, loop, scalars, stream);
+  run_cuda<DtypeGroup::kWide>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+}
+#endif
 #endif
 
 }  // namespace fusegen::op_fma_grad2

@@ -73,14 +73,26 @@ __device__ __forceinline__ void store(T* __restrict__ base, int64_t index, const
 
 template <typename T> struct TypeTag { using type = T; };
 
-// Calls f(TypeTag<storage type>{}) for the runtime dtype: the one switch over dtypes.
-template <typename F>
+// The dtypes in two groups, each compiled in an nvcc unit of its own when a build has
+// cores to spare (op_kernels.cu.j2): the kernels of four dtypes are most of a new op's nvcc
+// time, and the two halves take about as long each.
+enum class DtypeGroup { kWide, k16Bit };  // fp32 and fp64; fp16 and bf16
+inline bool is_16bit(Dtype dtype) { return dtype == Dtype::kFloat16 || dtype == Dtype::kBFloat16; }
+
+// Calls f(TypeTag<storage type>{}) for the runtime dtype, one of kGroup's: the one choice
+// among dtypes.
+template <DtypeGroup kGroup, typename F>
 void dispatch_dtype(Dtype dtype, F&& f) {
-  switch (dtype) {
-    case Dtype::kFloat32: f(TypeTag<float>{}); break;
-    case Dtype::kFloat64: f(TypeTag<double>{}); break;
-    case Dtype::kFloat16: f(TypeTag<Half>{}); break;
-    case Dtype::kBFloat16: f(TypeTag<BFloat16>{}); break;
+  if constexpr (kGroup == DtypeGroup::k16Bit) {
+    if (dtype == Dtype::kFloat16) {
+      f(TypeTag<Half>{});
+    } else {
+      f(TypeTag<BFloat16>{});
+    }
+  } else if (dtype == Dtype::kFloat64) {
+    f(TypeTag<double>{});
+  } else {
+    f(TypeTag<float>{});
   }
 }
 
@@ -656,11 +668,11 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   }
 }
 
-// The entry point of an op's kernel (forward_cuda, backward_cuda): F built by make(zero of
-// the compute type), run in the storage type of `dtype`.
-template <typename Make>
+// The launcher of an op's kernel for kGroup's dtypes (op_kernels.cu.j2): F built by
+// make(zero of the compute type), run in the storage type of `dtype`.
+template <DtypeGroup kGroup, typename Make>
 void run_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&& make) {
-  dispatch_dtype(dtype, [&](auto tag) {
+  dispatch_dtype<kGroup>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_elementwise<T>(loop, make(acc_t<T>{}), stream);
   });
