@@ -124,15 +124,11 @@ def paired_host_us(fn, floor, device: str, calls: int, pairs: int) -> tuple[list
     """(fn's, floor's) µs per call of `pairs` batches each, run alternately (floor first in
     every other pair), so that a slow spell of a busy machine lands on both sides of a pair
     instead of deciding one figure: the ratio to the floor is then the median of the pairs'."""
-    ours, theirs = [], []
+    times = {fn: [], floor: []}
     for i in range(pairs):
-        if i % 2:
-            ours.append(host_us(fn, device, calls))
-            theirs.append(host_us(floor, device, calls))
-        else:
-            theirs.append(host_us(floor, device, calls))
-            ours.append(host_us(fn, device, calls))
-    return ours, theirs
+        for f in ((fn, floor) if i % 2 else (floor, fn)):
+            times[f].append(host_us(f, device, calls))
+    return times[fn], times[floor]
 
 
 def l2_bytes(device: str) -> int:

@@ -146,7 +146,7 @@ int blocks_per_sm() {
 template <auto kKernel>
 unsigned wave_grid_size(int64_t items) {
   const int64_t cap = int64_t(sm_count()) * blocks_per_sm<kKernel>();
-  return static_cast<unsigned>(items < cap ? (items > 0 ? items : 1) : cap);
+  return grid_size(items < cap ? items : cap);
 }
 
 // The data pointers of a kernel's operands, by value: outputs first (null: not wanted),
@@ -299,8 +299,8 @@ __global__ void __launch_bounds__(kThreads) contiguous_kernel(Pointers<F::kInput
 }
 
 // Anything else (a fast dimension that does not split into vectors, offsets past 2^31,
-// a misaligned contiguous loop): grid-stride over elements, each
-// operand's address from the offset calculator, with the inputs of the next kDepth - 1
+// a misaligned contiguous loop): grid-stride over elements, each operand's address from
+// the offset calculator, with the inputs of the next kDepth - 1
 // elements in flight while one is computed (their output offsets kept for the store). The
 // loop starts kDepth - 1 steps early to fill the pipeline, so the offset calculator and
 // the math each have one call site.
@@ -549,16 +549,16 @@ OffsetCalculator<kN, Index> offset_calculator(const CudaLoop& loop, const Pointe
 }
 
 // The vector kernel takes the loop when dimension 0 splits into whole vectors and 32-bit
-// index math fits. An operand is a vector access when it steps by one element along
+// index math fits (`index32`: fits_32bit, which the caller needs as well). An operand is a vector access when it steps by one element along
 // dimension 0 and its pointer and its other steps keep each vector aligned to its width;
 // repeated when it steps by none (an input); gathered otherwise.
 template <typename T, typename F>
-bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f, bool index32,
                    cudaStream_t stream) {
   constexpr int kN = F::kInputs + F::kOutputs;
   constexpr int kVec = kVectorWidth<T>;
   constexpr int64_t kBytes = int64_t(sizeof(T)) * kVec;
-  if (loop.ndim == 0 || loop.sizes[0] % kVec != 0 || !fits_32bit(loop, loop.numel, kN, sizeof(T))) return false;
+  if (loop.ndim == 0 || loop.sizes[0] % kVec != 0 || !index32) return false;
   Modes<kN> modes;
   for (int k = 0; k < kN; ++k) {
     if (p.p[k] == nullptr) continue;
@@ -658,10 +658,11 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   }
   // fp64 (gradcheck's dtype, rarely a fast path's) skips the tiled and vector kernels:
   // 0.3 s less nvcc per unit, in every new op's build.
+  const bool index32 = fits_32bit(loop, n, kN, sizeof(T));
   if constexpr (sizeof(T) != 8) {
-    if (launch_tiled<T>(loop, p, f, stream) || launch_vector<T>(loop, p, f, stream)) return;
+    if (launch_tiled<T>(loop, p, f, stream) || launch_vector<T>(loop, p, f, index32, stream)) return;
   }
-  if (fits_32bit(loop, n, kN, sizeof(T))) {
+  if (index32) {
     launch_strided<T, F, uint32_t>(loop, p, f, stream);
   } else {
     launch_strided<T, F, uint64_t>(loop, p, f, stream);

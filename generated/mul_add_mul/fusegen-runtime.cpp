@@ -198,18 +198,21 @@ struct Operands {
 // THP_MEM_ALLOC_ENABLE=1): the first touch of a 64 MB output then takes 32 page faults of
 // 2 MB instead of 16384 of 4 KB, which were half of `a*b+c`'s forward on the 2-core CPU
 // machine (README, "CPU benchmark"). Advice only: the memory stays the allocator's, and a
-// kernel set to `never` ignores it.
-void advise_huge_pages(const at::Tensor& t) {
+// kernel set to `never` ignores it. Outputs not wanted (undefined) are skipped.
+void advise_huge_pages(const std::vector<at::Tensor>& outputs) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t kHuge = std::uintptr_t(1) << 21;
-  const std::size_t bytes = t.storage().nbytes();
-  if (bytes < (std::size_t(1) << 22)) return;
-  const auto start = reinterpret_cast<std::uintptr_t>(t.storage().data());
-  const std::uintptr_t begin = (start + kHuge - 1) & ~(kHuge - 1);
-  const std::uintptr_t end = (start + bytes) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  for (const at::Tensor& t : outputs) {
+    if (!t.defined()) continue;
+    const std::size_t bytes = t.storage().nbytes();
+    if (bytes < (std::size_t(1) << 22)) continue;
+    const auto start = reinterpret_cast<std::uintptr_t>(t.storage().data());
+    const std::uintptr_t begin = (start + kHuge - 1) & ~(kHuge - 1);
+    const std::uintptr_t end = (start + bytes) & ~(kHuge - 1);
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
 #else
-  (void)t;
+  (void)outputs;
 #endif
 }
 
@@ -380,9 +383,7 @@ std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>
   }
   const int64_t n = first.numel();
   if (device == Device::kCpu) {
-    for (const at::Tensor& out : outputs) {
-      if (out.defined()) advise_huge_pages(out);
-    }
+    advise_huge_pages(outputs);
     if (n < kCpuGrain) {
       cpu(dtype, data.data(), strides.data(), n, scalars);
       return outputs;
@@ -463,9 +464,7 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   if (device == Device::kMeta || iter.numel() == 0 || num_outputs == 0) return outputs;
   const Operands ops(present, static_cast<int>(inputs.size()));
   if (device == Device::kCpu) {
-    for (const at::Tensor& out : outputs) {
-      if (out.defined()) advise_huge_pages(out);
-    }
+    advise_huge_pages(outputs);
     launch_cpu(iter, ops, cpu, kernel_dtype(dtype), scalars);
   } else {
 #ifdef FUSEGEN_WITH_CUDA
@@ -674,7 +673,7 @@ class FusedBackward final : public torch::autograd::Node {
   // traces (its <name>_backward call lands in the graph as the op).
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
     args.collect(op_->node_name);
-    for (int i = 0; i < op_->def->num_backward_inputs; ++i) args.collect(saved_[i], op_->def->backward_inputs[i] == kResult);
+    for (size_t i = 0; i < saved_.size(); ++i) args.collect(saved_[i], is_output(i));
     for (double s : scalars_) args.collect(s);
     for (const InputMeta& m : meta_) {
       args.collect(m.dtype);
@@ -718,12 +717,15 @@ class FusedBackward final : public torch::autograd::Node {
   c10::SmallVector<InputMeta, 4> meta_;                // per input
 
  private:
+  // Whether saved tensor i is the forward's output (saved as an output).
+  bool is_output(size_t i) const { return op_->def->backward_inputs[i] == kResult; }
+
   // The saved tensors; an output is saved without its grad_fn (this node: no cycle) and
   // gets it back here.
   std::vector<at::Tensor> unpack_saved() {
     std::vector<at::Tensor> out;
     out.reserve(saved_.size());
-    for (size_t i = 0; i < saved_.size(); ++i) out.push_back(saved_[i].unpack(op_->def->backward_inputs[i] == kResult ? getptr() : nullptr));
+    for (size_t i = 0; i < saved_.size(); ++i) out.push_back(saved_[i].unpack(is_output(i) ? getptr() : nullptr));
     return out;
   }
 };
