@@ -15,6 +15,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <ATen/native/TypeProperties.h>
 #include <ATen/FuncTorchTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -181,14 +182,17 @@ Dtype kernel_dtype(at::ScalarType t) {
 
 // The kernel's operands for one step of TensorIterator's loop: `present[k]` says whether
 // output k of the kernel is one of the iterator's outputs (a requested gradient); absent
-// ones get a null pointer and stride 0. Inputs follow, as the iterator has them.
+// ones get a null pointer and stride 0. Inputs follow, as the iterator has them, then (a
+// backward that sums in the kernel: fusegen-cuda.cuh, Accumulating) one operand per
+// entry of `accumulators`, the iterator's inputs after the kernel's where present.
 struct Operands {
   std::vector<int> slot;  // per kernel operand: its index in the iterator, or -1
 
-  Operands(const std::vector<bool>& present, int num_inputs) {
+  Operands(const std::vector<bool>& present, int num_inputs, const std::vector<bool>& accumulators = {}) {
     int next = 0;
     for (bool p : present) slot.push_back(p ? next++ : -1);
     for (int j = 0; j < num_inputs; ++j) slot.push_back(next++);
+    for (bool p : accumulators) slot.push_back(p ? next++ : -1);
   }
   int size() const { return static_cast<int>(slot.size()); }
 };
@@ -265,6 +269,7 @@ struct Op {
   const OpDef* def;
   std::string name;           // "<name>"
   std::string backward_name;  // "<name>_backward"
+  std::string backward_event;  // "fusegen::<name>_backward": the profiler's name of a backward call
   std::string node_name;      // "FusedBackward(fusegen::<name>)": its autograd node's name (grad_fn.name(),
                               // the profiler's backward events; not "fusegen::...", which names ops)
   std::optional<c10::OperatorHandle> forward_op;   // fusegen::<name>, looked up once
@@ -604,16 +609,155 @@ struct NodeMaker<std::shared_ptr<N>> {
 
 const Op* find_op(const std::string& name);
 
+// Whether a backward may run its kernel directly instead of through the dispatcher: grad
+// mode off (nothing to record for a double backward), no dispatch key forced on for the
+// thread (a TorchDispatchMode, FakeTensorMode under torch.compile, functorch's transforms,
+// the Python dispatcher), and every tensor a plain dense CPU or CUDA tensor (no subclass
+// such as DTensor or FakeTensor, no lazy conjugate or negative view). The dispatcher would
+// then reach this file's own CPU or CUDA kernel, after boxing the call; the direct call
+// keeps the profiler's event of that op.
+bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved) {
+  if (at::GradMode::is_enabled() || !c10::impl::tls_local_dispatch_key_set().included_.empty()) return false;
+  const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                     c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+                                     c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Conjugate,
+                                     c10::DispatchKey::Negative, c10::DispatchKey::ZeroTensor});
+  const auto plain = [&](const at::Tensor& t) {
+    return t.defined() && (t.is_cpu() || t.is_cuda()) && t.layout() == at::kStrided && !t.key_set().has_any(wrapped) &&
+           !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  };
+  if (!plain(dout)) return false;
+  for (const at::Tensor& t : saved) {
+    if (!plain(t)) return false;
+  }
+  return true;
+}
+
+#ifdef FUSEGEN_WITH_CUDA
+// The gradients of broadcast inputs summed in the backward kernel itself (CUDA), into
+// grads: a per-channel scale's sum(dout * x) and a bias's sum(dout) read dout and x once,
+// in the kernel that writes x's gradient, instead of being written at the broadcast shape
+// and summed by ATen (reduce_to_input). A kernel output whose inputs all have one shape,
+// not the broadcast shape, is summed to it; so is dout for the first such input whose
+// gradient is steps of dout alone (others of that kind, and outputs shared by inputs of
+// different shapes, are summed by ATen as before). The sums are float (fp16 and bf16
+// too, as ATen's sum accumulates) and take the input's dtype at the end; they add in no
+// fixed order (atomics), so not under torch.use_deterministic_algorithms. Returns false,
+// having computed nothing, when nothing is summed or the loop is not one the
+// accumulating kernel takes (fp64, an odd fast dimension, offsets past 2^31): then
+// first_order_grads computes them the usual way.
+template <typename Needs>
+bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vector<at::Tensor>& saved,
+                           c10::ArrayRef<double> scalars, c10::ArrayRef<InputMeta> meta, Needs&& needs,
+                           variable_list& grads) {
+  const OpDef& def = *op.def;
+  const int count = def.num_kernel_grads;
+  if (def.backward_cuda == nullptr || !dout.is_cuda() || at::globalContext().deterministicAlgorithms()) return false;
+  // A gradient with as many elements as dout has nothing to sum (at most size-1 dimensions to drop).
+  const auto nothing_to_sum = [&](int i) {
+    int64_t numel = 1;
+    for (const c10::SymInt& d : meta[i].sizes) numel *= d.expect_int();
+    return numel == dout.numel();
+  };
+  // Per kernel output (and dout, at index count): the input whose shape it is summed to;
+  // kFull: computed at the broadcast shape.
+  constexpr int kNone = -1, kFull = -2;
+  std::vector<int> target(count + 1, kNone);
+  std::vector<bool> mask(count, false);
+  bool kernel = false;
+  for (int i = 0; i < def.num_inputs; ++i) {
+    if (!needs(i)) continue;
+    const GradDef& g = def.grads[i];
+    if (g.output >= 0) {
+      mask[g.output] = true;
+      kernel = kernel || g.num_steps < 0;
+    }
+    const int k = g.output >= 0 ? g.output : g.num_steps >= 0 ? count : kNone;
+    if (k == kNone || target[k] == kFull) continue;
+    if (nothing_to_sum(i)) {
+      if (k < count) target[k] = kFull;
+    } else if (target[k] == kNone) {
+      target[k] = i;
+    } else if (k < count && meta[target[k]].sizes != meta[i].sizes) {
+      target[k] = kFull;
+    }
+  }
+  bool any = false;
+  for (int t : target) any = any || t >= 0;
+  if (!kernel || !any) return false;
+
+  std::vector<at::Tensor> tensors{dout};
+  tensors.insert(tensors.end(), saved.begin(), saved.end());
+  const Args args = BackwardArgs::of(def, tensors);
+  const at::ScalarType dtype = check_args(op.backward_name, args);
+  if (dtype == at::kDouble) return false;
+  const c10::Device on = device_arg(args).tensor.device();
+  c10::cuda::CUDAGuard device_guard(on);
+  const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
+  std::vector<at::Tensor> sums(count + 1);
+  at::TensorIteratorConfig config;
+  config.set_check_mem_overlap(false).check_all_same_dtype(false).declare_static_dtype(dtype);
+  std::vector<bool> present(count, false);
+  std::vector<bool> summed(count + 1, false);
+  for (int k = 0; k < count; ++k) {
+    present[k] = mask[k] && target[k] < 0;
+    if (present[k]) config.add_owned_output(at::Tensor());
+  }
+  for (const at::Tensor& t : inputs) config.add_const_input(t);
+  for (int k = 0; k <= count; ++k) {
+    if (target[k] < 0 || (k < count && !mask[k])) continue;
+    std::vector<int64_t> sizes;
+    for (const c10::SymInt& d : meta[target[k]].sizes) sizes.push_back(d.expect_int());
+    sums[k] = at::zeros(sizes, inputs.front().options().dtype(at::kFloat));
+    summed[k] = true;
+    config.add_const_input(sums[k]);  // written by atomics, laid out by the iterator as an input
+  }
+  at::TensorIterator iter = config.build();
+  constexpr int kVector = 4;  // fusegen-cuda.cuh: kVectorWidth of fp32, fp16 and bf16
+  if (iter.numel() == 0 || iter.is_contiguous() || iter.shape()[0] % kVector != 0 || !iter.can_use_32bit_indexing()) {
+    return false;
+  }
+  {
+    RECORD_FUNCTION(op.backward_event.c_str(), std::vector<c10::IValue>());
+    launch_cuda(iter, Operands(present, static_cast<int>(inputs.size()), summed), def.backward_cuda,
+                kernel_dtype(dtype), scalars.data());
+  }
+  std::vector<at::Tensor> full(count);
+  for (int k = 0, next = 0; k < count; ++k) {
+    if (present[k]) full[k] = iter.output(next++);
+  }
+  for (int i = 0; i < def.num_inputs; ++i) {
+    if (!needs(i)) continue;
+    const GradDef& g = def.grads[i];
+    at::Tensor grad;
+    if (g.output >= 0) {
+      grad = summed[g.output] ? sums[g.output] : full[g.output];
+    } else if (g.num_steps >= 0) {
+      const bool from_sum = summed[count] && meta[target[count]].sizes == meta[i].sizes;
+      grad = apply_steps(g, from_sum ? sums[count] : dout);
+    }
+    if (grad.defined()) grads[i] = reduce_to_input(meta[i], grad);
+  }
+  return true;
+}
+#endif
+
 // The first-order gradients of `op`'s inputs for which needs(i) holds: the eager ops of dout
 // alone, or <name>_backward over dout and `saved` (the tensors the backward reads). Without
-// create_graph nothing differentiates the backward, so its autograd kernel is skipped; with
-// it, that kernel records BackwardFunction (double backward).
+// create_graph nothing differentiates the backward, so its autograd kernel is skipped, and
+// for plain tensors its kernel is called directly (direct_call_ok), on CUDA summing the
+// gradients of broadcast inputs in the kernel where it can (accumulates_in_kernel); with
+// create_graph, the autograd kernel records BackwardFunction (double backward).
 template <typename Needs>
 variable_list first_order_grads(const Op& op, const at::Tensor& dout, std::vector<at::Tensor> saved,
                                 c10::ArrayRef<double> scalars, c10::ArrayRef<InputMeta> meta, Needs&& needs) {
   const OpDef& def = *op.def;
   variable_list grads(def.num_inputs);
   if (!dout.defined()) return grads;  // no gradient arrived: the inputs' are zero too (undefined), as in eager's nodes
+  const bool direct = direct_call_ok(dout, saved);
+#ifdef FUSEGEN_WITH_CUDA
+  if (direct && accumulates_in_kernel(op, dout, saved, scalars, meta, needs, grads)) return grads;
+#endif
   gradients_of(def, dout, meta, needs, [&](const std::vector<bool>& mask) {
     BackwardArgs a;
     a.tensors.reserve(1 + saved.size());
@@ -621,6 +765,11 @@ variable_list first_order_grads(const Op& op, const at::Tensor& dout, std::vecto
     for (at::Tensor& t : saved) a.tensors.push_back(std::move(t));
     a.scalars.assign(scalars.begin(), scalars.end());
     a.mask = mask;
+    if (direct) {
+      RECORD_FUNCTION(op.backward_event.c_str(), std::vector<c10::IValue>());
+      const bool cuda = device_arg(a.named(def)).tensor.is_cuda();
+      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a);
+    }
     torch::jit::Stack stack;
     a.push(stack);
     std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
@@ -936,8 +1085,8 @@ bool register_op(const OpDef& def) {
   TORCH_CHECK(def.abi == kAbi, "fusegen::", def.name, ": built against fusegen-runtime.h ABI ", def.abi,
               ", but the runtime has ABI ", kAbi, "; rebuild the op");
   std::lock_guard<std::mutex> lock(registry_mutex());
-  Op* op = new Op{&def, def.name, std::string(def.name) + "_backward", "FusedBackward(fusegen::" + std::string(def.name) + ")",
-                  std::nullopt, std::nullopt};
+  Op* op = new Op{&def, def.name, std::string(def.name) + "_backward", "fusegen::" + std::string(def.name) + "_backward",
+                  "FusedBackward(fusegen::" + std::string(def.name) + ")", std::nullopt, std::nullopt};
   const char* file = "fusegen-runtime.cpp";
   auto* defs = new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
   defs->def(def.schema);

@@ -362,6 +362,33 @@ struct Modes {
   int32_t step[kN] = {};  // bytes between a gathered operand's elements along dimension 0
 };
 
+// Operand k of a vector loop, at byte address `at`: read as one kVec-wide access, one
+// element repeated, or kVec elements gathered at its step (Modes); written (an output) as
+// one access or scattered at its step.
+template <typename T, int kVec, int kN>
+__device__ __forceinline__ void load_operand(const Modes<kN>& modes, int k, const char* at, Vec<T, kVec>& out) {
+  if (modes.repeated >> k & 1) {
+    const T value = *reinterpret_cast<const T*>(at);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out.v[e] = value;
+  } else if (modes.gathered >> k & 1) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out.v[e] = *reinterpret_cast<const T*>(at + e * modes.step[k]);
+  } else {
+    out = *reinterpret_cast<const Vec<T, kVec>*>(at);
+  }
+}
+
+template <typename T, int kVec, int kN>
+__device__ __forceinline__ void store_operand(const Modes<kN>& modes, int k, char* at, const Vec<T, kVec>& value) {
+  if (modes.gathered >> k & 1) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) *reinterpret_cast<T*>(at + e * modes.step[k]) = value.v[e];
+  } else {
+    *reinterpret_cast<Vec<T, kVec>*>(at) = value;
+  }
+}
+
 template <typename T, int kVec, typename F>
 __global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + F::kOutputs> p,
                                                           OffsetCalculator<F::kInputs + F::kOutputs, uint32_t> calc,
@@ -378,20 +405,7 @@ __global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + 
       if (base + u * kThreads >= n_vec) continue;
       calc.template offsets<true>(static_cast<uint32_t>(base + u * kThreads), offset[u]);
 #pragma unroll
-      for (int j = 0; j < kIn; ++j) {
-        const int k = kOut + j;
-        const char* at = p.p[k] + offset[u][k];
-        if (modes.repeated >> k & 1) {
-          const T value = *reinterpret_cast<const T*>(at);
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) x_v[u][j].v[e] = value;
-        } else if (modes.gathered >> k & 1) {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) x_v[u][j].v[e] = *reinterpret_cast<const T*>(at + e * modes.step[k]);
-        } else {
-          x_v[u][j] = *reinterpret_cast<const Vec<T, kVec>*>(at);
-        }
-      }
+      for (int j = 0; j < kIn; ++j) load_operand(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -400,16 +414,166 @@ __global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + 
       compute_vector(x_v[u], y_v, f);
 #pragma unroll
       for (int k = 0; k < kOut; ++k) {
-        if (p.p[k] == nullptr) continue;
-        char* at = p.p[k] + offset[u][k];
-        if (modes.gathered >> k & 1) {
+        if (p.p[k] != nullptr) store_operand(modes, k, p.p[k] + offset[u][k], y_v[k]);
+      }
+    }
+  }
+}
+
+// A backward that sums gradients of broadcast inputs (a bias, a per-channel scale) in the
+// kernel itself, as torch.compile's fused reductions do, instead of writing them at the
+// broadcast shape for ATen to sum (a write and a read of the whole tensor each): after
+// F's outputs and inputs come kOut + 1 accumulators (AccumulatingOperands), float sums at
+// the input's shape, which TensorIterator lays out as inputs (step 0 along the summed
+// dimensions); accumulator k < kOut sums F's output k (then a null output), accumulator
+// kOut sums input 0 (dout: a bias's gradient, which needs no kernel of its own).
+template <typename F>
+struct Accumulating {
+  static constexpr int kAccumulators = F::kOutputs + 1;
+  static constexpr int kOperands = F::kInputs + F::kOutputs + kAccumulators;
+  static constexpr int kFirst = F::kInputs + F::kOutputs;  // accumulator a is operand kFirst + a
+};
+
+// The sums of one accumulator in one thread's slot: the byte offset they belong at (-1:
+// none yet) and kVec partial sums (element e at offset + e * step; a step of 0 puts all
+// of them in sum[0]). A thread adds to them while the offset stays, and flushes them when
+// it changes: lanes of a warp that flush together and share an offset with their
+// neighbours (every lane, for a per-channel sum of an NCHW tensor) sum their values by a
+// segmented scan over shuffles, and the first lane of each run of equal offsets adds the
+// run's sum to global memory with one atomicAdd.
+template <int kVec>
+struct Partial {
+  int32_t offset = -1;
+  float sum[kVec] = {};
+};
+
+// Collective over the warp (every lane calls it with the same trip counts); `flush` says
+// whether this lane's sums go out now.
+template <int kVec>
+__device__ __forceinline__ void flush_partial(bool flush, Partial<kVec>& part, char* base, int32_t step) {
+  constexpr unsigned kAll = 0xffffffffu;
+  if (__ballot_sync(kAll, flush) == 0) return;
+  const int lane = threadIdx.x % 32;
+  const int32_t key = flush ? part.offset : -1 - lane;  // lanes not flushing: runs of their own
+  const int32_t next = __shfl_down_sync(kAll, key, 1);
+  const int32_t prev = __shfl_up_sync(kAll, key, 1);
+  const unsigned ends = __ballot_sync(kAll, lane == 31 || next != key);
+  const int end = lane + __ffs(ends >> lane) - 1;  // the last lane of this lane's run
+  const bool head = flush && (lane == 0 || prev != key);
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) *reinterpret_cast<T*>(at + e * modes.step[k]) = y_v[k].v[e];
+  for (int e = 0; e < kVec; ++e) {
+    if (step == 0 && e > 0) break;
+    float v = part.sum[e];
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const float other = __shfl_down_sync(kAll, v, d);
+      if (lane + d <= end) v += other;
+    }
+    if (head) atomicAdd(reinterpret_cast<float*>(base + part.offset + e * step), v);
+  }
+  if (flush) {
+    part.offset = -1;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) part.sum[e] = 0.f;
+  }
+}
+
+// The loop as rows of `row` vectors (the loop's dimension 0 when an accumulator varies
+// along it: a lane then keeps one column, so a channels_last per-channel sum keeps its
+// offset for the whole kernel; else chunks of kThreads * kUnroll vectors: a lane's
+// offset changes only where the summed tensor's does, every H*W elements of NCHW). A
+// block step covers `width` vectors of `rows_per_step` rows (whole rows when they are
+// short); blockIdx.x picks the columns, blockIdx.y a range of `rows_per_block` rows.
+struct RowLoop {
+  uint32_t n_vec, row, width, rows_per_step, rows, rows_per_block;
+};
+
+template <typename T, int kVec, typename F>
+__global__ void __launch_bounds__(kThreads) accumulating_kernel(Pointers<Accumulating<F>::kOperands> p,
+                                                                OffsetCalculator<Accumulating<F>::kOperands, uint32_t> calc,
+                                                                RowLoop rows, Modes<Accumulating<F>::kOperands> modes,
+                                                                F f) {
+  using A = Accumulating<F>;
+  constexpr int kIn = F::kInputs;
+  constexpr int kOut = F::kOutputs;
+  constexpr int kAcc = A::kAccumulators;
+  constexpr int kWarpSlots = 32 * kUnroll;
+  // Slot u of a thread: a warp's 32 * kUnroll slots are consecutive (lanes along the row,
+  // every access coalesced), so a warp's lanes share a per-channel offset far more often.
+  const uint32_t warp_first = threadIdx.x / 32 * kWarpSlots + threadIdx.x % 32;
+  uint32_t row_of[kUnroll], col_of[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const uint32_t slot = warp_first + u * 32;
+    row_of[u] = slot / rows.width;
+    col_of[u] = blockIdx.x * rows.width + slot % rows.width;
+  }
+  Partial<kVec> part_of[kAcc][kUnroll];
+  const uint32_t first_row = blockIdx.y * rows.rows_per_block;
+  const uint32_t end_row = min(first_row + rows.rows_per_block, rows.rows);
+  for (uint32_t r = first_row; r < end_row; r += rows.rows_per_step) {  // the same trip count in every lane
+    Vec<T, kVec> x_v[kUnroll][kIn];
+    int32_t offset[kUnroll][A::kOperands];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint32_t row = r + row_of[u];
+      const uint32_t v = row * rows.row + col_of[u];
+      valid[u] = row_of[u] < rows.rows_per_step && row < end_row && col_of[u] < rows.row && v < rows.n_vec;
+      if (!valid[u]) continue;
+      calc.template offsets<true>(v, offset[u]);
+#pragma unroll
+      for (int j = 0; j < kIn; ++j) load_operand(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float add[kAcc][kVec];  // what each accumulator sums: F's outputs unrounded, and dout
+      if (valid[u]) {
+        Vec<T, kVec> y_v[kOut];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          acc_t<T> x[kIn];
+          acc_t<T> y[kOut];
+#pragma unroll
+          for (int j = 0; j < kIn; ++j) x[j] = to_acc(x_v[u][j].v[e]);
+          f(x, y);
+#pragma unroll
+          for (int k = 0; k < kOut; ++k) {
+            y_v[k].v[e] = from_acc<T>(y[k]);
+            add[k][e] = y[k];
+          }
+          add[kOut][e] = x[0];
+        }
+#pragma unroll
+        for (int k = 0; k < kOut; ++k) {
+          if (p.p[k] != nullptr) store_operand(modes, k, p.p[k] + offset[u][k], y_v[k]);
+        }
+      }
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) {
+        const int k = A::kFirst + a;
+        if (p.p[k] == nullptr) continue;  // the same in every lane
+        Partial<kVec>& part = part_of[a][u];
+        const int32_t at = valid[u] ? offset[u][k] : -1;
+        flush_partial(valid[u] && part.offset >= 0 && part.offset != at, part, p.p[k], modes.step[k]);
+        if (!valid[u]) continue;
+        part.offset = at;
+        if (modes.step[k] == 0) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) part.sum[0] += add[a][e];
         } else {
-          *reinterpret_cast<Vec<T, kVec>*>(at) = y_v[k];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) part.sum[e] += add[a][e];
         }
       }
     }
+  }
+#pragma unroll
+  for (int a = 0; a < kAcc; ++a) {
+    const int k = A::kFirst + a;
+    if (p.p[k] == nullptr) continue;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) flush_partial(part_of[a][u].offset >= 0, part_of[a][u], p.p[k], modes.step[k]);
   }
 }
 
@@ -552,32 +716,83 @@ OffsetCalculator<kN, Index> offset_calculator(const CudaLoop& loop, const Pointe
 // index math fits (`index32`: fits_32bit, which the caller needs as well). An operand is a vector access when it steps by one element along
 // dimension 0 and its pointer and its other steps keep each vector aligned to its width;
 // repeated when it steps by none (an input); gathered otherwise.
-template <typename T, typename F>
-bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f, bool index32,
-                   cudaStream_t stream) {
-  constexpr int kN = F::kInputs + F::kOutputs;
-  constexpr int kVec = kVectorWidth<T>;
-  constexpr int64_t kBytes = int64_t(sizeof(T)) * kVec;
-  if (loop.ndim == 0 || loop.sizes[0] % kVec != 0 || !index32) return false;
+template <typename T, int kN>
+Modes<kN> vector_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outputs) {
+  constexpr int64_t kBytes = int64_t(sizeof(T)) * kVectorWidth<T>;
   Modes<kN> modes;
   for (int k = 0; k < kN; ++k) {
     if (p.p[k] == nullptr) continue;
     const int64_t s = step(loop, 0, k);
     bool vector = s == int64_t(sizeof(T)) && reinterpret_cast<std::uintptr_t>(p.p[k]) % kBytes == 0;
     for (int d = 1; d < loop.ndim && vector; ++d) vector = step(loop, d, k) % kBytes == 0;
-    if (s == 0 && k >= F::kOutputs) {
+    if (s == 0 && k >= num_outputs) {
       modes.repeated |= 1u << k;
     } else if (!vector) {
       modes.gathered |= 1u << k;
       modes.step[k] = static_cast<int32_t>(s);
     }
   }
+  return modes;
+}
+
+template <typename T, typename F>
+bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f, bool index32,
+                   cudaStream_t stream) {
+  constexpr int kVec = kVectorWidth<T>;
+  if (loop.ndim == 0 || loop.sizes[0] % kVec != 0 || !index32) return false;
+  const Modes<F::kInputs + F::kOutputs> modes = vector_modes<T>(loop, p, F::kOutputs);
   const int64_t n_vec = loop.numel / kVec;
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
   constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
   vector_kernel<T, kVec, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
       p, calc, static_cast<uint32_t>(n_vec), modes, f);
   return true;
+}
+
+// The accumulating kernel over a loop of Accumulating<F>::kOperands operands, which the
+// runtime sends only for a loop the vector kernel takes (dimension 0 in whole vectors,
+// 32-bit offsets, not fp64: fusegen-runtime.cpp, accumulates_in_kernel). The inputs and
+// outputs take the vector kernel's modes; an accumulator's step along dimension 0 is its
+// Modes::step (0: one offset for the whole vector). Rows (RowLoop) along dimension 0 when
+// some accumulator steps along it, else chunks; about one wave of blocks, so that a
+// thread sums many vectors before it flushes.
+template <typename T, typename F>
+void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) {
+  using A = Accumulating<F>;
+  constexpr int kN = A::kOperands;
+  constexpr int kVec = kVectorWidth<T>;
+  constexpr int64_t kSlots = int64_t(kThreads) * kUnroll;
+  Pointers<kN> p;
+  for (int k = 0; k < kN; ++k) p.p[k] = loop.data[k];
+  Modes<kN> modes = vector_modes<T>(loop, p, F::kOutputs);
+  bool along_rows = false;
+  for (int a = 0; a < A::kAccumulators; ++a) {
+    const int k = A::kFirst + a;
+    modes.repeated &= ~(1u << k);
+    modes.gathered &= ~(1u << k);
+    modes.step[k] = p.p[k] != nullptr ? static_cast<int32_t>(step(loop, 0, k)) : 0;
+    along_rows = along_rows || modes.step[k] != 0;
+  }
+  const int64_t n_vec = loop.numel / kVec;
+  const int64_t row = along_rows ? loop.sizes[0] / kVec : kSlots;
+  const int64_t width = row < kSlots ? row : kSlots;
+  const int64_t rows_per_step = kSlots / width;
+  const int64_t num_rows = (n_vec + row - 1) / row;
+  const int64_t segments = (row + width - 1) / width;
+  const int64_t steps = (num_rows + rows_per_step - 1) / rows_per_step;
+  const int64_t wave = int64_t(sm_count()) * blocks_per_sm<accumulating_kernel<T, kVec, F>>();
+  constexpr int64_t kMaxY = 65535;
+  int64_t groups = (wave + segments - 1) / segments;
+  groups = groups < steps ? groups : steps;
+  groups = groups < kMaxY ? groups : kMaxY;
+  const int64_t rows_per_block = (steps + groups - 1) / groups * rows_per_step;
+  groups = (num_rows + rows_per_block - 1) / rows_per_block;
+  const RowLoop rl{static_cast<uint32_t>(n_vec), static_cast<uint32_t>(row), static_cast<uint32_t>(width),
+                   static_cast<uint32_t>(rows_per_step), static_cast<uint32_t>(num_rows),
+                   static_cast<uint32_t>(rows_per_block)};
+  const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
+  const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(groups));
+  accumulating_kernel<T, kVec, F><<<grid, kThreads, 0, stream>>>(p, calc, rl, modes, f);
 }
 
 // The tiled kernel takes the loop when some input steps by one element along dimension 1
@@ -671,11 +886,17 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
 
 // The launcher of an op's kernel for kGroup's dtypes (op_kernels.cu.j2): F built by
 // make(zero of the compute type), run in the storage type of `dtype`.
-template <DtypeGroup kGroup, typename Make>
+// kAccumulates (a backward): a loop of Accumulating<F>::kOperands operands goes to the
+// accumulating kernel (fp64 never comes with one).
+template <DtypeGroup kGroup, bool kAccumulates = false, typename Make>
 void run_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&& make) {
   dispatch_dtype<kGroup>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_elementwise<T>(loop, make(acc_t<T>{}), stream);
+    const auto f = make(acc_t<T>{});
+    if constexpr (kAccumulates && sizeof(T) != 8) {
+      if (loop.num_operands == Accumulating<decltype(f)>::kOperands) return launch_accumulating<T>(loop, f, stream);
+    }
+    launch_elementwise<T>(loop, f, stream);
   });
 }
 

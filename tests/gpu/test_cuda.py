@@ -335,6 +335,57 @@ def test_cuda_kernel_paths(cuda_ops, case, dtype):
     _layout_check(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, tensors, dtype)
 
 
+def _sum_cases(kw):
+    """name -> (inputs of a*b+c, whether the backward sums in the kernel). a*b+c's gradients
+    are dout*b, dout*a (kernel outputs) and dout (steps of dout alone), so b and c cover
+    both kinds of accumulator."""
+    nchw = torch.randn(4, 20, 8, 6, **kw)
+    return {
+        "per-channel NCHW": ([nchw, torch.randn(1, 20, 1, 1, **kw), torch.randn(20, 1, 1, **kw)], True),
+        "per-channel channels_last": ([nchw.contiguous(memory_format=torch.channels_last), torch.randn(1, 20, 1, 1, **kw),
+                                       torch.randn(20, 1, 1, **kw)], True),
+        "long row bias": ([torch.randn(33, 4100, **kw), torch.randn(33, 4100, **kw), torch.randn(4100, **kw)], True),
+        "short row scale, column bias": ([torch.randn(37, 12, **kw), torch.randn(12, **kw), torch.randn(37, 1, **kw)],
+                                         True),
+        "0-d scale and bias": ([torch.randn(70, 64, **kw), torch.randn((), **kw), torch.randn((), **kw)], True),
+        "sliced, strided sums": ([torch.randn(24, 2 * 64, **kw)[:, ::2], torch.randn(24, 1, **kw), torch.randn(64, **kw)],
+                                 True),
+        "odd fast dimension": ([torch.randn(37, 63, **kw), torch.randn(63, **kw), torch.randn(37, 1, **kw)], False),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16],
+                         ids=["f32", "bf16", "f64", "f16"])
+@pytest.mark.parametrize("case", list(_sum_cases({})), ids=str)
+def test_cuda_backward_sums_in_kernel(cuda_ops, case, dtype):
+    """The gradients of broadcast inputs are summed in the backward kernel (the profiler sees
+    the accumulating kernel and no ATen reduction) where its loop allows, else by ATen, and
+    match eager either way; fp64 and deterministic mode always take ATen's sum."""
+    tensors, in_kernel = _sum_cases(dict(device="cuda", dtype=dtype))[case]
+    in_kernel = in_kernel and dtype != torch.float64
+    op = cuda_ops["cp_fma"].op
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    out = op(*leaves)
+    names = _kernels_run(lambda: torch.autograd.grad(out, leaves, torch.randn_like(out), retain_graph=True))
+    accumulated = any("fusegen::accumulating_kernel<" in n for n in names)
+    summed_by_aten = any("reduce_kernel" in n and "fusegen" not in n for n in names)
+    assert accumulated == in_kernel and summed_by_aten == (not in_kernel), names
+    _layout_check(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, tensors, dtype)
+
+
+def test_cuda_deterministic_backward_sums_with_aten(cuda_ops):
+    x, s = torch.randn(8, 16, 5, 4, device="cuda"), torch.randn(1, 16, 1, 1, device="cuda", requires_grad=True)
+    out = cuda_ops["cp_fma"].op(x, s, s)
+    torch.use_deterministic_algorithms(True)
+    try:
+        names = _kernels_run(lambda: torch.autograd.grad(out, s, torch.ones_like(out), retain_graph=True))
+        (g,) = torch.autograd.grad(out, s, torch.ones_like(out))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert not any("accumulating_kernel" in n for n in names), names
+    torch.testing.assert_close(g, (x + 1).sum((0, 2, 3), keepdim=True))
+
+
 def test_cuda_no_copy_of_strided_inputs(cuda_ops):
     x = torch.randn(8, 16, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
     s = torch.randn(1, 16, 1, 1, device="cuda")
