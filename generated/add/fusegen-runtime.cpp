@@ -713,8 +713,8 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
     config.add_const_input(sums[k]);  // written by atomics, laid out by the iterator as an input
   }
   at::TensorIterator iter = config.build();
-  constexpr int kVector = 4;  // fusegen-cuda.cuh: kVectorWidth of fp32, fp16 and bf16
-  if (iter.numel() == 0 || iter.is_contiguous() || iter.shape()[0] % kVector != 0 || !iter.can_use_32bit_indexing()) {
+  if (iter.numel() == 0 || iter.is_contiguous() || iter.shape()[0] % kAccumulatingWidth != 0 ||
+      !iter.can_use_32bit_indexing()) {
     return false;
   }
   {

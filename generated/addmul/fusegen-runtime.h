@@ -88,6 +88,11 @@ struct CudaLoop {
 };
 using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
+// A backward's CUDA kernel that sums gradients of broadcast inputs (fusegen-cuda.cuh,
+// accumulating_kernel) moves vectors of this many elements along the loop's dimension 0;
+// the runtime sends it only loops whose dimension 0 splits into them.
+constexpr int kAccumulatingWidth = 4;
+
 // A gradient that is a function of dout alone, as the eager ops that compute it, applied
 // to dout in order: `a - b` gives b the steps {'-'}, `2*x` gives x {'*', 2}. No kernel
 // reads the inputs for it.
@@ -133,7 +138,7 @@ struct OpDef {
   CudaKernel backward_cuda;
 };
 
-constexpr int kAbi = 3;
+constexpr int kAbi = 4;
 
 // Defines fusegen::<name> (and <name>_backward) and registers the op's CPU, Meta, CUDA and
 // Autograd kernels. Called once per op from a static initializer of the op's library.
