@@ -617,7 +617,9 @@ const Op* find_op(const std::string& name);
 // then reach this file's own CPU or CUDA kernel, after boxing the call; the direct call
 // keeps the profiler's event of that op.
 bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved) {
-  if (at::GradMode::is_enabled() || !c10::impl::tls_local_dispatch_key_set().included_.empty()) return false;
+  // Included beyond the defaults (BackendSelect, ADInplaceOrView), that is.
+  const c10::DispatchKeySet forced = c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
+  if (at::GradMode::is_enabled() || !forced.empty()) return false;
   const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
                                      c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
                                      c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Conjugate,

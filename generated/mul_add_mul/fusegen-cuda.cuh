@@ -351,9 +351,14 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
 // the kVec elements of a vector share every operand's offset computation, and each
 // operand is, along dimension 0, one kVec-wide access (contiguous and aligned), one
 // element repeated (a step of 0: bit k of `repeated`), or kVec elements gathered at its
-// step (`gathered`, steps in `step`); each thread has kUnroll vectors in flight, as in the
-// contiguous kernel. `calc` counts vectors: its dimension 0 is the loop's divided by kVec.
+// step (`gathered`, steps in `step`); each thread has kVectorUnroll vectors in flight, as
+// in the contiguous kernel. `calc` counts vectors: its dimension 0 is the loop's divided
+// by kVec.
 template <typename T> constexpr int kVectorWidth = kVecWidth<T> < 4 ? kVecWidth<T> : 4;
+// Vectors in flight per thread: 32 bytes per operand, as the contiguous kernel has (4
+// vectors of 4 fp16/bf16 elements, 2 of 16 bytes).
+template <typename T, int kVec>
+constexpr int kVectorUnroll = sizeof(T) * kVec < 16 ? kUnroll * 16 / int(sizeof(T) * kVec) : kUnroll;
 
 template <int kN>
 struct Modes {
@@ -396,19 +401,20 @@ __global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + 
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
   using Offset = int32_t;
-  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
+  constexpr int kU = kVectorUnroll<T, kVec>;
+  constexpr int64_t kChunk = int64_t(kThreads) * kU;
   for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n_vec; base += int64_t(gridDim.x) * kChunk) {
-    Vec<T, kVec> x_v[kUnroll][kIn > 0 ? kIn : 1];
-    Offset offset[kUnroll][kIn + kOut];
+    Vec<T, kVec> x_v[kU][kIn > 0 ? kIn : 1];
+    Offset offset[kU][kIn + kOut];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       if (base + u * kThreads >= n_vec) continue;
       calc.template offsets<true>(static_cast<uint32_t>(base + u * kThreads), offset[u]);
 #pragma unroll
       for (int j = 0; j < kIn; ++j) load_operand(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       if (base + u * kThreads >= n_vec) continue;
       Vec<T, kVec> y_v[kOut];
       compute_vector(x_v[u], y_v, f);
@@ -742,7 +748,7 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
   const auto modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
   const int64_t n_vec = loop.numel / kVec;
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
-  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
+  constexpr int64_t kChunk = int64_t(kThreads) * kVectorUnroll<T, kVec>;
   vector_kernel<T, kVec, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
       p, calc, static_cast<uint32_t>(n_vec), modes, f);
   return true;
