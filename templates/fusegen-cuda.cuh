@@ -586,65 +586,128 @@ __global__ void __launch_bounds__(kThreads) accumulating_kernel(Pointers<Accumul
 // An input contiguous along the loop's dimension 1 while the outputs are contiguous along
 // dimension 0 (a transposed input: TensorIterator orders the loop by the first input's
 // strides, so the others are read across): element by element, a warp would touch 32 rows
-// for one load. Tiles of kTile x kTileCols elements instead: such inputs come in through shared
-// memory, a warp reading along their rows, and leave it transposed; the other operands are
-// read and written directly, a warp along dimension 0. One block per tile: blockIdx.x and
-// .y its place along dimensions 0 and 1 (no division: 64-bit ones cost more than the
-// tile's own work), blockIdx.z the index over the outer dimensions (2 and up), turned into
-// offsets once per block.
-// FUSEGEN_TILE_COLS (32 or 64) only to compare the two on a GPU (tests/gpu/h200_run.sh).
+// for one load. Tiles instead: such inputs come in through shared memory, a warp reading
+// along their rows, and leave it transposed; the other operands are read and written
+// directly, a warp along dimension 0. One block per tile: blockIdx.x and .y its place
+// along dimensions 0 and 1 (no division: 64-bit ones cost more than the tile's own work),
+// blockIdx.z the index over the outer dimensions (2 and up), turned into offsets once per
+// block.
+//
+// A lane moves P elements per access: P = 1, or 2 for 2-byte types where launch_tiled
+// finds every pair whole and aligned, a pair being one 4-byte access, so that a warp's
+// access is 128 bytes as fp32's is. One element at a time (64 bytes a warp), the bf16
+// forward of a*b+c with a transposed took 0.373 ms on the H200 against 0.271 ms for fp32's
+// twice as many bytes. A tile is 32 * P elements along dimension 0 by kTileWidth along 1
+// (fp32 32 x 64, pairs 64 x 64): for both the same 8 KiB of shared memory per tiled input,
+// the same accesses per thread, each P elements wide.
+// FUSEGEN_TILE_COLS (32 or 64) only to compare the two on a GPU (tests/gpu/h200_run.sh);
+// a tile of pairs is at least one warp access of pairs (64) wide.
 #ifndef FUSEGEN_TILE_COLS
 #define FUSEGEN_TILE_COLS 64
 #endif
-constexpr int kTile = 32;                     // along dimension 0: a warp
+constexpr int kTile = 32;                     // along dimension 0: a warp, in accesses
 constexpr int kTileCols = FUSEGEN_TILE_COLS;  // along dimension 1
-constexpr int kTileRows = kThreads / kTile;
-constexpr int kTileSpan = kTileCols / kTile;  // a tiled input's row segments per row
-static_assert(kTileSpan * kTile == kTileCols, "kTileCols: a multiple of kTile");
+constexpr int kTileRows = kThreads / kTile;   // the warps of a block
+template <typename T> constexpr int kPack = sizeof(T) == 2 ? 2 : 1;  // the widest P of T (fp64 never comes here)
+template <int P> constexpr int kTileHeight = kTile * P;  // along dimension 0, in elements
+template <int P> constexpr int kTileWidth = kTileCols > kTileHeight<P> ? kTileCols : kTileHeight<P>;
+template <int P> constexpr int kTileSpan = kTileWidth<P> / kTileHeight<P>;  // warp accesses per tiled row
+template <int P> constexpr int kTilePer = kTileWidth<P> / kTileRows;  // accesses per thread and operand
+// A row of shared memory: the tile's width and one spare 4-byte word, an odd number of words
+// (no bank conflicts, below); a shared element is one access, P elements of T.
+template <typename T, int P> constexpr int kTileStride = kTileWidth<P> + 4 / int(sizeof(T) * P);
+
+// An access of P elements in registers and in shared memory. A pair is one 32-bit word
+// (element 0 in the low half, as in memory) until the math, so that nvcc keeps a loaded
+// pair in one register: as a Vec of two 16-bit values, it split each pair right at its
+// load, a use that waits for the data (and 95 registers instead of 46 for a*b+c).
+template <typename T, int P> using TileAccess = std::conditional_t<P == 1, Vec<T, 1>, uint32_t>;
+
+template <typename T, int P>
+__device__ __forceinline__ Vec<T, P> unpack(TileAccess<T, P> a) {
+  static_assert(sizeof(TileAccess<T, P>) == sizeof(Vec<T, P>), "an access is P elements");
+  Vec<T, P> v;
+  memcpy(&v, &a, sizeof v);
+  return v;
+}
+
+// One access at `a`, or (`repeated`, pairs only) the one element there in the low half:
+// a select of two loads into one register, no branch.
+template <typename T, int P>
+__device__ __forceinline__ TileAccess<T, P> load_access(const char* a, bool repeated) {
+  if constexpr (P == 1) {
+    return *reinterpret_cast<const TileAccess<T, P>*>(a);
+  } else {
+    return repeated ? uint32_t(*reinterpret_cast<const uint16_t*>(a)) : *reinterpret_cast<const uint32_t*>(a);
+  }
+}
+
+constexpr int8_t kDirect = -1;
+constexpr int8_t kRepeated = -2;
 
 template <int kN>
 struct TileLoop {
   int64_t size0, size1;
   int64_t stride0[kN], stride1[kN];
-  int8_t slot[kN];  // the shared-memory tile of input k, -1: read directly
+  // The shared-memory tile of input k, or how it is read directly: kDirect, or kRepeated
+  // (a step of 0 along dimension 0: with pairs, one element loaded per pair).
+  int8_t slot[kN];
   OffsetCalculator<kN, uint64_t> outer;
 };
 
-template <typename T, typename F>
+// The elements of thread (lane, row) = (threadIdx.x % 32, threadIdx.x / 32), with
+// S = kTileSpan, R = kTileRows (8) and (first0, first1) the tile's first element:
+// - a direct operand and the outputs, access r < kTilePer: the P elements
+//   (first0 + P * lane + q, first1 + row + R * r), q < P: a warp along dimension 0 (a
+//   repeated input: its element (first0 + P * lane, ...) once, copied to the others after
+//   the loads);
+// - a tiled input, access P * b + q (b < kTilePer / P: a block of P x P elements, rows
+//   loaded in pairs): the P elements (first0 + P * (row + R * (b / S)) + q,
+//   first1 + P * (lane + 32 * (b % S)) + c), c < P: a warp along the input's rows;
+// - shared memory, per tiled input: element [w][c] (w < 32, c < kTileWidth) holds the P
+//   elements (first0 + P * w + q, first1 + c), q < P, as a direct operand's access does:
+//   a block, transposed in registers, is the elements [row + R * (b / S)][P * (lane +
+//   32 * (b % S)) + c], c < P, and the thread's access r afterwards is [lane][row + R * r].
+// No bank conflicts: a row is an odd number of 4-byte words, so a column read (lane w =
+// lane) hits 32 banks; a row write hits consecutive words for P = 1 (two lanes to a word
+// for 2-byte types), and for pairs the upper half-warp writes its two words in the other
+// order, so that each of the two stores has the lower half-warp on even banks and the
+// upper one on odd banks.
+template <typename T, int P, typename F>
 __global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F::kOutputs> p,
                                                          TileLoop<F::kInputs + F::kOutputs> loop, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
-  constexpr int kPer = kTileCols / kTileRows;  // elements per thread
-  using A = acc_t<T>;
+  constexpr int S = kTileSpan<P>;
+  constexpr int kPer = kTilePer<P>;
+  using A = TileAccess<T, P>;  // values stay in the storage type until the math
   extern __shared__ __align__(16) unsigned char tile_bytes[];
-  auto tile = reinterpret_cast<A(*)[kTile][kTileCols + 1]>(tile_bytes);  // +1: no bank conflicts
-  const int64_t first0 = int64_t(blockIdx.x) * kTile;
-  const int64_t first1 = int64_t(blockIdx.y) * kTileCols;
+  auto tile = reinterpret_cast<A(*)[kTile][kTileStride<T, P>]>(tile_bytes);
+  const int64_t first0 = int64_t(blockIdx.x) * kTileHeight<P>;
+  const int64_t first1 = int64_t(blockIdx.y) * kTileWidth<P>;
   int64_t base[kIn + kOut];
   loop.outer.template offsets<true>(blockIdx.z, base);
   const int lane = threadIdx.x % kTile;
   const int row = threadIdx.x / kTile;
   // Every load first, into registers, with no branch between them, so that all of them
   // are in flight at once (with a branch per operand, nvcc waited for each load before the
-  // next: 28 registers, half the copy rate): a tiled input's rows, lanes along dimension 1,
-  // the others lanes along dimension 0. Element e of a thread: for a tiled input row
-  // e / kTileSpan * kTileRows and column e % kTileSpan * kTile from its own, for the
-  // others column e * kTileRows. Then the tiled inputs go through shared memory, which transposes them.
+  // next: 28 registers, half the copy rate); the layouts above. Then the tiled inputs go
+  // through shared memory, which transposes them.
   A x[kPer][kIn > 0 ? kIn : 1];
 #pragma unroll
   for (int j = 0; j < kIn; ++j) {
     const int k = kOut + j;
     const bool tiled = loop.slot[k] >= 0;
-    const int64_t i0 = first0 + (tiled ? row : lane);
-    const int64_t i1 = first1 + (tiled ? lane : row);
+    const bool repeated = P > 1 && loop.slot[k] == kRepeated;
+    const int64_t i0 = first0 + P * (tiled ? row : lane);
+    const int64_t i1 = first1 + (tiled ? P * lane : row);
     const char* at = p.p[k] + base[k] + i0 * loop.stride0[k] + i1 * loop.stride1[k];
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
-      const int d0 = tiled ? e / kTileSpan * kTileRows : 0;
-      const int d1 = tiled ? e % kTileSpan * kTile : e * kTileRows;
+      const int d0 = tiled ? P * (e / P / S * kTileRows) + e % P : 0;
+      const int d1 = tiled ? e / P % S * kTileHeight<P> : e * kTileRows;
       if (i0 + d0 < loop.size0 && i1 + d1 < loop.size1) {
-        x[e][j] = to_acc(*reinterpret_cast<const T*>(at + d0 * loop.stride0[k] + d1 * loop.stride1[k]));
+        x[e][j] = load_access<T, P>(at + d0 * loop.stride0[k] + d1 * loop.stride1[k], repeated);
       }
     }
   }
@@ -653,17 +716,37 @@ __global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F
     const int s = loop.slot[kOut + j];
     if (s < 0) continue;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) tile[s][row + e / kTileSpan * kTileRows][lane + e % kTileSpan * kTile] = x[e][j];
+    for (int b = 0; b < kPer / P; ++b) {
+      A block[P];  // transposed: block[c] is its column c, P elements along dimension 0
+      if constexpr (P == 1) {
+        block[0] = x[b][j];
+      } else {  // the low halves of the block's two rows, then the high ones
+        block[0] = __byte_perm(x[2 * b][j], x[2 * b + 1][j], 0x5410);
+        block[1] = __byte_perm(x[2 * b][j], x[2 * b + 1][j], 0x7632);
+      }
+      const bool flip = P > 1 && lane >= kTile / 2;  // the bank order above
+#pragma unroll
+      for (int c = 0; c < P; ++c) {
+        tile[s][row + b / S * kTileRows][P * (lane + b % S * kTile) + (flip ? P - 1 - c : c)] =
+            flip ? block[P - 1 - c] : block[c];
+      }
+    }
   }
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < kIn; ++j) {
     const int s = loop.slot[kOut + j];
-    if (s < 0) continue;
+    if (s >= 0) {
 #pragma unroll
-    for (int r = 0; r < kPer; ++r) x[r][j] = tile[s][lane][row + r * kTileRows];
+      for (int r = 0; r < kPer; ++r) x[r][j] = tile[s][lane][row + r * kTileRows];
+    } else if constexpr (P > 1) {
+      if (s == kRepeated) {
+#pragma unroll
+        for (int r = 0; r < kPer; ++r) x[r][j] = __byte_perm(x[r][j], 0, 0x1010);  // the low half twice
+      }
+    }
   }
-  const int64_t i0 = first0 + lane;
+  const int64_t i0 = first0 + P * lane;
   char* out[kOut];
 #pragma unroll
   for (int k = 0; k < kOut; ++k) out[k] = p.p[k] + base[k] + i0 * loop.stride0[k] + (first1 + row) * loop.stride1[k];
@@ -671,11 +754,14 @@ __global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F
   for (int r = 0; r < kPer; ++r) {
     const int64_t i1 = first1 + row + r * kTileRows;
     if (i0 >= loop.size0 || i1 >= loop.size1) continue;
-    A y[kOut];
-    f(x[r], y);
+    Vec<T, P> in[kIn > 0 ? kIn : 1];
+    Vec<T, P> y[kOut];
+#pragma unroll
+    for (int j = 0; j < kIn; ++j) in[j] = unpack<T, P>(x[r][j]);
+    compute_vector(in, y, f);
 #pragma unroll
     for (int k = 0; k < kOut; ++k) {
-      if (p.p[k] != nullptr) *reinterpret_cast<T*>(out[k] + r * kTileRows * loop.stride1[k]) = from_acc<T>(y[k]);
+      if (p.p[k] != nullptr) *reinterpret_cast<Vec<T, P>*>(out[k] + r * kTileRows * loop.stride1[k]) = y[k];
     }
   }
 }
@@ -814,20 +900,41 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   accumulating_kernel<T, kVec, F><<<grid, kThreads, 0, stream>>>(p, calc, rl, modes, f);
 }
 
+// tiled_kernel with P elements per access over `tl` (`tiles` tiled inputs, `outer` the
+// count over dimensions 2 and up), unless its grid or shared memory does not fit.
+template <typename T, int P, typename F>
+bool launch_tiles(const Pointers<F::kInputs + F::kOutputs>& p, const TileLoop<F::kInputs + F::kOutputs>& tl,
+                  int tiles, int64_t outer, const F& f, cudaStream_t stream) {
+  constexpr size_t kTileBytes = sizeof(Vec<T, P>) * kTile * kTileStride<T, P>;
+  const int64_t tiles0 = (tl.size0 + kTileHeight<P> - 1) / kTileHeight<P>;
+  const int64_t tiles1 = (tl.size1 + kTileWidth<P> - 1) / kTileWidth<P>;
+  constexpr int64_t kMaxY = 65535;  // CUDA's limit for gridDim.y and .z; x goes to 2^31 - 1
+  if (tiles * kTileBytes > 48 * 1024 || tiles0 >= (int64_t(1) << 31) || tiles1 > kMaxY || outer > kMaxY) return false;
+  const dim3 grid(static_cast<unsigned>(tiles0), static_cast<unsigned>(tiles1), static_cast<unsigned>(outer));
+  tiled_kernel<T, P, F><<<grid, kThreads, tiles * kTileBytes, stream>>>(p, tl, f);
+  return true;
+}
+
 // The tiled kernel takes the loop when some input steps by one element along dimension 1
 // and not along dimension 0 (nor by 0: a repeated row is read directly), every output
 // steps by one element along dimension 0, and the tiles fit in 48 KiB of shared memory.
+// 2-byte types move pairs where every pair is whole and 4-byte aligned: both sizes even
+// (a pair starts at an even index) and every operand's pointer and steps (but the one
+// between a pair's elements) multiples of 4 bytes, each direct input stepping by one
+// element or by 0 (repeated) along dimension 0; else one element per access (rows of odd
+// length, a sliced or misaligned operand: the kernel of P = 1, as for fp32).
 template <typename T, typename F>
 bool launch_tiled(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
                   cudaStream_t stream) {
   constexpr int kN = F::kInputs + F::kOutputs;
   constexpr int64_t kElement = sizeof(T);
-  constexpr size_t kTileBytes = sizeof(acc_t<T>) * kTile * (kTileCols + 1);
+  constexpr int64_t kPair = kElement * 2;
   if (loop.ndim < 2 || loop.sizes[0] < kTile / 2 || loop.sizes[1] < kTile / 2) return false;
   TileLoop<kN> tl;
   int tiles = 0;
+  bool pairs = loop.sizes[0] % 2 == 0 && loop.sizes[1] % 2 == 0;
   for (int k = 0; k < kN; ++k) {
-    tl.slot[k] = -1;
+    tl.slot[k] = kDirect;
     tl.stride0[k] = p.p[k] ? step(loop, 0, k) : 0;
     tl.stride1[k] = p.p[k] ? step(loop, 1, k) : 0;
     if (p.p[k] == nullptr) continue;
@@ -835,19 +942,25 @@ bool launch_tiled(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>
     if (k >= F::kOutputs && tl.stride1[k] == kElement && tl.stride0[k] != kElement && tl.stride0[k] != 0) {
       tl.slot[k] = static_cast<int8_t>(tiles++);
     }
+    if (k >= F::kOutputs && tl.slot[k] < 0 && tl.stride0[k] == 0) {
+      tl.slot[k] = kRepeated;  // one element per pair, any alignment
+      continue;
+    }
+    const bool tiled = tl.slot[k] >= 0;
+    bool aligned = reinterpret_cast<std::uintptr_t>(p.p[k]) % kPair == 0 &&
+                   (tiled ? tl.stride0[k] : tl.stride1[k]) % kPair == 0 && (tiled || tl.stride0[k] == kElement);
+    for (int d = 2; d < loop.ndim; ++d) aligned = aligned && step(loop, d, k) % kPair == 0;
+    pairs = pairs && aligned;
   }
-  if (tiles == 0 || tiles * kTileBytes > 48 * 1024) return false;
-  const int64_t tiles0 = (loop.sizes[0] + kTile - 1) / kTile;
-  const int64_t tiles1 = (loop.sizes[1] + kTileCols - 1) / kTileCols;
+  if (tiles == 0) return false;
   const int64_t outer = loop.numel / (loop.sizes[0] * loop.sizes[1]);
-  constexpr int64_t kMaxY = 65535;  // CUDA's limit for gridDim.y and .z; x goes to 2^31 - 1
-  if (tiles0 >= (int64_t(1) << 31) || tiles1 > kMaxY || outer > kMaxY) return false;
   tl.size0 = loop.sizes[0];
   tl.size1 = loop.sizes[1];
   tl.outer = offset_calculator<uint64_t>(loop, p, 2, 1);
-  const dim3 grid(static_cast<unsigned>(tiles0), static_cast<unsigned>(tiles1), static_cast<unsigned>(outer));
-  tiled_kernel<T, F><<<grid, kThreads, tiles * kTileBytes, stream>>>(p, tl, f);
-  return true;
+  if constexpr (kPack<T> > 1) {
+    if (pairs && launch_tiles<T, kPack<T>>(p, tl, tiles, outer, f, stream)) return true;
+  }
+  return launch_tiles<T, 1>(p, tl, tiles, outer, f, stream);
 }
 
 // The offset-calculator kernel over the loop, with Index-wide index math: any layout.
