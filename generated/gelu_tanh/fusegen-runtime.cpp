@@ -533,9 +533,11 @@ std::vector<InputMeta> unpack_metadata(const std::vector<c10::SymInt>& all) {
 }
 
 // A gradient computed at the broadcast shape, summed back to the input's shape and cast
-// to its dtype. A gradient that already fits is returned as is (no kernel).
+// to its dtype. A gradient that already fits is returned as is (no kernel: at::sum_to
+// sums even then when the shape is 0-d).
 at::Tensor reduce_to_input(const InputMeta& meta, const at::Tensor& grad) {
-  at::Tensor g = at::sum_to(grad, c10::SymIntArrayRef(meta.sizes));
+  const c10::SymIntArrayRef sizes(meta.sizes);
+  at::Tensor g = grad.sym_sizes() == sizes ? grad : at::sum_to(grad, sizes);
   return g.scalar_type() == meta.dtype ? g : g.to(meta.dtype);
 }
 

@@ -351,14 +351,11 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
 // the kVec elements of a vector share every operand's offset computation, and each
 // operand is, along dimension 0, one kVec-wide access (contiguous and aligned), one
 // element repeated (a step of 0: bit k of `repeated`), or kVec elements gathered at its
-// step (`gathered`, steps in `step`); each thread has kVectorUnroll vectors in flight, as
-// in the contiguous kernel. `calc` counts vectors: its dimension 0 is the loop's divided
-// by kVec.
+// step (`gathered`, steps in `step`); each thread has kUnroll vectors in flight, as in
+// the contiguous kernel (4 for vectors of 4 fp16/bf16 elements was measured: 25 % slower
+// on an NCHW per-channel bf16 forward, H200). `calc` counts vectors: its dimension 0 is
+// the loop's divided by kVec.
 template <typename T> constexpr int kVectorWidth = kVecWidth<T> < 4 ? kVecWidth<T> : 4;
-// Vectors in flight per thread: 32 bytes per operand, as the contiguous kernel has (4
-// vectors of 4 fp16/bf16 elements, 2 of 16 bytes).
-template <typename T, int kVec>
-constexpr int kVectorUnroll = sizeof(T) * kVec < 16 ? kUnroll * 16 / int(sizeof(T) * kVec) : kUnroll;
 
 template <int kN>
 struct Modes {
@@ -401,20 +398,19 @@ __global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + 
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
   using Offset = int32_t;
-  constexpr int kU = kVectorUnroll<T, kVec>;
-  constexpr int64_t kChunk = int64_t(kThreads) * kU;
+  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
   for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n_vec; base += int64_t(gridDim.x) * kChunk) {
-    Vec<T, kVec> x_v[kU][kIn > 0 ? kIn : 1];
-    Offset offset[kU][kIn + kOut];
+    Vec<T, kVec> x_v[kUnroll][kIn > 0 ? kIn : 1];
+    Offset offset[kUnroll][kIn + kOut];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       if (base + u * kThreads >= n_vec) continue;
       calc.template offsets<true>(static_cast<uint32_t>(base + u * kThreads), offset[u]);
 #pragma unroll
       for (int j = 0; j < kIn; ++j) load_operand(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       if (base + u * kThreads >= n_vec) continue;
       Vec<T, kVec> y_v[kOut];
       compute_vector(x_v[u], y_v, f);
@@ -490,8 +486,15 @@ __device__ __forceinline__ void flush_partial(bool flush, Partial<kVec>& part, c
 // offset changes only where the summed tensor's does, every H*W elements of NCHW). A
 // block step covers `width` vectors of `rows_per_step` rows (whole rows when they are
 // short); blockIdx.x picks the columns, blockIdx.y a range of `rows_per_block` rows.
+// Accumulator a in `by_column` (bit a) has one offset per column (a channels_last
+// per-channel sum): a block adds its threads' sums in shared memory first, one float per
+// element of its columns, and then adds those to global memory, so that each element takes
+// one atomicAdd per block. With every lane flushing its own 4 elements, the ~1000 atomics
+// per element from the whole grid (a wave of blocks) serialized on the same addresses:
+// a channels_last backward took 2.5x the NCHW one on the H200.
 struct RowLoop {
   uint32_t n_vec, row, width, rows_per_step, rows, rows_per_block;
+  uint32_t by_column;
 };
 
 template <typename T, int kVec, typename F>
@@ -515,6 +518,12 @@ __global__ void __launch_bounds__(kThreads) accumulating_kernel(Pointers<Accumul
     col_of[u] = blockIdx.x * rows.width + slot % rows.width;
   }
   Partial<kVec> part_of[kAcc][kUnroll];
+  if (rows.by_column != 0) {
+    extern __shared__ float column_sums[];
+    const uint32_t floats = __popc(rows.by_column) * rows.width * kVec;
+    for (uint32_t i = threadIdx.x; i < floats; i += kThreads) column_sums[i] = 0.f;
+    __syncthreads();  // the same branch in every thread of the block
+  }
   const uint32_t first_row = blockIdx.y * rows.rows_per_block;
   const uint32_t end_row = min(first_row + rows.rows_per_block, rows.rows);
   for (uint32_t r = first_row; r < end_row; r += rows.rows_per_step) {  // the same trip count in every lane
@@ -577,9 +586,38 @@ __global__ void __launch_bounds__(kThreads) accumulating_kernel(Pointers<Accumul
 #pragma unroll
   for (int a = 0; a < kAcc; ++a) {
     const int k = A::kFirst + a;
-    if (p.p[k] == nullptr) continue;
+    if (p.p[k] == nullptr || rows.by_column >> a & 1) continue;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) flush_partial(part_of[a][u].offset >= 0, part_of[a][u], p.p[k], modes.step[k]);
+  }
+  if (rows.by_column == 0) return;
+  // by_column: the block's sums in shared memory (zeroed before), then to global memory.
+  extern __shared__ float column_sums[];  // per by_column accumulator, width * kVec floats
+  const uint32_t span = rows.width * kVec;
+#pragma unroll
+  for (int a = 0; a < kAcc; ++a) {
+    if (!(rows.by_column >> a & 1)) continue;
+    float* sums = column_sums + __popc(rows.by_column & ((1u << a) - 1)) * span;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const Partial<kVec>& part = part_of[a][u];
+      if (part.offset < 0) continue;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) atomicAdd(sums + (col_of[u] - blockIdx.x * rows.width) * kVec + e, part.sum[e]);
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < kAcc; ++a) {
+    if (!(rows.by_column >> a & 1)) continue;
+    const int k = A::kFirst + a;
+    const float* sums = column_sums + __popc(rows.by_column & ((1u << a) - 1)) * span;
+    for (uint32_t i = threadIdx.x; i < span; i += kThreads) {
+      const uint32_t element = blockIdx.x * span + i;  // along dimension 0
+      if (element < rows.row * kVec && sums[i] != 0.f) {
+        atomicAdd(reinterpret_cast<float*>(p.p[k] + int64_t(element) * modes.step[k]), sums[i]);
+      }
+    }
   }
 }
 
@@ -834,7 +872,7 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
   const auto modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
   const int64_t n_vec = loop.numel / kVec;
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
-  constexpr int64_t kChunk = int64_t(kThreads) * kVectorUnroll<T, kVec>;
+  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
   vector_kernel<T, kVec, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
       p, calc, static_cast<uint32_t>(n_vec), modes, f);
   return true;
@@ -871,12 +909,16 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   for (int k = 0; k < kN; ++k) p.p[k] = loop.data[k];
   Modes<kN> modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
   bool along_rows = false;
+  uint32_t by_column = 0;
   for (int a = 0; a < A::kAccumulators; ++a) {
     const int k = A::kFirst + a;
     modes.repeated &= ~(1u << k);
     modes.gathered &= ~(1u << k);
     modes.step[k] = p.p[k] != nullptr ? static_cast<int32_t>(step(loop, 0, k)) : 0;
     along_rows = along_rows || modes.step[k] != 0;
+    bool column = modes.step[k] != 0;
+    for (int d = 1; d < loop.ndim && column; ++d) column = step(loop, d, k) == 0;
+    if (column) by_column |= 1u << a;
   }
   const int64_t n_vec = loop.numel / kVec;
   const int64_t row = along_rows ? loop.sizes[0] / kVec : kSlots;
@@ -894,10 +936,15 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   groups = (num_rows + rows_per_block - 1) / rows_per_block;
   const RowLoop rl{static_cast<uint32_t>(n_vec), static_cast<uint32_t>(row), static_cast<uint32_t>(width),
                    static_cast<uint32_t>(rows_per_step), static_cast<uint32_t>(num_rows),
-                   static_cast<uint32_t>(rows_per_block)};
+                   static_cast<uint32_t>(rows_per_block), by_column};
+  // 8 KiB per accumulator at most (512 vectors of 4 floats): within the 48 KiB a launch may
+  // ask for without opting in, for up to six of them.
+  const auto shared_bytes = [&] { return size_t(__builtin_popcount(by_column)) * width * kVec * sizeof(float); };
+  while (shared_bytes() > 48 * 1024) by_column &= by_column - 1;  // the rest flush lane by lane
+  const size_t shared = shared_bytes();
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(groups));
-  accumulating_kernel<T, kVec, F><<<grid, kThreads, 0, stream>>>(p, calc, rl, modes, f);
+  accumulating_kernel<T, kVec, F><<<grid, kThreads, shared, stream>>>(p, calc, rl, modes, f);
 }
 
 // tiled_kernel with P elements per access over `tl` (`tiles` tiled inputs, `outer` the
