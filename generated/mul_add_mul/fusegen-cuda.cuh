@@ -497,8 +497,14 @@ struct RowLoop {
   uint32_t by_column;
 };
 
+// FUSEGEN_ACCUMULATING_BLOCKS: blocks per SM the registers must allow (1: nvcc's choice,
+// about 100 registers, 2 blocks of 256 threads; 3 caps them at 80, with small spills),
+// only to compare the two on a GPU (tests/gpu/h200_run.sh accumulating).
+#ifndef FUSEGEN_ACCUMULATING_BLOCKS
+#define FUSEGEN_ACCUMULATING_BLOCKS 1
+#endif
 template <typename T, int kVec, typename F>
-__global__ void __launch_bounds__(kThreads) accumulating_kernel(Pointers<Accumulating<F>::kOperands> p,
+__global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumulating_kernel(Pointers<Accumulating<F>::kOperands> p,
                                                                 OffsetCalculator<Accumulating<F>::kOperands, uint32_t> calc,
                                                                 RowLoop rows, Modes<Accumulating<F>::kOperands> modes,
                                                                 F f) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|compile|tiles|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|compile|tiles|accumulating|all]
 # One mode is one device call of 1-5 minutes (2026-12-01, H200: tests about 4 min, bench
 # about 3, build 1); `all` is more than the 10 minutes a call may run and brings back more
 # than the 8 files a call returns, so split it over calls.
@@ -43,6 +43,15 @@ if [[ $what == tiles ]]; then
   for cols in 64 32; do
     FUSEGEN_CACHE_DIR=/tmp/fusegen-tiles-$cols NVCC_APPEND_FLAGS="-DFUSEGEN_TILE_COLS=$cols" \
       python3 -m fusegen.bench layouts --json "$OUT/layouts_tiles_$cols.json" 2>&1 | tee "$OUT/tiles_$cols.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
+fi
+if [[ $what == accumulating ]]; then
+  # The accumulating kernel's register cap (templates/fusegen-cuda.cuh,
+  # FUSEGEN_ACCUMULATING_BLOCKS): nvcc's choice against 3 blocks per SM, each in a cache of its own.
+  for blocks in 1 3; do
+    FUSEGEN_CACHE_DIR=/tmp/fusegen-acc-$blocks NVCC_APPEND_FLAGS="-DFUSEGEN_ACCUMULATING_BLOCKS=$blocks" \
+      python3 -m fusegen.bench layouts --json "$OUT/layouts_acc_$blocks.json" 2>&1 | tee "$OUT/acc_$blocks.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi
