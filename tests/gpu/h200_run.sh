@@ -48,7 +48,7 @@ if [[ $what == tiles ]]; then
 fi
 if [[ $what == accumulating ]]; then
   # The accumulating kernel's register cap (templates/fusegen-cuda.cuh,
-  # FUSEGEN_ACCUMULATING_BLOCKS): nvcc's choice against 3 blocks per SM, each in a cache of its own.
+  # FUSEGEN_ACCUMULATING_BLOCKS): nvcc's choice (1) against the default 3 blocks per SM, each in a cache of its own.
   for blocks in 1 3; do
     FUSEGEN_CACHE_DIR=/tmp/fusegen-acc-$blocks NVCC_APPEND_FLAGS="-DFUSEGEN_ACCUMULATING_BLOCKS=$blocks" \
       python3 -m fusegen.bench layouts --json "$OUT/layouts_acc_$blocks.json" 2>&1 | tee "$OUT/acc_$blocks.log"
