@@ -37,22 +37,21 @@ if [[ $what == compile || $what == all ]]; then
   python3 -m fusegen.bench_compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
-if [[ $what == tiles ]]; then
-  # The tiled kernel's tile width (templates/fusegen-cuda.cuh, FUSEGEN_TILE_COLS): the
-  # default 64 against 32, each in a cache of its own (the flag is not part of the key).
-  for cols in 64 32; do
-    FUSEGEN_CACHE_DIR=/tmp/fusegen-tiles-$cols NVCC_APPEND_FLAGS="-DFUSEGEN_TILE_COLS=$cols" \
-      python3 -m fusegen.bench layouts --json "$OUT/layouts_tiles_$cols.json" 2>&1 | tee "$OUT/tiles_$cols.log"
+# `fusegen bench layouts` once per value of a kernel's compile-time macro, each build in a
+# cache of its own (NVCC_APPEND_FLAGS is not part of the cache key).
+compare_macro() {  # name macro value...
+  local name=$1 macro=$2 value
+  shift 2
+  for value in "$@"; do
+    FUSEGEN_CACHE_DIR=/tmp/fusegen-$name-$value NVCC_APPEND_FLAGS="-D$macro=$value" \
+      python3 -m fusegen.bench layouts --json "$OUT/layouts_${name}_$value.json" 2>&1 | tee "$OUT/${name}_$value.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
-fi
-if [[ $what == accumulating ]]; then
-  # The accumulating kernel's register cap (templates/fusegen-cuda.cuh,
-  # FUSEGEN_ACCUMULATING_BLOCKS): nvcc's choice (1) against the default 3 blocks per SM, each in a cache of its own.
-  for blocks in 1 3; do
-    FUSEGEN_CACHE_DIR=/tmp/fusegen-acc-$blocks NVCC_APPEND_FLAGS="-DFUSEGEN_ACCUMULATING_BLOCKS=$blocks" \
-      python3 -m fusegen.bench layouts --json "$OUT/layouts_acc_$blocks.json" 2>&1 | tee "$OUT/acc_$blocks.log"
-    status=$((status | ${PIPESTATUS[0]}))
-  done
-fi
+}
+# The tiled kernel's tile width (templates/fusegen-cuda.cuh, FUSEGEN_TILE_COLS): the default
+# 64 against 32 (fp32 only: a tile of fp16/bf16 pairs is 64 wide either way).
+if [[ $what == tiles ]]; then compare_macro tiles FUSEGEN_TILE_COLS 64 32; fi
+# The accumulating kernel's register cap (FUSEGEN_ACCUMULATING_BLOCKS): the default 3 blocks
+# per SM against nvcc's choice (1).
+if [[ $what == accumulating ]]; then compare_macro acc FUSEGEN_ACCUMULATING_BLOCKS 3 1; fi
 exit $status
