@@ -647,9 +647,9 @@ bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved
 // different shapes, are summed by ATen as before). The sums are float (fp16 and bf16
 // too, as ATen's sum accumulates) and take the input's dtype at the end; they add in no
 // fixed order (atomics), so not under torch.use_deterministic_algorithms. Returns false,
-// having computed nothing, when nothing is summed or the loop is not one the
-// accumulating kernel takes (fp64, an odd fast dimension, offsets past 2^31): then
-// first_order_grads computes them the usual way.
+// having computed no gradient (at most the zeroed sums, which the iterator needs to decide),
+// when nothing is summed or the loop is not one the accumulating kernel takes (fp64, an
+// odd fast dimension, offsets past 2^31): then first_order_grads computes them the usual way.
 template <typename Needs>
 bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vector<at::Tensor>& saved,
                            c10::ArrayRef<double> scalars, c10::ArrayRef<InputMeta> meta, Needs&& needs,
