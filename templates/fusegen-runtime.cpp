@@ -656,7 +656,10 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
                            variable_list& grads) {
   const OpDef& def = *op.def;
   const int count = def.num_kernel_grads;
-  if (def.backward_cuda == nullptr || !dout.is_cuda() || at::globalContext().deterministicAlgorithms()) return false;
+  if (def.backward_cuda == nullptr || !dout.is_cuda() || at::globalContext().deterministicAlgorithms() ||
+      1 + def.num_backward_inputs + 2 * count + 1 > kMaxVectorOperands) {  // Accumulating<F>::kOperands
+    return false;
+  }
   // A gradient with as many elements as dout has nothing to sum (at most size-1 dimensions to drop).
   const auto nothing_to_sum = [&](int i) {
     int64_t numel = 1;

@@ -92,6 +92,10 @@ using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* sca
 // accumulating_kernel) moves vectors of this many elements along the loop's dimension 0;
 // the runtime sends it only loops whose dimension 0 splits into them.
 constexpr int kAccumulatingWidth = 4;
+// The vector and accumulating kernels mark each operand's access in one bit of a 32-bit
+// mask (64 bits cost the 16-bit vector kernel 19 registers): a loop of more operands (a
+// backward of about 16 inputs) takes the strided kernel, and a backward of more sums in ATen.
+constexpr int kMaxVectorOperands = 32;
 
 // A gradient that is a function of dout alone, as the eager ops that compute it, applied
 // to dout in order: `a - b` gives b the steps {'-'}, `2*x` gives x {'*', 2}. No kernel

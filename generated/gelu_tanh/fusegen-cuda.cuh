@@ -359,6 +359,7 @@ template <typename T> constexpr int kVectorWidth = kVecWidth<T> < 4 ? kVecWidth<
 
 template <int kN>
 struct Modes {
+  static_assert(kN <= kMaxVectorOperands, "one bit per operand");
   uint32_t repeated = 0;
   uint32_t gathered = 0;
   int32_t step[kN] = {};  // bytes between a gathered operand's elements along dimension 0
@@ -890,14 +891,19 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
 // fp16 and bf16 take 16-byte vectors (8 elements) where dimension 0 splits into them: with
 // 4, a per-channel forward moved 8 bytes per access and ran at 2.2 TB/s on the H200
 // (fp32, 16 bytes: 3.7); else vectors of 4, as fp32.
+// More than kMaxVectorOperands operands (a backward of 20 inputs or so): the strided kernel.
 template <typename T, typename F>
 bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f, bool index32,
                    cudaStream_t stream) {
-  if (loop.ndim == 0 || !index32) return false;
-  if constexpr (kVecWidth<T> > kVectorWidth<T>) {
-    if (launch_vector_of<T, kVecWidth<T>>(loop, p, f, stream)) return true;
+  if constexpr (F::kInputs + F::kOutputs > kMaxVectorOperands) {
+    return false;
+  } else {
+    if (loop.ndim == 0 || !index32) return false;
+    if constexpr (kVecWidth<T> > kVectorWidth<T>) {
+      if (launch_vector_of<T, kVecWidth<T>>(loop, p, f, stream)) return true;
+    }
+    return launch_vector_of<T, kVectorWidth<T>>(loop, p, f, stream);
   }
-  return launch_vector_of<T, kVectorWidth<T>>(loop, p, f, stream);
 }
 
 // The accumulating kernel over a loop of Accumulating<F>::kOperands operands, which the
@@ -1075,13 +1081,13 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
 // The launcher of an op's kernel for kGroup's dtypes (op_kernels.cu.j2): F built by
 // make(zero of the compute type), run in the storage type of `dtype`.
 // kAccumulates (a backward): a loop of Accumulating<F>::kOperands operands goes to the
-// accumulating kernel (fp64 never comes with one).
+// accumulating kernel (fp64, or more than kMaxVectorOperands of them, never comes with one).
 template <DtypeGroup kGroup, bool kAccumulates = false, typename Make>
 void run_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&& make) {
   dispatch_dtype<kGroup>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const auto f = make(acc_t<T>{});
-    if constexpr (kAccumulates && sizeof(T) != 8) {
+    if constexpr (kAccumulates && sizeof(T) != 8 && Accumulating<decltype(f)>::kOperands <= kMaxVectorOperands) {
       if (loop.num_operands == Accumulating<decltype(f)>::kOperands) return launch_accumulating<T>(loop, f, stream);
     }
     launch_elementwise<T>(loop, f, stream);
