@@ -110,6 +110,11 @@ inline unsigned grid_size(int64_t items) {
   return static_cast<unsigned>(items < 1 ? 1 : items < kMaxBlocks ? items : kMaxBlocks);
 }
 
+// CUDA's limits for gridDim.y and .z (x goes to 2^31 - 1), and the dynamic shared memory a
+// launch may ask for without opting in.
+constexpr int64_t kMaxGridY = 65535;
+constexpr size_t kMaxSharedBytes = 48 * 1024;
+
 constexpr int kMaxDevices = 64;
 
 // Multiprocessor count of the current device, asked once per device.
@@ -155,6 +160,13 @@ template <int kN>
 struct Pointers {
   char* p[kN];
 };
+
+template <int kN>
+Pointers<kN> pointers_of(const CudaLoop& loop) {
+  Pointers<kN> p;
+  for (int k = 0; k < kN; ++k) p.p[k] = loop.data[k];
+  return p;
+}
 
 // Division by a fixed divisor as a multiply and a shift (Granlund and Montgomery, as
 // PyTorch's IntDivider): q = (umulhi(n, magic) + n) >> shift. Two widths: 32-bit, exact for
@@ -240,9 +252,17 @@ struct OffsetCalculator {
 constexpr int kUnroll = 2;
 constexpr int kDepth = 2;
 
-template <typename T, int kVec, typename F>
+// F over the kVec elements of a vector of each input; `visit(e, x, y)` sees element e's
+// inputs and outputs in the compute type, before the outputs are rounded to T (the
+// accumulating kernel sums them unrounded).
+struct NoVisit {
+  template <typename A>
+  __device__ __forceinline__ void operator()(int, const A*, const A*) const {}
+};
+
+template <typename T, int kVec, typename F, typename Visit = NoVisit>
 __device__ __forceinline__ void compute_vector(const Vec<T, kVec> (&x_v)[F::kInputs > 0 ? F::kInputs : 1],
-                                               Vec<T, kVec> (&y_v)[F::kOutputs], const F& f) {
+                                               Vec<T, kVec> (&y_v)[F::kOutputs], const F& f, Visit visit = {}) {
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {
     acc_t<T> x[F::kInputs > 0 ? F::kInputs : 1];
@@ -250,6 +270,7 @@ __device__ __forceinline__ void compute_vector(const Vec<T, kVec> (&x_v)[F::kInp
 #pragma unroll
     for (int j = 0; j < F::kInputs; ++j) x[j] = to_acc(x_v[j].v[e]);
     f(x, y);
+    visit(e, x, y);
 #pragma unroll
     for (int k = 0; k < F::kOutputs; ++k) y_v[k].v[e] = from_acc<T>(y[k]);
   }
@@ -426,7 +447,7 @@ __global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + 
 // A backward that sums gradients of broadcast inputs (a bias, a per-channel scale) in the
 // kernel itself, as torch.compile's fused reductions do, instead of writing them at the
 // broadcast shape for ATen to sum (a write and a read of the whole tensor each): after
-// F's outputs and inputs come kOut + 1 accumulators (AccumulatingOperands), float sums at
+// F's outputs and inputs come kOut + 1 accumulators (Accumulating), float sums at
 // the input's shape, which TensorIterator lays out as inputs (step 0 along the summed
 // dimensions); accumulator k < kOut sums F's output k (then a null output), accumulator
 // kOut sums input 0 (dout: a bias's gradient, which needs no kernel of its own).
@@ -528,9 +549,11 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
     col_of[u] = blockIdx.x * rows.width + slot % rows.width;
   }
   Partial<kVec> part_of[kAcc][kUnroll];
+  extern __shared__ float column_sums[];  // per by_column accumulator, width * kVec floats
+  const uint32_t span = rows.width * kVec;
+  const auto sums_of = [&](int a) { return column_sums + __popc(rows.by_column & ((1u << a) - 1)) * span; };
   if (rows.by_column != 0) {
-    extern __shared__ float column_sums[];
-    const uint32_t floats = __popc(rows.by_column) * rows.width * kVec;
+    const uint32_t floats = __popc(rows.by_column) * span;
     for (uint32_t i = threadIdx.x; i < floats; i += kThreads) column_sums[i] = 0.f;
     __syncthreads();  // the same branch in every thread of the block
   }
@@ -555,20 +578,11 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
       float add[kAcc][kVec];  // what each accumulator sums: F's outputs unrounded, and dout
       if (valid[u]) {
         Vec<T, kVec> y_v[kOut];
+        compute_vector(x_v[u], y_v, f, [&](int e, const acc_t<T>* x, const acc_t<T>* y) {
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          acc_t<T> x[kIn];
-          acc_t<T> y[kOut];
-#pragma unroll
-          for (int j = 0; j < kIn; ++j) x[j] = to_acc(x_v[u][j].v[e]);
-          f(x, y);
-#pragma unroll
-          for (int k = 0; k < kOut; ++k) {
-            y_v[k].v[e] = from_acc<T>(y[k]);
-            add[k][e] = y[k];
-          }
+          for (int k = 0; k < kOut; ++k) add[k][e] = y[k];
           add[kOut][e] = x[0];
-        }
+        });
 #pragma unroll
         for (int k = 0; k < kOut; ++k) {
           if (p.p[k] != nullptr) store_operand(modes, k, p.p[k] + offset[u][k], y_v[k]);
@@ -602,12 +616,10 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
   }
   if (rows.by_column == 0) return;
   // by_column: the block's sums in shared memory (zeroed before), then to global memory.
-  extern __shared__ float column_sums[];  // per by_column accumulator, width * kVec floats
-  const uint32_t span = rows.width * kVec;
 #pragma unroll
   for (int a = 0; a < kAcc; ++a) {
     if (!(rows.by_column >> a & 1)) continue;
-    float* sums = column_sums + __popc(rows.by_column & ((1u << a) - 1)) * span;
+    float* sums = sums_of(a);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const Partial<kVec>& part = part_of[a][u];
@@ -621,7 +633,7 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
   for (int a = 0; a < kAcc; ++a) {
     if (!(rows.by_column >> a & 1)) continue;
     const int k = A::kFirst + a;
-    const float* sums = column_sums + __popc(rows.by_column & ((1u << a) - 1)) * span;
+    const float* sums = sums_of(a);
     for (uint32_t i = threadIdx.x; i < span; i += kThreads) {
       const uint32_t element = blockIdx.x * span + i;  // along dimension 0
       if (element < rows.row * kVec && sums[i] != 0.f) {
@@ -853,9 +865,10 @@ OffsetCalculator<kN, Index> offset_calculator(const CudaLoop& loop, const Pointe
 }
 
 // The vector kernel takes the loop when dimension 0 splits into whole vectors and 32-bit
-// index math fits (`index32`: fits_32bit, which the caller needs as well). An operand is a vector access when it steps by one element along
-// dimension 0 and its pointer and its other steps keep each vector aligned to its width;
-// repeated when it steps by none (an input); gathered otherwise.
+// index math fits (`index32`: fits_32bit, which the caller needs as well). An operand is
+// a vector access when it steps by one element along dimension 0 and its pointer and its
+// other steps keep each vector aligned to its width; repeated when it steps by none (an
+// input); gathered otherwise.
 template <typename T, int kVec, int kN>
 Modes<kN> vector_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outputs) {
   constexpr int64_t kBytes = int64_t(sizeof(T)) * kVec;
@@ -891,7 +904,7 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
 // fp16 and bf16 take 16-byte vectors (8 elements) where dimension 0 splits into them: with
 // 4, a per-channel forward moved 8 bytes per access and ran at 2.2 TB/s on the H200
 // (fp32, 16 bytes: 3.7); else vectors of 4, as fp32.
-// More than kMaxVectorOperands operands (a backward of 20 inputs or so): the strided kernel.
+// More than kMaxVectorOperands operands (a backward of about 16 inputs): the strided kernel.
 template <typename T, typename F>
 bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f, bool index32,
                    cudaStream_t stream) {
@@ -920,8 +933,7 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   constexpr int kVec = kAccumulatingWidth;
   static_assert(kVec <= kVectorWidth<T>, "whole vectors of the vector kernel's");
   constexpr int64_t kSlots = int64_t(kThreads) * kUnroll;
-  Pointers<kN> p;
-  for (int k = 0; k < kN; ++k) p.p[k] = loop.data[k];
+  const auto p = pointers_of<kN>(loop);
   Modes<kN> modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
   bool along_rows = false;
   uint32_t by_column = 0;
@@ -943,10 +955,9 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   const int64_t segments = (row + width - 1) / width;
   const int64_t steps = (num_rows + rows_per_step - 1) / rows_per_step;
   const int64_t wave = int64_t(sm_count()) * blocks_per_sm<accumulating_kernel<T, kVec, F>>();
-  constexpr int64_t kMaxY = 65535;
   int64_t groups = (wave + segments - 1) / segments;
   groups = groups < steps ? groups : steps;
-  groups = groups < kMaxY ? groups : kMaxY;
+  groups = groups < kMaxGridY ? groups : kMaxGridY;
   const int64_t rows_per_block = (steps + groups - 1) / groups * rows_per_step;
   groups = (num_rows + rows_per_block - 1) / rows_per_block;
   const RowLoop rl{static_cast<uint32_t>(n_vec), static_cast<uint32_t>(row), static_cast<uint32_t>(width),
@@ -955,7 +966,7 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   // 8 KiB per accumulator at most (512 vectors of 4 floats): within the 48 KiB a launch may
   // ask for without opting in, for up to six of them.
   const auto shared_bytes = [&] { return size_t(__builtin_popcount(by_column)) * width * kVec * sizeof(float); };
-  while (shared_bytes() > 48 * 1024) by_column &= by_column - 1;  // the rest flush lane by lane
+  while (shared_bytes() > kMaxSharedBytes) by_column &= by_column - 1;  // the rest flush lane by lane
   const size_t shared = shared_bytes();
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(groups));
@@ -970,8 +981,9 @@ bool launch_tiles(const Pointers<F::kInputs + F::kOutputs>& p, const TileLoop<F:
   constexpr size_t kTileBytes = sizeof(Vec<T, P>) * kTile * kTileStride<T, P>;
   const int64_t tiles0 = (tl.size0 + kTileHeight<P> - 1) / kTileHeight<P>;
   const int64_t tiles1 = (tl.size1 + kTileWidth<P> - 1) / kTileWidth<P>;
-  constexpr int64_t kMaxY = 65535;  // CUDA's limit for gridDim.y and .z; x goes to 2^31 - 1
-  if (tiles * kTileBytes > 48 * 1024 || tiles0 >= (int64_t(1) << 31) || tiles1 > kMaxY || outer > kMaxY) return false;
+  if (tiles * kTileBytes > kMaxSharedBytes || tiles0 >= (int64_t(1) << 31) || tiles1 > kMaxGridY || outer > kMaxGridY) {
+    return false;
+  }
   const dim3 grid(static_cast<unsigned>(tiles0), static_cast<unsigned>(tiles1), static_cast<unsigned>(outer));
   tiled_kernel<T, P, F><<<grid, kThreads, tiles * kTileBytes, stream>>>(p, tl, f);
   return true;
@@ -1052,12 +1064,9 @@ void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutput
 template <typename T, typename F>
 void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   constexpr int kN = F::kInputs + F::kOutputs;
-  Pointers<kN> p;
+  const auto p = pointers_of<kN>(loop);
   bool aligned = true;
-  for (int k = 0; k < kN; ++k) {
-    p.p[k] = loop.data[k];
-    aligned = aligned && reinterpret_cast<std::uintptr_t>(p.p[k]) % 16 == 0;  // null counts as aligned
-  }
+  for (int k = 0; k < kN; ++k) aligned = aligned && reinterpret_cast<std::uintptr_t>(p.p[k]) % 16 == 0;  // null counts as aligned
   const int64_t n = loop.numel;
   if (loop.ndim == 0 && aligned) {
     constexpr int kVec = kVecWidth<T>;

@@ -162,12 +162,16 @@ bool any_symbolic(const std::vector<at::Tensor>& tensors) {
 // broadcast shape, the outputs allocated in the inputs' dtype with the memory format
 // eager would give them (channels_last in, channels_last out), dimensions coalesced and
 // ordered for the loop. Works for Meta tensors too, so the Meta impl's strides are the
-// real impl's.
-at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs) {
+// real impl's. `sums` (accumulates_in_kernel's float sums, written by the kernel) come
+// after the inputs, laid out as inputs: step 0 along the dimensions they sum.
+at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs,
+                                 const std::vector<at::Tensor>& sums = {}) {
   at::TensorIteratorConfig config;
   config.set_check_mem_overlap(false);  // the outputs are new; inputs may overlap each other
+  if (!sums.empty()) config.check_all_same_dtype(false).declare_static_dtype(inputs.front().scalar_type());
   for (int k = 0; k < num_outputs; ++k) config.add_owned_output(at::Tensor());
   for (const at::Tensor& t : inputs) config.add_const_input(t);
+  for (const at::Tensor& t : sums) config.add_const_input(t);
   return config.build();
 }
 
@@ -184,15 +188,15 @@ Dtype kernel_dtype(at::ScalarType t) {
 // output k of the kernel is one of the iterator's outputs (a requested gradient); absent
 // ones get a null pointer and stride 0. Inputs follow, as the iterator has them, then (a
 // backward that sums in the kernel: fusegen-cuda.cuh, Accumulating) one operand per
-// entry of `accumulators`, the iterator's inputs after the kernel's where present.
+// entry of `sums`, the iterator's inputs after the kernel's where defined.
 struct Operands {
   std::vector<int> slot;  // per kernel operand: its index in the iterator, or -1
 
-  Operands(const std::vector<bool>& present, int num_inputs, const std::vector<bool>& accumulators = {}) {
+  Operands(const std::vector<bool>& present, int num_inputs, const std::vector<at::Tensor>& sums = {}) {
     int next = 0;
     for (bool p : present) slot.push_back(p ? next++ : -1);
     for (int j = 0; j < num_inputs; ++j) slot.push_back(next++);
-    for (bool p : accumulators) slot.push_back(p ? next++ : -1);
+    for (const at::Tensor& t : sums) slot.push_back(t.defined() ? next++ : -1);
   }
   int size() const { return static_cast<int>(slot.size()); }
 };
@@ -551,22 +555,37 @@ at::Tensor apply_steps(const GradDef& grad, const at::Tensor& dout) {
   return g;
 }
 
-// The gradients of `def`'s inputs for which needs(i) holds, into grads[i]: the kernel
-// outputs are requested per distinct gradient (one output for identical ones); when every
-// requested one is also a function of dout alone, eager ops on dout compute them instead
-// (they read dout only, the kernel would read the inputs too). `call(mask)` runs the
-// backward kernel through the dispatcher and returns the requested outputs.
-template <typename Needs, typename Call>
-void gradients_of(const OpDef& def, const at::Tensor& dout, c10::ArrayRef<InputMeta> meta, Needs&& needs,
-                  Call&& call, variable_list& grads) {
-  std::vector<bool> mask(def.num_kernel_grads, false);
-  bool kernel = false;
+// The backward kernel's outputs that the gradients for which needs(i) holds come from
+// (`mask`: one per distinct gradient, identical ones share it), and whether the kernel
+// must run: when every requested one is also a function of dout alone, eager ops on dout
+// compute them instead (they read dout only, the kernel would read the inputs too).
+struct KernelRequest {
+  std::vector<bool> mask;
+  bool run = false;
+};
+
+template <typename Needs>
+KernelRequest kernel_request(const OpDef& def, Needs&& needs) {
+  KernelRequest r{std::vector<bool>(def.num_kernel_grads, false)};
   for (int i = 0; i < def.num_inputs; ++i) {
     const GradDef& g = def.grads[i];
     if (!needs(i) || g.output < 0) continue;
-    mask[g.output] = true;
-    kernel = kernel || g.num_steps < 0;
+    r.mask[g.output] = true;
+    r.run = r.run || g.num_steps < 0;
   }
+  return r;
+}
+
+// The gradients of `def`'s inputs for which needs(i) holds, into grads[i], from the kernel
+// outputs kernel_request asks for or from eager ops on dout. `call(mask)` runs the
+// backward kernel (through the dispatcher, or directly: first_order_grads) and returns the
+// requested outputs.
+template <typename Needs, typename Call>
+void gradients_of(const OpDef& def, const at::Tensor& dout, c10::ArrayRef<InputMeta> meta, Needs&& needs,
+                  Call&& call, variable_list& grads) {
+  const KernelRequest request = kernel_request(def, needs);
+  const std::vector<bool>& mask = request.mask;
+  const bool kernel = request.run;
   std::vector<at::Tensor> computed(def.num_kernel_grads);
   if (kernel) {
     const std::vector<at::Tensor> out = call(mask);
@@ -669,16 +688,12 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
   // Per kernel output (and dout, at index count): the input whose shape it is summed to;
   // kFull: computed at the broadcast shape.
   constexpr int kNone = -1, kFull = -2;
+  const KernelRequest request = kernel_request(def, needs);
+  const std::vector<bool>& mask = request.mask;
   std::vector<int> target(count + 1, kNone);
-  std::vector<bool> mask(count, false);
-  bool kernel = false;
   for (int i = 0; i < def.num_inputs; ++i) {
     if (!needs(i)) continue;
     const GradDef& g = def.grads[i];
-    if (g.output >= 0) {
-      mask[g.output] = true;
-      kernel = kernel || g.num_steps < 0;
-    }
     const int k = g.output >= 0 ? g.output : g.num_steps >= 0 ? count : kNone;
     if (k == kNone || target[k] == kFull) continue;
     if (nothing_to_sum(i)) {
@@ -691,7 +706,7 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
   }
   bool any = false;
   for (int t : target) any = any || t >= 0;
-  if (!kernel || !any) return false;
+  if (!request.run || !any) return false;
 
   std::vector<at::Tensor> tensors{dout};
   tensors.insert(tensors.end(), saved.begin(), saved.end());
@@ -702,31 +717,28 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
   c10::cuda::CUDAGuard device_guard(on);
   const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
   std::vector<at::Tensor> sums(count + 1);
-  at::TensorIteratorConfig config;
-  config.set_check_mem_overlap(false).check_all_same_dtype(false).declare_static_dtype(dtype);
+  std::vector<at::Tensor> in_order;  // the defined sums, as the kernel's accumulators come
   std::vector<bool> present(count, false);
-  std::vector<bool> summed(count + 1, false);
+  int num_outputs = 0;
   for (int k = 0; k < count; ++k) {
     present[k] = mask[k] && target[k] < 0;
-    if (present[k]) config.add_owned_output(at::Tensor());
+    num_outputs += present[k];
   }
-  for (const at::Tensor& t : inputs) config.add_const_input(t);
   for (int k = 0; k <= count; ++k) {
-    if (target[k] < 0 || (k < count && !mask[k])) continue;
+    if (target[k] < 0) continue;  // (a kernel output's target is one of the inputs that requested it)
     std::vector<int64_t> sizes;
     for (const c10::SymInt& d : meta[target[k]].sizes) sizes.push_back(d.expect_int());
     sums[k] = at::zeros(sizes, inputs.front().options().dtype(at::kFloat));
-    summed[k] = true;
-    config.add_const_input(sums[k]);  // written by atomics, laid out by the iterator as an input
+    in_order.push_back(sums[k]);
   }
-  at::TensorIterator iter = config.build();
+  at::TensorIterator iter = make_iterator(num_outputs, inputs, in_order);
   if (iter.numel() == 0 || iter.is_contiguous() || iter.shape()[0] % kAccumulatingWidth != 0 ||
       !iter.can_use_32bit_indexing()) {
     return false;
   }
   {
     RECORD_FUNCTION(op.backward_event.c_str(), std::vector<c10::IValue>());
-    launch_cuda(iter, Operands(present, static_cast<int>(inputs.size()), summed), def.backward_cuda,
+    launch_cuda(iter, Operands(present, static_cast<int>(inputs.size()), sums), def.backward_cuda,
                 kernel_dtype(dtype), scalars.data());
   }
   std::vector<at::Tensor> full(count);
@@ -738,9 +750,9 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
     const GradDef& g = def.grads[i];
     at::Tensor grad;
     if (g.output >= 0) {
-      grad = summed[g.output] ? sums[g.output] : full[g.output];
+      grad = sums[g.output].defined() ? sums[g.output] : full[g.output];
     } else if (g.num_steps >= 0) {
-      const bool from_sum = summed[count] && meta[target[count]].sizes == meta[i].sizes;
+      const bool from_sum = sums[count].defined() && meta[target[count]].sizes == meta[i].sizes;
       grad = apply_steps(g, from_sum ? sums[count] : dout);
     }
     if (grad.defined()) grads[i] = reduce_to_input(meta[i], grad);
