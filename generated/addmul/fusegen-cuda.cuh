@@ -374,8 +374,10 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
 // element repeated (a step of 0: bit k of `repeated`), or kVec elements gathered at its
 // step (`gathered`, steps in `step`); each thread has kUnroll vectors in flight, as in
 // the contiguous kernel (4 for vectors of 4 fp16/bf16 elements was measured: 25 % slower
-// on an NCHW per-channel bf16 forward, H200). `calc` counts vectors: its dimension 0 is
-// the loop's divided by kVec.
+// on an NCHW per-channel bf16 forward, H200). `calc` counts elements: vector i is elements
+// i * kVec to i * kVec + kVec - 1 of the loop, which lie in one row of dimension 0 unless
+// the loop is `flat` (flat_modes: dense and repeated operands only, dimension 0 not split
+// into vectors), where a vector's repeated operands may change at a row's end.
 template <typename T> constexpr int kVectorWidth = kVecWidth<T> < 4 ? kVecWidth<T> : 4;
 
 template <int kN>
@@ -416,20 +418,42 @@ __device__ __forceinline__ void store_operand(const Modes<kN>& modes, int k, cha
 template <typename T, int kVec, typename F>
 __global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + F::kOutputs> p,
                                                           OffsetCalculator<F::kInputs + F::kOutputs, uint32_t> calc,
-                                                          uint32_t n_vec, Modes<F::kInputs + F::kOutputs> modes, F f) {
+                                                          uint32_t n_vec, Modes<F::kInputs + F::kOutputs> modes,
+                                                          bool flat, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
   using Offset = int32_t;
   constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
+  const IntDivider<uint32_t>& row = calc.sizes[0];
   for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n_vec; base += int64_t(gridDim.x) * kChunk) {
     Vec<T, kVec> x_v[kUnroll][kIn > 0 ? kIn : 1];
     Offset offset[kUnroll][kIn + kOut];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (base + u * kThreads >= n_vec) continue;
-      calc.template offsets<true>(static_cast<uint32_t>(base + u * kThreads), offset[u]);
+      const uint32_t i = static_cast<uint32_t>(base + u * kThreads) * kVec;
+      calc.template offsets<true>(i, offset[u]);
 #pragma unroll
       for (int j = 0; j < kIn; ++j) load_operand(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
+      if (flat) {
+        // The elements of this vector left in its row of dimension 0; past them (at most
+        // one row end per vector: rows are at least kVec long), a repeated operand takes
+        // the next row's element.
+        const uint32_t left = row.divisor - (i - row.div(i) * row.divisor);
+        if (left < kVec) {
+          Offset next[kIn + kOut];
+          calc.template offsets<true>(i + left, next);
+#pragma unroll
+          for (int j = 0; j < kIn; ++j) {
+            if (!(modes.repeated >> (kOut + j) & 1)) continue;
+            const T value = *reinterpret_cast<const T*>(p.p[kOut + j] + next[kOut + j]);
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) {
+              if (e >= static_cast<int>(left)) x_v[u][j].v[e] = value;
+            }
+          }
+        }
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -888,16 +912,44 @@ Modes<kN> vector_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outp
   return modes;
 }
 
+// The flat loop of the vector kernel, where dimension 0 does not split into vectors of
+// kVec but the loop does: each operand dense (one run of elements in the loop's order: a
+// step of one element along dimension 0, and along each further dimension the size of the
+// one below, from a pointer aligned to a vector) or an input repeated along dimension 0
+// (step 0: a per-channel scale of NCHW activations whose H * W is odd or 4 mod 8, as
+// 362 * 362 is). Dimension 0 is at least kFlatRow long, so that few vectors cross the end of
+// a row. Returns whether the loop is such, with its modes.
+constexpr int64_t kFlatRow = 1024;
+
+template <typename T, int kVec, int kN>
+bool flat_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outputs, Modes<kN>& modes) {
+  constexpr int64_t kElement = sizeof(T);
+  if (loop.ndim < 2 || loop.sizes[0] < kFlatRow || loop.numel % kVec != 0) return false;
+  for (int k = 0; k < kN; ++k) {
+    if (p.p[k] == nullptr) continue;
+    if (step(loop, 0, k) == 0 && k >= num_outputs) {
+      modes.repeated |= 1u << k;
+      continue;
+    }
+    bool dense = step(loop, 0, k) == kElement && reinterpret_cast<std::uintptr_t>(p.p[k]) % (kElement * kVec) == 0;
+    for (int d = 1; d < loop.ndim && dense; ++d) dense = step(loop, d, k) == step(loop, d - 1, k) * loop.sizes[d - 1];
+    if (!dense) return false;
+  }
+  return true;
+}
+
 template <typename T, int kVec, typename F>
 bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
                       cudaStream_t stream) {
-  if (loop.sizes[0] % kVec != 0) return false;
-  const auto modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
+  Modes<F::kInputs + F::kOutputs> modes;
+  const bool flat = loop.sizes[0] % kVec != 0;
+  if (flat && !flat_modes<T, kVec>(loop, p, F::kOutputs, modes)) return false;
+  if (!flat) modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
   const int64_t n_vec = loop.numel / kVec;
-  const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
+  const auto calc = offset_calculator<uint32_t>(loop, p, 0, 1);
   constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
   vector_kernel<T, kVec, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
-      p, calc, static_cast<uint32_t>(n_vec), modes, f);
+      p, calc, static_cast<uint32_t>(n_vec), modes, flat, f);
   return true;
 }
 

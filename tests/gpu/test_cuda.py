@@ -305,6 +305,12 @@ def _kernel_path_cases(kw):
                                   torch.randn(37, 1, **kw)], "vector_kernel"),
         "sliced beside contiguous": ([torch.randn(2 * 4100, **kw)[::2], torch.randn(4100, **kw), torch.randn(4100, **kw)],
                                      "vector_kernel"),
+        # The vector kernel's flat loop: rows of H * W = 1295 (odd) and 1332 (4 mod 8), so
+        # vectors cross row ends, where the scale and bias change within a vector.
+        "per-channel NCHW, odd rows": ([torch.randn(8, 3, 35, 37, **kw), torch.randn(1, 3, 1, 1, **kw),
+                                        torch.randn(3, 1, 1, **kw)], "vector_kernel"),
+        "per-channel NCHW, rows of 4 mod 8": ([torch.randn(2, 4, 36, 37, **kw), torch.randn(1, 4, 1, 1, **kw),
+                                               torch.randn(4, 1, 1, **kw)], "vector_kernel"),
         "odd fast dimension": ([torch.randn(37, 63, **kw), torch.randn(63, **kw), torch.randn(37, 1, **kw)],
                                "strided_kernel"),
         "misaligned contiguous": ([torch.randn(4101, **kw)[1:], torch.randn(4100, **kw), torch.randn(4100, **kw)],
