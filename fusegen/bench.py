@@ -82,13 +82,17 @@ def _sample_ms(call, sets, device: str) -> float:
     return start.elapsed_time(end) / len(sets)
 
 
-def timed_ms(fn, reps: int, device: str, warm: int = 5) -> float:
-    """Median milliseconds of one call: CUDA events on the GPU, perf_counter on the CPU."""
+def timed_ms(fn, reps: int, device: str, warm: int = 5, calls: int = 10) -> float:
+    """Median milliseconds of one call: CUDA events on the GPU, perf_counter on the CPU.
+    On the GPU a sample is `calls` calls back to back, as a training loop makes them: the
+    GPU's time, not a lone call's host time before its first kernel (with one call between
+    the events, torch.compile's ~60 us of Python before its launch counted as GPU time,
+    and an NCHW bf16 forward of 61 us of kernel measured 0.131 ms)."""
     for _ in range(warm):
         fn()
     _sync(device)
-    once = [()]  # one call per sample
-    return statistics.median(_sample_ms(fn, once, device) for _ in range(reps))
+    sets = [()] * (calls if device == "cuda" else 1)
+    return statistics.median(_sample_ms(fn, sets, device) for _ in range(reps))
 
 
 def rotating_ms(call, sets, device: str, budget_s: float, min_samples: int = 5,

@@ -391,13 +391,15 @@ struct Modes {
 // Operand k of a vector loop, at byte address `at`: read as one kVec-wide access, one
 // element repeated, or kVec elements gathered at its step (Modes); written (an output) as
 // one access or scattered at its step.
-template <typename T, int kVec, int kN>
+// kGathers false: the caller has no gathered operand (Modes::gathered is 0), and the code
+// for one is left out.
+template <bool kGathers, typename T, int kVec, int kN>
 __device__ __forceinline__ void load_operand(const Modes<kN>& modes, int k, const char* at, Vec<T, kVec>& out) {
   if (modes.repeated >> k & 1) {
     const T value = *reinterpret_cast<const T*>(at);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) out.v[e] = value;
-  } else if (modes.gathered >> k & 1) {
+  } else if (kGathers && modes.gathered >> k & 1) {
 #pragma unroll
     for (int e = 0; e < kVec; ++e) out.v[e] = *reinterpret_cast<const T*>(at + e * modes.step[k]);
   } else {
@@ -405,9 +407,9 @@ __device__ __forceinline__ void load_operand(const Modes<kN>& modes, int k, cons
   }
 }
 
-template <typename T, int kVec, int kN>
+template <bool kGathers, typename T, int kVec, int kN>
 __device__ __forceinline__ void store_operand(const Modes<kN>& modes, int k, char* at, const Vec<T, kVec>& value) {
-  if (modes.gathered >> k & 1) {
+  if (kGathers && modes.gathered >> k & 1) {
 #pragma unroll
     for (int e = 0; e < kVec; ++e) *reinterpret_cast<T*>(at + e * modes.step[k]) = value.v[e];
   } else {
@@ -415,26 +417,39 @@ __device__ __forceinline__ void store_operand(const Modes<kN>& modes, int k, cha
   }
 }
 
-template <typename T, int kVec, typename F>
-__global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + F::kOutputs> p,
+// FUSEGEN_VECTOR_UNROLL (vectors in flight per thread) and FUSEGEN_VECTOR_BLOCKS (blocks
+// per SM that the register count must allow; 1: nvcc's choice) only to compare launch
+// shapes on a GPU (tests/gpu/h200_run.sh vector).
+#ifndef FUSEGEN_VECTOR_UNROLL
+#define FUSEGEN_VECTOR_UNROLL 2
+#endif
+#ifndef FUSEGEN_VECTOR_BLOCKS
+#define FUSEGEN_VECTOR_BLOCKS 1
+#endif
+constexpr int kVectorUnroll = FUSEGEN_VECTOR_UNROLL;
+
+template <typename T, int kVec, bool kGathers, typename F>
+__global__ void __launch_bounds__(kThreads, FUSEGEN_VECTOR_BLOCKS) vector_kernel(Pointers<F::kInputs + F::kOutputs> p,
                                                           OffsetCalculator<F::kInputs + F::kOutputs, uint32_t> calc,
                                                           uint32_t n_vec, Modes<F::kInputs + F::kOutputs> modes,
                                                           bool flat, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
   using Offset = int32_t;
-  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
+  constexpr int64_t kChunk = int64_t(kThreads) * kVectorUnroll;
   const IntDivider<uint32_t>& row = calc.sizes[0];
   for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n_vec; base += int64_t(gridDim.x) * kChunk) {
-    Vec<T, kVec> x_v[kUnroll][kIn > 0 ? kIn : 1];
-    Offset offset[kUnroll][kIn + kOut];
+    Vec<T, kVec> x_v[kVectorUnroll][kIn > 0 ? kIn : 1];
+    Offset offset[kVectorUnroll][kIn + kOut];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kVectorUnroll; ++u) {
       if (base + u * kThreads >= n_vec) continue;
       const uint32_t i = static_cast<uint32_t>(base + u * kThreads) * kVec;
       calc.template offsets<true>(i, offset[u]);
 #pragma unroll
-      for (int j = 0; j < kIn; ++j) load_operand(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
+      for (int j = 0; j < kIn; ++j) {
+        load_operand<kGathers>(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
+      }
       if (flat) {
         // The elements of this vector left in its row of dimension 0; past them (at most
         // one row end per vector: rows are at least kVec long), a repeated operand takes
@@ -456,13 +471,13 @@ __global__ void __launch_bounds__(kThreads) vector_kernel(Pointers<F::kInputs + 
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kVectorUnroll; ++u) {
       if (base + u * kThreads >= n_vec) continue;
       Vec<T, kVec> y_v[kOut];
       compute_vector(x_v[u], y_v, f);
 #pragma unroll
       for (int k = 0; k < kOut; ++k) {
-        if (p.p[k] != nullptr) store_operand(modes, k, p.p[k] + offset[u][k], y_v[k]);
+        if (p.p[k] != nullptr) store_operand<kGathers>(modes, k, p.p[k] + offset[u][k], y_v[k]);
       }
     }
   }
@@ -552,6 +567,11 @@ struct RowLoop {
 #ifndef FUSEGEN_ACCUMULATING_BLOCKS
 #define FUSEGEN_ACCUMULATING_BLOCKS 3
 #endif
+// FUSEGEN_ACCUMULATING_UNROLL: vectors per thread and step (tests/gpu/h200_run.sh vector).
+#ifndef FUSEGEN_ACCUMULATING_UNROLL
+#define FUSEGEN_ACCUMULATING_UNROLL 2
+#endif
+constexpr int kAccumulatingUnroll = FUSEGEN_ACCUMULATING_UNROLL;
 template <typename T, int kVec, typename F>
 __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumulating_kernel(Pointers<Accumulating<F>::kOperands> p,
                                                                 OffsetCalculator<Accumulating<F>::kOperands, uint32_t> calc,
@@ -561,18 +581,18 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
   constexpr int kAcc = A::kAccumulators;
-  constexpr int kWarpSlots = 32 * kUnroll;
-  // Slot u of a thread: a warp's 32 * kUnroll slots are consecutive (lanes along the row,
+  constexpr int kWarpSlots = 32 * kAccumulatingUnroll;
+  // Slot u of a thread: a warp's 32 * kAccumulatingUnroll slots are consecutive (lanes along the row,
   // every access coalesced), so a warp's lanes share a per-channel offset far more often.
   const uint32_t warp_first = threadIdx.x / 32 * kWarpSlots + threadIdx.x % 32;
-  uint32_t row_of[kUnroll], col_of[kUnroll];
+  uint32_t row_of[kAccumulatingUnroll], col_of[kAccumulatingUnroll];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
+  for (int u = 0; u < kAccumulatingUnroll; ++u) {
     const uint32_t slot = warp_first + u * 32;
     row_of[u] = slot / rows.width;
     col_of[u] = blockIdx.x * rows.width + slot % rows.width;
   }
-  Partial<kVec> part_of[kAcc][kUnroll];
+  Partial<kVec> part_of[kAcc][kAccumulatingUnroll];
   extern __shared__ float column_sums[];  // per by_column accumulator, width * kVec floats
   const uint32_t span = rows.width * kVec;
   const auto sums_of = [&](int a) { return column_sums + __popc(rows.by_column & ((1u << a) - 1)) * span; };
@@ -584,21 +604,21 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
   const uint32_t first_row = blockIdx.y * rows.rows_per_block;
   const uint32_t end_row = min(first_row + rows.rows_per_block, rows.rows);
   for (uint32_t r = first_row; r < end_row; r += rows.rows_per_step) {  // the same trip count in every lane
-    Vec<T, kVec> x_v[kUnroll][kIn];
-    int32_t offset[kUnroll][A::kOperands];
-    bool valid[kUnroll];
+    Vec<T, kVec> x_v[kAccumulatingUnroll][kIn];
+    int32_t offset[kAccumulatingUnroll][A::kOperands];
+    bool valid[kAccumulatingUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kAccumulatingUnroll; ++u) {
       const uint32_t row = r + row_of[u];
       const uint32_t v = row * rows.row + col_of[u];
       valid[u] = row_of[u] < rows.rows_per_step && row < end_row && col_of[u] < rows.row && v < rows.n_vec;
       if (!valid[u]) continue;
       calc.template offsets<true>(v, offset[u]);
 #pragma unroll
-      for (int j = 0; j < kIn; ++j) load_operand(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
+      for (int j = 0; j < kIn; ++j) load_operand<true>(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kAccumulatingUnroll; ++u) {
       float add[kAcc][kVec];  // what each accumulator sums: F's outputs unrounded, and dout
       if (valid[u]) {
         Vec<T, kVec> y_v[kOut];
@@ -609,7 +629,7 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
         });
 #pragma unroll
         for (int k = 0; k < kOut; ++k) {
-          if (p.p[k] != nullptr) store_operand(modes, k, p.p[k] + offset[u][k], y_v[k]);
+          if (p.p[k] != nullptr) store_operand<true>(modes, k, p.p[k] + offset[u][k], y_v[k]);
         }
       }
 #pragma unroll
@@ -636,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
     const int k = A::kFirst + a;
     if (p.p[k] == nullptr || rows.by_column >> a & 1) continue;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) flush_partial(part_of[a][u].offset >= 0, part_of[a][u], p.p[k], modes.step[k]);
+    for (int u = 0; u < kAccumulatingUnroll; ++u) flush_partial(part_of[a][u].offset >= 0, part_of[a][u], p.p[k], modes.step[k]);
   }
   if (rows.by_column == 0) return;
   // by_column: the block's sums in shared memory (zeroed before), then to global memory.
@@ -645,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
     if (!(rows.by_column >> a & 1)) continue;
     float* sums = sums_of(a);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kAccumulatingUnroll; ++u) {
       const Partial<kVec>& part = part_of[a][u];
       if (part.offset < 0) continue;
 #pragma unroll
@@ -938,24 +958,28 @@ bool flat_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outputs, Mo
   return true;
 }
 
-template <typename T, int kVec, typename F>
+template <typename T, int kVec, bool kGathers, typename F>
 bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
                       cudaStream_t stream) {
   Modes<F::kInputs + F::kOutputs> modes;
   const bool flat = loop.sizes[0] % kVec != 0;
   if (flat && !flat_modes<T, kVec>(loop, p, F::kOutputs, modes)) return false;
   if (!flat) modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
+  if (!kGathers && modes.gathered != 0) return false;
   const int64_t n_vec = loop.numel / kVec;
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, 1);
-  constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
-  vector_kernel<T, kVec, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
+  constexpr int64_t kChunk = int64_t(kThreads) * kVectorUnroll;
+  vector_kernel<T, kVec, kGathers, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
       p, calc, static_cast<uint32_t>(n_vec), modes, flat, f);
   return true;
 }
 
-// fp16 and bf16 take 16-byte vectors (8 elements) where dimension 0 splits into them: with
-// 4, a per-channel forward moved 8 bytes per access and ran at 2.2 TB/s on the H200
-// (fp32, 16 bytes: 3.7); else vectors of 4, as fp32.
+// Two vector kernels: 16-byte vectors whose operands are each one access or one element
+// repeated (a per-channel scale or bias, channels_last, a bias row: the common loops), and
+// vectors of 4 elements that may also gather (a sliced input beside contiguous ones). The
+// code for gathering is most of a kernel's registers: with it, the 16-byte bf16 forward
+// of a*b+c took 78 registers (3 blocks of 256 threads per SM) and moved 2.1 TB/s on an
+// NCHW per-channel loop on the H200, where torch.compile's kernel (30 registers) moved 4.0.
 // More than kMaxVectorOperands operands (a backward of about 16 inputs): the strided kernel.
 template <typename T, typename F>
 bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f, bool index32,
@@ -964,10 +988,8 @@ bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs
     return false;
   } else {
     if (loop.ndim == 0 || !index32) return false;
-    if constexpr (kVecWidth<T> > kVectorWidth<T>) {
-      if (launch_vector_of<T, kVecWidth<T>>(loop, p, f, stream)) return true;
-    }
-    return launch_vector_of<T, kVectorWidth<T>>(loop, p, f, stream);
+    return launch_vector_of<T, kVecWidth<T>, false>(loop, p, f, stream) ||
+           launch_vector_of<T, kVectorWidth<T>, true>(loop, p, f, stream);
   }
 }
 
@@ -984,7 +1006,7 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   constexpr int kN = A::kOperands;
   constexpr int kVec = kAccumulatingWidth;
   static_assert(kVec <= kVectorWidth<T>, "whole vectors of the vector kernel's");
-  constexpr int64_t kSlots = int64_t(kThreads) * kUnroll;
+  constexpr int64_t kSlots = int64_t(kThreads) * kAccumulatingUnroll;
   const auto p = pointers_of<kN>(loop);
   Modes<kN> modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
   bool along_rows = false;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|compile|tiles|accumulating|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|compile|tiles|accumulating|vector|all]
 # One mode is one device call of 1-5 minutes (2026-12-01, H200: tests about 4 min, bench
 # about 3, build 1); `all` is more than the 10 minutes a call may run and brings back more
 # than the 8 files a call returns, so split it over calls.
@@ -54,4 +54,15 @@ if [[ $what == tiles ]]; then compare_macro tiles FUSEGEN_TILE_COLS 64 32; fi
 # The accumulating kernel's register cap (FUSEGEN_ACCUMULATING_BLOCKS): the default 3 blocks
 # per SM against nvcc's choice (1).
 if [[ $what == accumulating ]]; then compare_macro acc FUSEGEN_ACCUMULATING_BLOCKS 3 1; fi
+# The vector and accumulating kernels' launch shapes (FUSEGEN_VECTOR_UNROLL, _VECTOR_BLOCKS,
+# _ACCUMULATING_UNROLL, _ACCUMULATING_BLOCKS): fusegen's own times and kernels on the
+# layout cases, one build per shape (tests/gpu/vector_probe.py).
+if [[ $what == vector ]]; then
+  for flags in "" "-DFUSEGEN_VECTOR_UNROLL=1 -DFUSEGEN_ACCUMULATING_UNROLL=1 -DFUSEGEN_ACCUMULATING_BLOCKS=4" \
+               "-DFUSEGEN_VECTOR_UNROLL=1 -DFUSEGEN_VECTOR_BLOCKS=6 -DFUSEGEN_ACCUMULATING_UNROLL=1 -DFUSEGEN_ACCUMULATING_BLOCKS=6"; do
+    FUSEGEN_CACHE_DIR=/tmp/fusegen-vector-$(echo "$flags" | md5sum | cut -c1-8) NVCC_APPEND_FLAGS="$flags" \
+      python3 tests/gpu/vector_probe.py 2>&1 | tee -a "$OUT/vector_probe.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
+fi
 exit $status
