@@ -260,6 +260,21 @@ struct NoVisit {
   __device__ __forceinline__ void operator()(int, const A*, const A*) const {}
 };
 
+// Element e of a vector in the compute type. A bf16 pair is read from its 32-bit word (a
+// shift or a mask: bf16 is a float's upper half), so that the vector stays in words: read
+// element by element, nvcc split each word into two 16-bit registers (a byte permute
+// each) and merged the loaded and repeated forms of an operand per element.
+template <typename T, int kVec>
+__device__ __forceinline__ acc_t<T> element(const Vec<T, kVec>& v, int e) {
+  if constexpr (std::is_same_v<T, BFloat16> && kVec % 2 == 0) {
+    uint32_t word;
+    memcpy(&word, &v.v[e & ~1], sizeof word);
+    return __uint_as_float(e % 2 ? word & 0xffff0000u : word << 16);
+  } else {
+    return to_acc(v.v[e]);
+  }
+}
+
 template <typename T, int kVec, typename F, typename Visit = NoVisit>
 __device__ __forceinline__ void compute_vector(const Vec<T, kVec> (&x_v)[F::kInputs > 0 ? F::kInputs : 1],
                                                Vec<T, kVec> (&y_v)[F::kOutputs], const F& f, Visit visit = {}) {
@@ -268,7 +283,7 @@ __device__ __forceinline__ void compute_vector(const Vec<T, kVec> (&x_v)[F::kInp
     acc_t<T> x[F::kInputs > 0 ? F::kInputs : 1];
     acc_t<T> y[F::kOutputs];
 #pragma unroll
-    for (int j = 0; j < F::kInputs; ++j) x[j] = to_acc(x_v[j].v[e]);
+    for (int j = 0; j < F::kInputs; ++j) x[j] = element(x_v[j], e);
     f(x, y);
     visit(e, x, y);
 #pragma unroll
@@ -391,14 +406,33 @@ struct Modes {
 // Operand k of a vector loop, at byte address `at`: read as one kVec-wide access, one
 // element repeated, or kVec elements gathered at its step (Modes); written (an output) as
 // one access or scattered at its step.
+// One element as a vector of kVec. A 2-byte element goes out as 32-bit words of two
+// copies, the layout a vector load leaves in registers: element by element, nvcc kept each
+// 16-bit value in a register of its own for both (48 byte permutes per bf16 vector of 8
+// with three inputs, before any math).
+template <int kVec, typename T>
+__device__ __forceinline__ Vec<T, kVec> repeat(T value) {
+  Vec<T, kVec> out;
+  if constexpr (sizeof(T) == 2 && kVec % 2 == 0) {
+    uint16_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    uint32_t words[kVec / 2];
+#pragma unroll
+    for (int w = 0; w < kVec / 2; ++w) words[w] = bits * 0x10001u;
+    memcpy(&out, words, sizeof out);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out.v[e] = value;
+  }
+  return out;
+}
+
 // kGathers false: the caller has no gathered operand (Modes::gathered is 0), and the code
 // for one is left out.
 template <bool kGathers, typename T, int kVec, int kN>
 __device__ __forceinline__ void load_operand(const Modes<kN>& modes, int k, const char* at, Vec<T, kVec>& out) {
   if (modes.repeated >> k & 1) {
-    const T value = *reinterpret_cast<const T*>(at);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) out.v[e] = value;
+    out = repeat<kVec>(*reinterpret_cast<const T*>(at));
   } else if (kGathers && modes.gathered >> k & 1) {
 #pragma unroll
     for (int e = 0; e < kVec; ++e) out.v[e] = *reinterpret_cast<const T*>(at + e * modes.step[k]);
@@ -421,12 +455,42 @@ __device__ __forceinline__ void store_operand(const Modes<kN>& modes, int k, cha
 // per SM that the register count must allow; 1: nvcc's choice) only to compare launch
 // shapes on a GPU (tests/gpu/h200_run.sh vector).
 #ifndef FUSEGEN_VECTOR_UNROLL
-#define FUSEGEN_VECTOR_UNROLL 2
+#define FUSEGEN_VECTOR_UNROLL 1
 #endif
 #ifndef FUSEGEN_VECTOR_BLOCKS
 #define FUSEGEN_VECTOR_BLOCKS 1
 #endif
 constexpr int kVectorUnroll = FUSEGEN_VECTOR_UNROLL;
+
+// A vector of a flat loop that crosses the end of a row of dimension 0 after `left` of
+// its elements: element by element (one in 128 vectors at most, kFlatRow), each repeated
+// operand's element taken from the next row past them; dense operands step by one element.
+template <typename T, int kVec, typename F>
+__device__ __forceinline__ void compute_crossing(const Pointers<F::kInputs + F::kOutputs>& p,
+                                              const OffsetCalculator<F::kInputs + F::kOutputs, uint32_t>& calc,
+                                              const Modes<F::kInputs + F::kOutputs>& modes, uint32_t i, int left,
+                                              const int32_t (&offset)[F::kInputs + F::kOutputs], const F& f) {
+  constexpr int kIn = F::kInputs;
+  constexpr int kOut = F::kOutputs;
+  int32_t next[kIn + kOut];
+  calc.template offsets<true>(i + left, next);
+#pragma unroll 1
+  for (int e = 0; e < kVec; ++e) {
+    acc_t<T> x[kIn > 0 ? kIn : 1];
+    acc_t<T> y[kOut];
+#pragma unroll
+    for (int j = 0; j < kIn; ++j) {
+      const int k = kOut + j;
+      const int32_t at = !(modes.repeated >> k & 1) ? offset[k] + e * int32_t(sizeof(T)) : e < left ? offset[k] : next[k];
+      x[j] = to_acc(*reinterpret_cast<const T*>(p.p[k] + at));
+    }
+    f(x, y);
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) {
+      if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + offset[k] + e * int32_t(sizeof(T))) = from_acc<T>(y[k]);
+    }
+  }
+}
 
 template <typename T, int kVec, bool kGathers, typename F>
 __global__ void __launch_bounds__(kThreads, FUSEGEN_VECTOR_BLOCKS) vector_kernel(Pointers<F::kInputs + F::kOutputs> p,
@@ -435,44 +499,38 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_VECTOR_BLOCKS) vector_kernel
                                                           bool flat, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
+  constexpr int kU = kGathers ? kUnroll : kVectorUnroll;
   using Offset = int32_t;
-  constexpr int64_t kChunk = int64_t(kThreads) * kVectorUnroll;
+  constexpr int64_t kChunk = int64_t(kThreads) * kU;
   const IntDivider<uint32_t>& row = calc.sizes[0];
   for (int64_t base = int64_t(blockIdx.x) * kChunk + threadIdx.x; base < n_vec; base += int64_t(gridDim.x) * kChunk) {
-    Vec<T, kVec> x_v[kVectorUnroll][kIn > 0 ? kIn : 1];
-    Offset offset[kVectorUnroll][kIn + kOut];
+    Vec<T, kVec> x_v[kU][kIn > 0 ? kIn : 1];
+    Offset offset[kU][kIn + kOut];
+    bool whole[kU];
 #pragma unroll
-    for (int u = 0; u < kVectorUnroll; ++u) {
-      if (base + u * kThreads >= n_vec) continue;
+    for (int u = 0; u < kU; ++u) {
+      whole[u] = base + u * kThreads < n_vec;
+      if (!whole[u]) continue;
       const uint32_t i = static_cast<uint32_t>(base + u * kThreads) * kVec;
       calc.template offsets<true>(i, offset[u]);
+      if (flat) {
+        // The elements of this vector left in its row (rows are at least kVec long, so
+        // a vector crosses one row end at most).
+        const uint32_t left = row.divisor - (i - row.div(i) * row.divisor);
+        if (left < kVec) {
+          compute_crossing<T, kVec>(p, calc, modes, i, static_cast<int>(left), offset[u], f);
+          whole[u] = false;
+          continue;
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kIn; ++j) {
         load_operand<kGathers>(modes, kOut + j, p.p[kOut + j] + offset[u][kOut + j], x_v[u][j]);
       }
-      if (flat) {
-        // The elements of this vector left in its row of dimension 0; past them (at most
-        // one row end per vector: rows are at least kVec long), a repeated operand takes
-        // the next row's element.
-        const uint32_t left = row.divisor - (i - row.div(i) * row.divisor);
-        if (left < kVec) {
-          Offset next[kIn + kOut];
-          calc.template offsets<true>(i + left, next);
-#pragma unroll
-          for (int j = 0; j < kIn; ++j) {
-            if (!(modes.repeated >> (kOut + j) & 1)) continue;
-            const T value = *reinterpret_cast<const T*>(p.p[kOut + j] + next[kOut + j]);
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) {
-              if (e >= static_cast<int>(left)) x_v[u][j].v[e] = value;
-            }
-          }
-        }
-      }
     }
 #pragma unroll
-    for (int u = 0; u < kVectorUnroll; ++u) {
-      if (base + u * kThreads >= n_vec) continue;
+    for (int u = 0; u < kU; ++u) {
+      if (!whole[u]) continue;
       Vec<T, kVec> y_v[kOut];
       compute_vector(x_v[u], y_v, f);
 #pragma unroll
@@ -565,11 +623,11 @@ struct RowLoop {
 // FUSEGEN_ACCUMULATING_BLOCKS=1 gives nvcc's choice back, to compare the two on a GPU
 // (tests/gpu/h200_run.sh accumulating).
 #ifndef FUSEGEN_ACCUMULATING_BLOCKS
-#define FUSEGEN_ACCUMULATING_BLOCKS 3
+#define FUSEGEN_ACCUMULATING_BLOCKS 4
 #endif
 // FUSEGEN_ACCUMULATING_UNROLL: vectors per thread and step (tests/gpu/h200_run.sh vector).
 #ifndef FUSEGEN_ACCUMULATING_UNROLL
-#define FUSEGEN_ACCUMULATING_UNROLL 2
+#define FUSEGEN_ACCUMULATING_UNROLL 1
 #endif
 constexpr int kAccumulatingUnroll = FUSEGEN_ACCUMULATING_UNROLL;
 template <typename T, int kVec, typename F>
@@ -968,7 +1026,7 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
   if (!kGathers && modes.gathered != 0) return false;
   const int64_t n_vec = loop.numel / kVec;
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, 1);
-  constexpr int64_t kChunk = int64_t(kThreads) * kVectorUnroll;
+  constexpr int64_t kChunk = int64_t(kThreads) * (kGathers ? kUnroll : kVectorUnroll);
   vector_kernel<T, kVec, kGathers, F><<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
       p, calc, static_cast<uint32_t>(n_vec), modes, flat, f);
   return true;
