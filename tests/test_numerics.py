@@ -106,7 +106,7 @@ def test_low_precision_no_worse_than_eager(corpus_ops, case, dtype):
     low = case.sample(4099, dtype, seed=3)
     ref = [t.double() for t in low]
     scalars = list(case.scalar_values)
-    ref_out, ref_grads = forward_backward(case.eager, ref, scalars)
+    ref_out, ref_grads = forward_backward(case.eager, ref, scalars, grad_dtype=dtype)
     eager_out, eager_grads = forward_backward(case.eager, low, scalars)
     got_out, got_grads = forward_backward(op, low, scalars)
     assert got_out.dtype == dtype

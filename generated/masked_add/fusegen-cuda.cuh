@@ -387,9 +387,13 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
 // the kVec elements of a vector share every operand's offset computation, and each
 // operand is, along dimension 0, one kVec-wide access (contiguous and aligned), one
 // element repeated (a step of 0: bit k of `repeated`), or kVec elements gathered at its
-// step (`gathered`, steps in `step`); each thread has kUnroll vectors in flight, as in
-// the contiguous kernel (4 for vectors of 4 fp16/bf16 elements was measured: 25 % slower
-// on an NCHW per-channel bf16 forward, H200). `calc` counts elements: vector i is elements
+// step (`gathered`, steps in `step`; only in the kernel of kGathers). A thread has one
+// vector in flight (kVectorUnroll), or kUnroll with kGathers. Measured on the H200
+// (tests/gpu/h200_run.sh vector, 2026-12-01): the lean 16-byte bf16 kernel takes 32
+// registers (8 blocks of 256 threads per SM) with one vector and 51-56 with two, and the
+// NCHW per-channel bf16 forward of n = 2^26 ran 70 us either way (torch.compile: 61-82 us
+// from run to run); the gathering kernel lost 8 % on a sliced bf16 input with one.
+// `calc` counts elements: vector i is elements
 // i * kVec to i * kVec + kVec - 1 of the loop, which lie in one row of dimension 0 unless
 // the loop is `flat` (flat_modes: dense and repeated operands only, dimension 0 not split
 // into vectors), where a vector's repeated operands may change at a row's end.
@@ -451,9 +455,9 @@ __device__ __forceinline__ void store_operand(const Modes<kN>& modes, int k, cha
   }
 }
 
-// FUSEGEN_VECTOR_UNROLL (vectors in flight per thread) and FUSEGEN_VECTOR_BLOCKS (blocks
-// per SM that the register count must allow; 1: nvcc's choice) only to compare launch
-// shapes on a GPU (tests/gpu/h200_run.sh vector).
+// FUSEGEN_VECTOR_UNROLL (vectors in flight per thread in the kernel without gathers) and
+// FUSEGEN_VECTOR_BLOCKS (blocks per SM that the register count must allow; 1: nvcc's
+// choice) only to compare launch shapes on a GPU (tests/gpu/h200_run.sh vector).
 #ifndef FUSEGEN_VECTOR_UNROLL
 #define FUSEGEN_VECTOR_UNROLL 1
 #endif
@@ -616,12 +620,13 @@ struct RowLoop {
   uint32_t by_column;
 };
 
-// Registers for 3 blocks of 256 threads per SM (80, a few spilled): nvcc's own choice,
-// about 100, leaves 2, and on the H200 (fusegen bench layouts, n = 2^26) the bf16
-// per-channel forward+backward took 0.556 -> 0.470 ms (NCHW) and 0.659 -> 0.583 ms
-// (channels_last) with 3; fp32 moved by less than the run-to-run noise.
-// FUSEGEN_ACCUMULATING_BLOCKS=1 gives nvcc's choice back, to compare the two on a GPU
-// (tests/gpu/h200_run.sh accumulating).
+// One vector per thread and step, and registers for 4 blocks of 256 threads per SM (62-64,
+// no spills). On the H200 (tests/gpu/h200_run.sh vector, n = 2^26, the backward kernel
+// alone) against two vectors and 3 blocks (80 registers, 72-104 bytes spilled): 265 -> 227
+// us fp32 and 306 -> 234 us bf16 (NCHW per-channel), 376 -> 305 and 423 -> 325 us
+// (channels_last); 5 blocks (48 registers, spills) lost in fp32 (285, 388 us). Two
+// vectors and 4 blocks spill 192-356 bytes. FUSEGEN_ACCUMULATING_BLOCKS=1 gives nvcc's
+// choice of registers (tests/gpu/h200_run.sh accumulating).
 #ifndef FUSEGEN_ACCUMULATING_BLOCKS
 #define FUSEGEN_ACCUMULATING_BLOCKS 4
 #endif

@@ -51,9 +51,9 @@ compare_macro() {  # name macro value...
 # The tiled kernel's tile width (templates/fusegen-cuda.cuh, FUSEGEN_TILE_COLS): the default
 # 64 against 32 (fp32 only: a tile of fp16/bf16 pairs is 64 wide either way).
 if [[ $what == tiles ]]; then compare_macro tiles FUSEGEN_TILE_COLS 64 32; fi
-# The accumulating kernel's register cap (FUSEGEN_ACCUMULATING_BLOCKS): the default 3 blocks
+# The accumulating kernel's register cap (FUSEGEN_ACCUMULATING_BLOCKS): the default 4 blocks
 # per SM against nvcc's choice (1).
-if [[ $what == accumulating ]]; then compare_macro acc FUSEGEN_ACCUMULATING_BLOCKS 3 1; fi
+if [[ $what == accumulating ]]; then compare_macro acc FUSEGEN_ACCUMULATING_BLOCKS 4 1; fi
 # The vector and accumulating kernels' launch shapes (FUSEGEN_VECTOR_UNROLL, _VECTOR_BLOCKS,
 # _ACCUMULATING_UNROLL, _ACCUMULATING_BLOCKS): fusegen's own times and kernels on the
 # layout cases, one build per shape (tests/gpu/vector_probe.py).

@@ -46,7 +46,7 @@ def check_close(case, op, tensors, dtype):
             torch.testing.assert_close(g, w, **TOL[dtype])
         return
     # bf16/fp16: no worse than eager in the same dtype, both against a float64 reference
-    ref, ref_grads = forward_backward(case.eager, [t.double() for t in tensors], scalars)
+    ref, ref_grads = forward_backward(case.eager, [t.double() for t in tensors], scalars, grad_dtype=dtype)
     for got, eager, r in zip([out] + grads, [want] + want_grads, [ref] + ref_grads):
         assert_no_worse_than_eager(case.name, got, eager, r)
 
@@ -252,7 +252,7 @@ def _layout_check(op, eager, tensors, dtype):
         for g, w in zip([got] + got_grads, [want] + want_grads):
             torch.testing.assert_close(g, w, **TOL[dtype])
         return
-    ref, ref_grads = forward_backward(eager, [t.double() for t in tensors])
+    ref, ref_grads = forward_backward(eager, [t.double() for t in tensors], grad_dtype=dtype)
     for g, w, r in zip([got] + got_grads, [want] + want_grads, [ref] + ref_grads):
         assert_no_worse_than_eager("layout", g, w, r)
 
