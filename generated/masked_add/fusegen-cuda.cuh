@@ -1051,8 +1051,11 @@ bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs
     return false;
   } else {
     if (loop.ndim == 0 || !index32) return false;
-    return launch_vector_of<T, kVecWidth<T>, false>(loop, p, f, stream) ||
-           launch_vector_of<T, kVectorWidth<T>, true>(loop, p, f, stream);
+    if (launch_vector_of<T, kVecWidth<T>, false>(loop, p, f, stream)) return true;
+    if constexpr (kVecWidth<T> > kVectorWidth<T>) {
+      if (launch_vector_of<T, kVecWidth<T>, true>(loop, p, f, stream)) return true;
+    }
+    return launch_vector_of<T, kVectorWidth<T>, true>(loop, p, f, stream);
   }
 }
 

@@ -305,6 +305,8 @@ def _kernel_path_cases(kw):
                                   torch.randn(37, 1, **kw)], "vector_kernel"),
         "sliced beside contiguous": ([torch.randn(2 * 4100, **kw)[::2], torch.randn(4100, **kw), torch.randn(4100, **kw)],
                                      "vector_kernel"),
+        "sliced, 16-byte vectors": ([torch.randn(2 * 4104, **kw)[::2], torch.randn(4104, **kw), torch.randn(4104, **kw)],
+                                    "vector_kernel"),
         # The vector kernel's flat loop: rows of H * W = 1295 (odd) and 1332 (4 mod 8), so
         # vectors cross row ends, where the scale and bias change within a vector.
         "per-channel NCHW, odd rows": ([torch.randn(8, 3, 35, 37, **kw), torch.randn(1, 3, 1, 1, **kw),
