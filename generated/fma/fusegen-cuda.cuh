@@ -263,7 +263,9 @@ struct NoVisit {
 // Element e of a vector in the compute type. A bf16 pair is read from its 32-bit word (a
 // shift or a mask: bf16 is a float's upper half), so that the vector stays in words: read
 // element by element, nvcc split each word into two 16-bit registers (a byte permute
-// each) and merged the loaded and repeated forms of an operand per element.
+// each) and merged the loaded and repeated forms of an operand per element (48 byte
+// permutes per bf16 vector of three inputs in the vector kernel, 24 in the contiguous one;
+// now none).
 template <typename T, int kVec>
 __device__ __forceinline__ acc_t<T> element(const Vec<T, kVec>& v, int e) {
   if constexpr (std::is_same_v<T, BFloat16> && kVec % 2 == 0) {
@@ -407,13 +409,10 @@ struct Modes {
   int32_t step[kN] = {};  // bytes between a gathered operand's elements along dimension 0
 };
 
-// Operand k of a vector loop, at byte address `at`: read as one kVec-wide access, one
-// element repeated, or kVec elements gathered at its step (Modes); written (an output) as
-// one access or scattered at its step.
 // One element as a vector of kVec. A 2-byte element goes out as 32-bit words of two
-// copies, the layout a vector load leaves in registers: element by element, nvcc kept each
-// 16-bit value in a register of its own for both (48 byte permutes per bf16 vector of 8
-// with three inputs, before any math).
+// copies, the layout a vector load leaves in registers, so that an operand's repeated and
+// loaded forms merge word by word (a move per word) where the math reads words (element,
+// above); alone, this left the 48 byte permutes per bf16 vector of three inputs as they were.
 template <int kVec, typename T>
 __device__ __forceinline__ Vec<T, kVec> repeat(T value) {
   Vec<T, kVec> out;
@@ -431,6 +430,9 @@ __device__ __forceinline__ Vec<T, kVec> repeat(T value) {
   return out;
 }
 
+// Operand k of a vector loop, at byte address `at`: read as one kVec-wide access, one
+// element repeated, or kVec elements gathered at its step (Modes); written (an output) as
+// one access or scattered at its step.
 // kGathers false: the caller has no gathered operand (Modes::gathered is 0), and the code
 // for one is left out.
 template <bool kGathers, typename T, int kVec, int kN>
@@ -1037,12 +1039,13 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
   return true;
 }
 
-// Two vector kernels: 16-byte vectors whose operands are each one access or one element
-// repeated (a per-channel scale or bias, channels_last, a bias row: the common loops), and
-// vectors of 4 elements that may also gather (a sliced input beside contiguous ones). The
-// code for gathering is most of a kernel's registers: with it, the 16-byte bf16 forward
-// of a*b+c took 78 registers (3 blocks of 256 threads per SM) and moved 2.1 TB/s on an
-// NCHW per-channel loop on the H200, where torch.compile's kernel (30 registers) moved 4.0.
+// Two vector kernels, the first that takes the loop: 16-byte vectors whose operands are
+// each one access or one element repeated (a per-channel scale or bias, channels_last, a
+// bias row: the common loops), then vectors that may also gather (a sliced input beside
+// contiguous ones), 16 bytes wide and then 4 elements. The gathering code costs registers
+// (the bf16 forward of a*b+c: 32 without it, 63 with it at 16 bytes), and a kernel of 78
+// registers (3 blocks of 256 threads per SM) moved 2.1 TB/s on an NCHW per-channel bf16
+// loop on the H200, where torch.compile's (30 registers) moved 4.0.
 // More than kMaxVectorOperands operands (a backward of about 16 inputs): the strided kernel.
 template <typename T, typename F>
 bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f, bool index32,
