@@ -140,6 +140,35 @@ def test_meta_layout_under_dynamic_shapes(memory_format):
             assert got.stride() == want.stride()
 
 
+def _permuted_cases(n, m):
+    """name -> the inputs of a*b+c: layouts whose output order TensorIterator takes from
+    the inputs' strides (no fast setup)."""
+    return {
+        "first input transposed": (torch.randn(m, n).t(), torch.randn(n, m), torch.randn(n, m)),
+        "second input transposed": (torch.randn(n, m), torch.randn(m, n).t(), torch.randn(m)),
+        "permuted, broadcast row": (torch.randn(m, 3, n).permute(1, 2, 0), torch.randn(1, m), torch.randn(3, n, m)),
+        "broadcast first, transposed": (torch.randn(m), torch.randn(m, n).t(), torch.randn(n, 1)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_permuted_cases(2, 3)))
+def test_meta_layout_of_permuted_inputs_under_dynamic_shapes(case):
+    """Under dynamic shapes the Meta impl orders the output's dimensions by the inputs'
+    strides as TensorIterator does (before: contiguous outputs, and inductor's stride
+    assertion failed for a transposed first input)."""
+    from fusegen.api import fuse
+
+    op = fuse("a*b+c", name="lay_dyn_perm", compile="opaque")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b, c: op(a, b, c) * 2, dynamic=True, fullgraph=True)
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        for n, m in [(5, 7), (6, 9)]:
+            a, b, c = _permuted_cases(n, m)[case]
+            got, want = compiled(a, b, c), (a * b + c) * 2
+            torch.testing.assert_close(got, want)
+            assert got.stride() == want.stride() == op(a, b, c).stride()
+
+
 def test_opcheck_with_real_layouts(corpus_ops):
     x, s, b = nchw(F64, CL)
     for args in [(x, s, b), (x.transpose(1, 3), s.transpose(1, 3), b.transpose(0, 2)), (x, torch.tensor(2.0, dtype=F64), b)]:

@@ -158,6 +158,75 @@ bool any_symbolic(const std::vector<at::Tensor>& tensors) {
   return false;
 }
 
+// An output of `shape` laid out as TensorIterator lays one out for `inputs`, worked out on
+// symbolic sizes and strides (torch.compile with dynamic shapes: the Meta impl, where
+// TensorIterator cannot run), so that the Meta strides are the real kernel's; inductor
+// asserts them (a transposed input failed there with contiguous Meta outputs). As
+// TensorIterator's fast setup: inputs all of the output's shape and all contiguous, all
+// channels_last, or all dense with one set of strides give that layout. Otherwise as its
+// reorder_dimensions: an insertion sort of the dimensions, fastest first, where the first
+// input whose strides tell two dimensions apart decides (a broadcast dimension, stride 0,
+// tells nothing; equal strides put the smaller size first), then strides contiguous in
+// that order. Comparing symbolic strides guards on the answer, as PyTorch's own
+// elementwise meta functions do.
+at::Tensor empty_as_iterator(const c10::SymDimVector& shape, const std::vector<at::Tensor>& inputs) {
+  const at::TensorOptions options = inputs.front().options();
+  const c10::SymIntArrayRef full(shape);
+  bool same_shape = true, contiguous = true, channels_last = true, dense = true;
+  for (const at::Tensor& t : inputs) {
+    same_shape = same_shape && t.sym_sizes() == full;
+    contiguous = contiguous && t.is_contiguous();
+    channels_last = channels_last && t.is_contiguous(at::MemoryFormat::ChannelsLast);
+    dense = dense && t.is_non_overlapping_and_dense() && t.sym_strides() == inputs.front().sym_strides();
+  }
+  if (same_shape && contiguous) return at::empty_symint(full, options);
+  if (same_shape && channels_last) return at::empty_symint(full, options.memory_format(at::MemoryFormat::ChannelsLast));
+  if (same_shape && dense) return at::empty_strided_symint(full, inputs.back().sym_strides(), options);
+  const size_t ndim = shape.size();
+  std::vector<c10::SymDimVector> strides;  // per input, along the output's dimensions
+  for (const at::Tensor& t : inputs) {
+    const c10::SymIntArrayRef sizes = t.sym_sizes();
+    const c10::SymIntArrayRef steps = t.sym_strides();
+    const size_t offset = ndim - sizes.size();
+    c10::SymDimVector along(ndim, c10::SymInt(0));
+    for (size_t d = offset; d < ndim; ++d) {
+      if (!(sizes[d - offset] == 1 && shape[d] != 1)) along[d] = steps[d - offset];
+    }
+    strides.push_back(std::move(along));
+  }
+  // 1: dimension a goes after b (is slower); -1: before; 0: no input tells.
+  const auto order = [&](size_t a, size_t b) {
+    for (const c10::SymDimVector& s : strides) {
+      if (s[a] == 0 || s[b] == 0) continue;
+      if (s[a] < s[b]) return -1;
+      if (s[b] < s[a]) return 1;
+      if (shape[b] < shape[a]) return 1;
+    }
+    return 0;
+  };
+  std::vector<size_t> perm(ndim);  // fastest first, starting from the last dimension
+  for (size_t i = 0; i < ndim; ++i) perm[i] = ndim - 1 - i;
+  for (size_t i = 1; i < ndim; ++i) {
+    size_t b = i;
+    for (size_t a = i; a-- > 0;) {
+      const int c = order(perm[a], perm[b]);
+      if (c > 0) {
+        std::swap(perm[a], perm[b]);
+        b = a;
+      } else if (c < 0) {
+        break;
+      }
+    }
+  }
+  c10::SymDimVector out(ndim, c10::SymInt(1));
+  c10::SymInt next(1);
+  for (size_t d : perm) {
+    out[d] = next;
+    next = next * shape[d];
+  }
+  return at::empty_strided_symint(full, c10::SymIntArrayRef(out), options);
+}
+
 // `num_outputs` new outputs and the inputs, laid out by ATen's TensorIterator: the
 // broadcast shape, the outputs allocated in the inputs' dtype with the memory format
 // eager would give them (channels_last in, channels_last out), dimensions coalesced and
@@ -438,22 +507,9 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   for (bool p : present) num_outputs += p;
   std::vector<at::Tensor> outputs(present.size());
   if (device == Device::kMeta && any_symbolic(inputs)) {
-    // Dynamic shapes: no TensorIterator (it needs concrete sizes). The outputs take the
-    // broadcast shape and the memory format of the first input of that shape, which is
-    // TensorIterator's answer for contiguous and channels_last layouts (a channels_last
-    // activation with a per-channel scale gives a channels_last output; a contiguous
-    // default would contradict the real kernel's strides under torch.compile). Other
-    // permutations (a transposed input) still get contiguous outputs here.
     const c10::SymDimVector shape = broadcast_shape(name, args);
-    at::MemoryFormat format = at::MemoryFormat::Contiguous;
-    for (const at::Tensor& t : inputs) {
-      if (t.sym_sizes() == c10::SymIntArrayRef(shape)) {
-        format = t.suggest_memory_format();
-        break;
-      }
-    }
     for (size_t k = 0; k < present.size(); ++k) {
-      if (present[k]) outputs[k] = at::empty_symint(shape, inputs.front().options().memory_format(format));
+      if (present[k]) outputs[k] = empty_as_iterator(shape, inputs);
     }
     return outputs;
   }
