@@ -35,7 +35,6 @@ def test_every_dtype_pair_promotes_like_eager(corpus_ops):
             assert out.dtype == torch.result_type(a, b), (da, db)
 
 
-
 def _fma_leaves():
     return [torch.randn(64, 8, requires_grad=True) for _ in range(3)]
 

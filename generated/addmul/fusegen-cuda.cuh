@@ -395,10 +395,10 @@ __global__ void __launch_bounds__(kThreads) strided_kernel(Pointers<F::kInputs +
 // registers (8 blocks of 256 threads per SM) with one vector and 51-56 with two, and the
 // NCHW per-channel bf16 forward of n = 2^26 ran 70 us either way (torch.compile: 61-82 us
 // from run to run); the gathering kernel lost 8 % on a sliced bf16 input with one.
-// `calc` counts elements: vector i is elements
-// i * kVec to i * kVec + kVec - 1 of the loop, which lie in one row of dimension 0 unless
-// the loop is `flat` (flat_modes: dense and repeated operands only, dimension 0 not split
-// into vectors), where a vector's repeated operands may change at a row's end.
+// `calc` counts elements: vector i is elements i * kVec to i * kVec + kVec - 1 of the
+// loop, which lie in one row of dimension 0 unless the loop is `flat` (flat_modes: dense
+// and repeated operands only, dimension 0 not split into vectors), where a vector's
+// repeated operands may change at a row's end.
 template <typename T> constexpr int kVectorWidth = kVecWidth<T> < 4 ? kVecWidth<T> : 4;
 
 template <int kN>
@@ -607,7 +607,7 @@ __device__ __forceinline__ void flush_partial(bool flush, Partial<kVec>& part, c
 
 // The loop as rows of `row` vectors (the loop's dimension 0 when an accumulator varies
 // along it: a lane then keeps one column, so a channels_last per-channel sum keeps its
-// offset for the whole kernel; else chunks of kThreads * kUnroll vectors: a lane's
+// offset for the whole kernel; else chunks of kThreads * kAccumulatingUnroll vectors: a lane's
 // offset changes only where the summed tensor's does, every H*W elements of NCHW). A
 // block step covers `width` vectors of `rows_per_step` rows (whole rows when they are
 // short); blockIdx.x picks the columns, blockIdx.y a range of `rows_per_block` rows.
@@ -647,8 +647,9 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
   constexpr int kOut = F::kOutputs;
   constexpr int kAcc = A::kAccumulators;
   constexpr int kWarpSlots = 32 * kAccumulatingUnroll;
-  // Slot u of a thread: a warp's 32 * kAccumulatingUnroll slots are consecutive (lanes along the row,
-  // every access coalesced), so a warp's lanes share a per-channel offset far more often.
+  // Slot u of a thread: a warp's 32 * kAccumulatingUnroll slots are consecutive (lanes
+  // along the row, every access coalesced), so a warp's lanes share a per-channel offset
+  // far more often.
   const uint32_t warp_first = threadIdx.x / 32 * kWarpSlots + threadIdx.x % 32;
   uint32_t row_of[kAccumulatingUnroll], col_of[kAccumulatingUnroll];
 #pragma unroll
@@ -973,11 +974,10 @@ OffsetCalculator<kN, Index> offset_calculator(const CudaLoop& loop, const Pointe
   return calc;
 }
 
-// The vector kernel takes the loop when dimension 0 splits into whole vectors and 32-bit
-// index math fits (`index32`: fits_32bit, which the caller needs as well). An operand is
-// a vector access when it steps by one element along dimension 0 and its pointer and its
-// other steps keep each vector aligned to its width; repeated when it steps by none (an
-// input); gathered otherwise.
+// The vector kernel's modes of a loop whose dimension 0 splits into whole vectors: an
+// operand is a vector access when it steps by one element along dimension 0 and its
+// pointer and its other steps keep each vector aligned to its width; repeated when it
+// steps by none (an input); gathered otherwise.
 template <typename T, int kVec, int kN>
 Modes<kN> vector_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outputs) {
   constexpr int64_t kBytes = int64_t(sizeof(T)) * kVec;
@@ -1046,7 +1046,8 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
 // (the bf16 forward of a*b+c: 32 without it, 63 with it at 16 bytes), and a kernel of 78
 // registers (3 blocks of 256 threads per SM) moved 2.1 TB/s on an NCHW per-channel bf16
 // loop on the H200, where torch.compile's (30 registers) moved 4.0.
-// More than kMaxVectorOperands operands (a backward of about 16 inputs): the strided kernel.
+// Only with 32-bit index math (`index32`: fits_32bit, which the caller needs as well);
+// more than kMaxVectorOperands operands (a backward of about 16 inputs): the strided kernel.
 template <typename T, typename F>
 bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f, bool index32,
                    cudaStream_t stream) {

@@ -232,7 +232,8 @@ at::Tensor empty_as_iterator(const c10::SymDimVector& shape, const std::vector<a
 // eager would give them (channels_last in, channels_last out), dimensions coalesced and
 // ordered for the loop. Works for Meta tensors too, so the Meta impl's strides are the
 // real impl's. `sums` (accumulates_in_kernel's float sums, written by the kernel) come
-// after the inputs, laid out as inputs: step 0 along the dimensions they sum.
+// after the inputs, laid out as inputs: step 0 along the dimensions they sum; undefined
+// ones are left out (Operands gives them no operand either).
 at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs,
                                  const std::vector<at::Tensor>& sums = {}) {
   at::TensorIteratorConfig config;
@@ -240,7 +241,9 @@ at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>&
   if (!sums.empty()) config.check_all_same_dtype(false).declare_static_dtype(inputs.front().scalar_type());
   for (int k = 0; k < num_outputs; ++k) config.add_owned_output(at::Tensor());
   for (const at::Tensor& t : inputs) config.add_const_input(t);
-  for (const at::Tensor& t : sums) config.add_const_input(t);
+  for (const at::Tensor& t : sums) {
+    if (t.defined()) config.add_const_input(t);
+  }
   return config.build();
 }
 
@@ -640,13 +643,11 @@ template <typename Needs, typename Call>
 void gradients_of(const OpDef& def, const at::Tensor& dout, c10::ArrayRef<InputMeta> meta, Needs&& needs,
                   Call&& call, variable_list& grads) {
   const KernelRequest request = kernel_request(def, needs);
-  const std::vector<bool>& mask = request.mask;
-  const bool kernel = request.run;
   std::vector<at::Tensor> computed(def.num_kernel_grads);
-  if (kernel) {
-    const std::vector<at::Tensor> out = call(mask);
+  if (request.run) {
+    const std::vector<at::Tensor> out = call(request.mask);
     for (int k = 0, next = 0; k < def.num_kernel_grads; ++k) {
-      if (mask[k]) computed[k] = out[next++];
+      if (request.mask[k]) computed[k] = out[next++];
     }
   }
   std::vector<at::Tensor> from_dout(def.num_inputs);  // by the first input with the same steps
@@ -697,10 +698,10 @@ bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved
   // Included beyond the defaults (BackendSelect, ADInplaceOrView), that is.
   const c10::DispatchKeySet forced = c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
   if (at::GradMode::is_enabled() || !forced.empty()) return false;
-  const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-                                     c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
-                                     c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Conjugate,
-                                     c10::DispatchKey::Negative, c10::DispatchKey::ZeroTensor});
+  static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                            c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Conjugate,
+                                            c10::DispatchKey::Negative, c10::DispatchKey::ZeroTensor});
   const auto plain = [&](const at::Tensor& t) {
     return t.defined() && (t.is_cpu() || t.is_cuda()) && t.layout() == at::kStrided && !t.key_set().has_any(wrapped) &&
            !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
@@ -745,7 +746,6 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
   // kFull: computed at the broadcast shape.
   constexpr int kNone = -1, kFull = -2;
   const KernelRequest request = kernel_request(def, needs);
-  const std::vector<bool>& mask = request.mask;
   std::vector<int> target(count + 1, kNone);
   for (int i = 0; i < def.num_inputs; ++i) {
     if (!needs(i)) continue;
@@ -772,12 +772,11 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
   const c10::Device on = device_arg(args).tensor.device();
   c10::cuda::CUDAGuard device_guard(on);
   const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
-  std::vector<at::Tensor> sums(count + 1);
-  std::vector<at::Tensor> in_order;  // the defined sums, as the kernel's accumulators come
+  std::vector<at::Tensor> sums(count + 1);  // undefined where the kernel sums nothing
   std::vector<bool> present(count, false);
   int num_outputs = 0;
   for (int k = 0; k < count; ++k) {
-    present[k] = mask[k] && target[k] < 0;
+    present[k] = request.mask[k] && target[k] < 0;
     num_outputs += present[k];
   }
   for (int k = 0; k <= count; ++k) {
@@ -785,9 +784,8 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
     std::vector<int64_t> sizes;
     for (const c10::SymInt& d : meta[target[k]].sizes) sizes.push_back(d.expect_int());
     sums[k] = at::zeros(sizes, inputs.front().options().dtype(at::kFloat));
-    in_order.push_back(sums[k]);
   }
-  at::TensorIterator iter = make_iterator(num_outputs, inputs, in_order);
+  at::TensorIterator iter = make_iterator(num_outputs, inputs, sums);
   if (iter.numel() == 0 || iter.is_contiguous() || iter.shape()[0] % kAccumulatingWidth != 0 ||
       !iter.can_use_32bit_indexing()) {
     return false;

@@ -37,14 +37,20 @@ if [[ $what == compile || $what == all ]]; then
   python3 -m fusegen.bench_compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
-# `fusegen bench layouts` once per value of a kernel's compile-time macro, each build in a
-# cache of its own (NVCC_APPEND_FLAGS is not part of the cache key).
+# A command with extra nvcc flags, its build in a cache of its own (NVCC_APPEND_FLAGS is not
+# part of the cache key).
+with_flags() {  # cache-name flags command...
+  local cache=$1 flags=$2
+  shift 2
+  FUSEGEN_CACHE_DIR=/tmp/fusegen-$cache NVCC_APPEND_FLAGS="$flags" "$@"
+}
+# `fusegen bench layouts` once per value of a kernel's compile-time macro.
 compare_macro() {  # name macro value...
   local name=$1 macro=$2 value
   shift 2
   for value in "$@"; do
-    FUSEGEN_CACHE_DIR=/tmp/fusegen-$name-$value NVCC_APPEND_FLAGS="-D$macro=$value" \
-      python3 -m fusegen.bench layouts --json "$OUT/layouts_${name}_$value.json" 2>&1 | tee "$OUT/${name}_$value.log"
+    with_flags "$name-$value" "-D$macro=$value" python3 -m fusegen.bench layouts --json "$OUT/layouts_${name}_$value.json" \
+      2>&1 | tee "$OUT/${name}_$value.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
 }
@@ -59,8 +65,8 @@ if [[ $what == accumulating ]]; then compare_macro acc FUSEGEN_ACCUMULATING_BLOC
 # layout cases, one build per shape (tests/gpu/vector_probe.py).
 if [[ $what == vector ]]; then
   for flags in "" "-DFUSEGEN_VECTOR_UNROLL=2" "-DFUSEGEN_ACCUMULATING_BLOCKS=5"; do
-    FUSEGEN_CACHE_DIR=/tmp/fusegen-vector-$(echo "$flags" | md5sum | cut -c1-8) NVCC_APPEND_FLAGS="$flags" \
-      python3 tests/gpu/vector_probe.py 2>&1 | tee -a "$OUT/vector_probe.log"
+    with_flags "vector-$(echo "$flags" | md5sum | cut -c1-8)" "$flags" python3 tests/gpu/vector_probe.py 2>&1 |
+      tee -a "$OUT/vector_probe.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi

@@ -5,32 +5,18 @@ against PyTorch's floor (x*2). Runs on the GPU or the CPU.
 
     PYTHONPATH=. python3 tests/gpu/host_inputs.py
 """
-import statistics
-import time
-
 import torch
 
 import fusegen
+from fusegen.bench import host_median_us
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.set_num_threads(1)
 fma = fusegen.fuse("a*b+c", name="host_fma")
 
 
-def us(fn, calls=3000, reps=7):
-    for _ in range(200):
-        fn()
-    out = []
-    for _ in range(reps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) / calls * 1e6)
-    return statistics.median(out)
+def us(fn):
+    return host_median_us(fn, device, calls=3000, repeats=7)
 
 
 n = 64
