@@ -29,6 +29,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
+#include <array>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -233,13 +235,17 @@ at::Tensor empty_as_iterator(const c10::SymDimVector& shape, const std::vector<a
 // ordered for the loop. Works for Meta tensors too, so the Meta impl's strides are the
 // real impl's. `sums` (accumulates_in_kernel's float sums, written by the kernel) come
 // after the inputs, laid out as inputs: step 0 along the dimensions they sum; undefined
-// ones are left out (Operands gives them no operand either).
+// ones are left out (Operands gives them no operand either). `given`: an output tensor per
+// iterator output to write into (SplitHalves: the halves of one gradient), undefined or
+// absent ones allocated.
 at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs,
-                                 const std::vector<at::Tensor>& sums = {}) {
+                                 const std::vector<at::Tensor>& sums = {}, c10::ArrayRef<at::Tensor> given = {}) {
   at::TensorIteratorConfig config;
-  config.set_check_mem_overlap(false);  // the outputs are new; inputs may overlap each other
+  config.set_check_mem_overlap(false);  // the outputs are new or disjoint; inputs may overlap each other
   if (!sums.empty()) config.check_all_same_dtype(false).declare_static_dtype(inputs.front().scalar_type());
-  for (int k = 0; k < num_outputs; ++k) config.add_owned_output(at::Tensor());
+  for (int k = 0; k < num_outputs; ++k) {  // owned: `given` may not outlive the iterator
+    config.add_owned_output(k < static_cast<int>(given.size()) ? given[k] : at::Tensor());
+  }
   for (const at::Tensor& t : inputs) config.add_const_input(t);
   for (const at::Tensor& t : sums) {
     if (t.defined()) config.add_const_input(t);
@@ -492,17 +498,18 @@ std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>
 // What the forward and the backward share: check the arguments, then lay out `num_outputs`
 // outputs over the kernel's inputs and run `cpu` or `cuda` on them. present[k]: whether the
 // kernel's output k is wanted (allocated); returns the outputs, an undefined tensor for
-// each absent one.
+// each absent one. given[k] (optional, per kernel output): a tensor of the broadcast shape
+// and the computed dtype that output k is written into instead of a new one.
 std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const Args& args,
                                    const std::vector<bool>& present, CpuKernel cpu, CudaKernel cuda,
-                                   const double* scalars) {
+                                   const double* scalars, const std::vector<at::Tensor>& given = {}) {
   const at::ScalarType dtype = check_args(name, args);
   const c10::Device on = device_arg(args).tensor.device();
 #ifdef FUSEGEN_WITH_CUDA
   std::optional<c10::cuda::CUDAGuard> device_guard;
   if (device == Device::kCuda) device_guard.emplace(on);  // checked: one device
 #endif
-  if (device != Device::kMeta && is_plain_contiguous(args, dtype, on)) {
+  if (device != Device::kMeta && given.empty() && is_plain_contiguous(args, dtype, on)) {
     return run_contiguous(args, present, device, cpu, cuda, kernel_dtype(dtype), scalars);
   }
   const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
@@ -520,7 +527,11 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   // for an error that names the argument that does not fit (not on every call).
   at::TensorIterator iter = [&] {
     try {
-      return make_iterator(num_outputs, inputs);
+      std::vector<at::Tensor> into;  // given, per iterator output
+      for (size_t k = 0; k < given.size(); ++k) {
+        if (present[k]) into.push_back(given[k]);
+      }
+      return make_iterator(num_outputs, inputs, {}, into);
     } catch (const c10::Error&) {
       broadcast_shape(name, args);  // throws the named error when the shapes are the cause
       throw;
@@ -552,10 +563,11 @@ at::Tensor run_forward(const Op& op, Device device, const ForwardArgs& a) {
 
 // The backward on one device: the gradients selected by output_mask, in order, at the
 // broadcast shape (the autograd Function sums them to each input's shape).
-std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a) {
+std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
+                                     const std::vector<at::Tensor>& given = {}) {
   const OpDef& def = *op.def;
   return requested(run_kernel(op.backward_name, device, a.named(def), a.mask, def.backward_cpu, def.backward_cuda,
-                              a.scalars.data()));
+                              a.scalars.data(), given));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -694,23 +706,126 @@ const Op* find_op(const std::string& name);
 // such as DTensor or FakeTensor, no lazy conjugate or negative view). The dispatcher would
 // then reach this file's own CPU or CUDA kernel, after boxing the call; the direct call
 // keeps the profiler's event of that op.
-bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved) {
-  // Included beyond the defaults (BackendSelect, ADInplaceOrView), that is.
-  const c10::DispatchKeySet forced = c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
-  if (at::GradMode::is_enabled() || !forced.empty()) return false;
+// A plain dense CPU or CUDA tensor: no subclass (DTensor, FakeTensor, functorch's
+// wrappers), no lazy conjugate or negative view, no symbolic sizes.
+bool is_plain(const at::Tensor& t) {
   static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
                                             c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
                                             c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Conjugate,
                                             c10::DispatchKey::Negative, c10::DispatchKey::ZeroTensor});
-  const auto plain = [&](const at::Tensor& t) {
-    return t.defined() && (t.is_cpu() || t.is_cuda()) && t.layout() == at::kStrided && !t.key_set().has_any(wrapped) &&
-           !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
-  };
-  if (!plain(dout)) return false;
+  return t.defined() && (t.is_cpu() || t.is_cuda()) && t.layout() == at::kStrided && !t.key_set().has_any(wrapped) &&
+         !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
+bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved) {
+  // Included beyond the defaults (BackendSelect, ADInplaceOrView), that is.
+  const c10::DispatchKeySet forced = c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
+  if (at::GradMode::is_enabled() || !forced.empty() || !is_plain(dout)) return false;
   for (const at::Tensor& t : saved) {
-    if (!plain(t)) return false;
+    if (!is_plain(t)) return false;
   }
   return true;
+}
+
+// Two inputs that are the two halves of one split of a tensor u (`a, b = u.chunk(2, -1)`,
+// as a GLU's gate and value come): autograd's split node (SplitBackward0) would
+// concatenate their gradients into u's, a read and a write of u's size after the backward
+// kernel wrote them. Instead the op's node takes the split's own edge to u in the first
+// half's place (the second half's edge is left empty), and its backward writes both
+// gradients into the halves of one tensor of u's shape (run_kernel's given outputs), or
+// concatenates them itself where the kernel cannot (create_graph, tracing, a reduced or
+// cast gradient: join_halves). low, high: the inputs that are the split's outputs 0 and 1;
+// dim: the dimension split. What is lost is only what the split's node itself would see
+// (README, "Chunk halves"): a hook or retain_grad put on a half after this op's call, and
+// torch.autograd.grad asked for a half's gradient (reported unused).
+struct SplitHalves {
+  int low = -1, high = -1;
+  int64_t dim = 0;
+  bool active() const { return low >= 0; }
+  std::vector<int64_t> packed() const { return {low, high, dim}; }  // compiled autograd's state
+  static SplitHalves unpacked(const std::vector<int64_t>& v) { return {int(v[0]), int(v[1]), v[2]}; }
+};
+
+// The SplitHalves among a forward call's inputs (edges: theirs), if any: plain tensors at
+// the two outputs of one split node (chunk or split into two), views of a contiguous base
+// u whose gradient edge the split's is (the split of u itself, not of a view of it), with
+// u's strides and disjoint along one dimension, and no hook or retain_grad on the split's
+// node (those would see the halves' gradients).
+SplitHalves find_split_halves(const std::vector<at::Tensor>& tensors, const torch::autograd::edge_list& edges) {
+  static const std::array<std::string, 2> kSplits = {"SplitBackward0", "SplitWithSizesBackward0"};
+  SplitHalves h;
+  torch::autograd::Node* split = nullptr;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::autograd::Edge& e = edges[i];
+    if (!e.is_valid() || !tensors[i].is_view() || e.function->num_inputs() != 2) continue;  // is_view first: cheap
+    if (std::find(kSplits.begin(), kSplits.end(), e.function->name()) == kSplits.end()) continue;
+    int& half = e.input_nr == 0 ? h.low : h.high;
+    if (half >= 0 || (split != nullptr && split != e.function.get())) return {};  // a half twice, or two splits
+    half = static_cast<int>(i);
+    split = e.function.get();
+  }
+  if (h.low < 0 || h.high < 0) return {};
+  if (!split->pre_hooks().empty() || !split->tensor_pre_hooks().empty() || !split->retains_grad_hooks().empty() ||
+      !split->post_hooks().empty() || split->num_outputs() != 1) {
+    return {};
+  }
+  const at::Tensor& a = tensors[h.low];
+  const at::Tensor& b = tensors[h.high];
+  const at::Tensor u(a._base());
+  if (!is_plain(a) || !is_plain(b) || !b._base().is_same(u) || !u.is_contiguous() ||
+      !(torch::autograd::impl::gradient_edge(u) == split->next_edge(0)) || a.strides() != u.strides() ||
+      b.strides() != u.strides() || a.dim() != u.dim() || a.storage_offset() != u.storage_offset()) {
+    return {};
+  }
+  for (int64_t d = 0; d < u.dim(); ++d) {
+    if (a.size(d) + b.size(d) == u.size(d) && a.size(d) > 0 && b.size(d) > 0 &&
+        b.storage_offset() == u.storage_offset() + a.size(d) * u.stride(d)) {
+      h.dim = d;
+      return h;
+    }
+  }
+  return {};
+}
+
+// The tensor of u's shape that a split's two gradients are written into by the kernel
+// (SplitHalves), with given[k] its halves for the kernel outputs k of the two gradients;
+// undefined when the kernel cannot write them there: one of them is not a kernel output,
+// both are the same one, or one must still be summed to its input's shape or cast
+// (reduce_to_input). The order of u's elements: contiguous, as autograd's cat gives it.
+at::Tensor split_gradient(const OpDef& def, const SplitHalves& split, const at::Tensor& dout,
+                          c10::ArrayRef<InputMeta> meta, std::vector<at::Tensor>& given) {
+  const GradDef& low = def.grads[split.low];
+  const GradDef& high = def.grads[split.high];
+  const auto fits = [&](int i) { return meta[i].sizes == dout.sym_sizes() && meta[i].dtype == dout.scalar_type(); };
+  if (low.output < 0 || high.output < 0 || low.output == high.output || !fits(split.low) || !fits(split.high)) {
+    return {};
+  }
+  std::vector<int64_t> sizes(dout.sizes().begin(), dout.sizes().end());
+  const int64_t first = sizes[split.dim];
+  sizes[split.dim] += meta[split.high].sizes[split.dim].expect_int();
+  at::Tensor whole = at::empty(sizes, dout.options());
+  given.assign(def.num_kernel_grads, at::Tensor());
+  given[low.output] = whole.narrow(split.dim, 0, first);
+  given[high.output] = whole.narrow(split.dim, first, sizes[split.dim] - first);
+  return whole;
+}
+
+// u's gradient into grads[split.low] (grads[split.high] is the empty edge's): `whole` where
+// the kernel wrote both halves into it, else the two gradients concatenated, an undefined
+// one as zeros (as autograd's split node does; differentiable, for create_graph).
+void join_halves(const SplitHalves& split, c10::ArrayRef<InputMeta> meta, const at::Tensor& whole,
+                 const std::vector<at::Tensor>& given, const OpDef& def, variable_list& grads) {
+  at::Tensor& low = grads[split.low];
+  at::Tensor& high = grads[split.high];
+  if (whole.defined() && low.is_same(given[def.grads[split.low].output]) &&
+      high.is_same(given[def.grads[split.high].output])) {
+    low = whole;
+  } else if (low.defined() || high.defined()) {
+    const at::Tensor& like = low.defined() ? low : high;
+    const auto zeros = [&](int i) { return at::zeros_symint(meta[i].sizes, like.options().dtype(meta[i].dtype)); };
+    low = at::cat({low.defined() ? low : zeros(split.low), high.defined() ? high : zeros(split.high)}, split.dim);
+  }
+  high = at::Tensor();
 }
 
 #ifdef FUSEGEN_WITH_CUDA
@@ -821,15 +936,25 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
 // for plain tensors its kernel is called directly (direct_call_ok), on CUDA summing the
 // gradients of broadcast inputs in the kernel where it can (accumulates_in_kernel); with
 // create_graph, the autograd kernel records BackwardFunction (double backward).
+// With SplitHalves, both halves' gradients are computed when u's is needed (its edge is in
+// the low half's place) and joined into it (split_gradient, join_halves).
 template <typename Needs>
 variable_list first_order_grads(const Op& op, const at::Tensor& dout, std::vector<at::Tensor> saved,
-                                c10::ArrayRef<double> scalars, c10::ArrayRef<InputMeta> meta, Needs&& needs) {
+                                c10::ArrayRef<double> scalars, c10::ArrayRef<InputMeta> meta,
+                                const SplitHalves& split, Needs&& needs_edge) {
   const OpDef& def = *op.def;
   variable_list grads(def.num_inputs);
   if (!dout.defined()) return grads;  // no gradient arrived: the inputs' are zero too (undefined), as in eager's nodes
+  const auto needs = [&](int i) { return needs_edge(split.active() && i == split.high ? split.low : i); };
   const bool direct = direct_call_ok(dout, saved);
+  std::vector<at::Tensor> given;  // per kernel output: where the kernel writes it (the halves of `whole`)
+  const at::Tensor whole =
+      direct && split.active() && needs(split.low) ? split_gradient(def, split, dout, meta, given) : at::Tensor();
 #ifdef FUSEGEN_WITH_CUDA
-  if (direct && accumulates_in_kernel(op, dout, saved, scalars, meta, needs, grads)) return grads;
+  if (direct && !whole.defined() && accumulates_in_kernel(op, dout, saved, scalars, meta, needs, grads)) {
+    if (split.active()) join_halves(split, meta, whole, given, def, grads);
+    return grads;
+  }
 #endif
   gradients_of(def, dout, meta, needs, [&](const std::vector<bool>& mask) {
     BackwardArgs a;
@@ -841,7 +966,7 @@ variable_list first_order_grads(const Op& op, const at::Tensor& dout, std::vecto
     if (direct) {
       RECORD_FUNCTION(op.backward_event.c_str(), std::vector<c10::IValue>());
       const bool cuda = device_arg(a.named(def)).tensor.is_cuda();
-      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a);
+      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a, given);
     }
     torch::jit::Stack stack;
     a.push(stack);
@@ -850,6 +975,7 @@ variable_list first_order_grads(const Op& op, const at::Tensor& dout, std::vecto
     op.backward_op->callBoxed(stack);
     return std::move(stack.back()).toTensorVector();
   }, grads);
+  if (split.active()) join_halves(split, meta, whole, given, def, grads);
   return grads;
 }
 
@@ -863,7 +989,8 @@ variable_list apply_functional(const variable_list& inputs, const std::vector<c1
   const auto scalars = packed.unpack<std::vector<double>>();
   const auto needs = packed.unpack<std::vector<bool>>();
   const std::vector<InputMeta> meta = unpack_metadata(packed.unpack<std::vector<c10::SymInt>>());
-  return first_order_grads(*op, inputs[0], std::move(saved), scalars, meta, [&](int i) { return needs[i]; });
+  const SplitHalves split = SplitHalves::unpacked(packed.unpack<std::vector<int64_t>>());
+  return first_order_grads(*op, inputs[0], std::move(saved), scalars, meta, split, [&](int i) { return needs[i]; });
 }
 
 // The autograd node of one forward call, written as PyTorch's generated nodes are (a
@@ -886,7 +1013,7 @@ class FusedBackward final : public torch::autograd::Node {
 
   variable_list apply(variable_list&& douts) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return first_order_grads(*op_, douts[0], unpack_saved(), scalars_, meta_,
+    return first_order_grads(*op_, douts[0], unpack_saved(), scalars_, meta_, split_,
                              [&](int i) { return task_should_compute_output(i); });
   }
 
@@ -901,6 +1028,7 @@ class FusedBackward final : public torch::autograd::Node {
       args.collect(m.dtype);
       for (const c10::SymInt& d : m.sizes) args.collect(d);
     }
+    args.collect(split_.packed());
   }
 
   variable_list apply_with_saved(const variable_list& inputs, torch::dynamo::autograd::SwapSavedVariables& swap) override {
@@ -917,6 +1045,7 @@ class FusedBackward final : public torch::autograd::Node {
     for (size_t i = 0; i < num_outputs(); ++i) needs.push_back(task_should_compute_output(i));
     packed.pack(needs);
     packed.pack(pack_metadata(meta_));
+    packed.pack(split_.packed());
     const std::vector<c10::IValue>& state = packed.vec();
     std::vector<at::TypePtr> schema;
     for (const c10::IValue& v : state) schema.push_back(v.isTensor() ? at::TensorType::get() : v.type());
@@ -937,6 +1066,7 @@ class FusedBackward final : public torch::autograd::Node {
   std::vector<torch::autograd::SavedVariable> saved_;  // def.backward_inputs, in order
   c10::SmallVector<double, 4> scalars_;                // def.backward_scalars, in order
   c10::SmallVector<InputMeta, 4> meta_;                // per input
+  SplitHalves split_;                                  // inputs that are the halves of one split
 
  private:
   // Whether saved tensor i is the forward's output (saved as an output).
@@ -1090,6 +1220,11 @@ class Kernel final : public c10::OperatorKernel {
     torch::autograd::edge_list edges;
     edges.reserve(a.tensors.size());
     for (const at::Tensor& t : a.tensors) edges.push_back(torch::autograd::impl::gradient_edge(t));
+    fn->split_ = find_split_halves(a.tensors, edges);
+    if (fn->split_.active()) {  // past the split: its edge to u in the low half's place
+      edges[fn->split_.low] = edges[fn->split_.low].function->next_edge(0);
+      edges[fn->split_.high] = torch::autograd::Edge();
+    }
     fn->set_next_edges(std::move(edges));
     for (const at::Tensor& t : a.tensors) fn->meta_.emplace_back(t);
     for (int i = 0; i < def.num_backward_scalars; ++i) fn->scalars_.push_back(a.scalars[def.backward_scalars[i]]);

@@ -238,3 +238,127 @@ def test_fused_decorator_takes_numbers(corpus_ops):
     out = axpb(2.0, x, 1)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, axpb.eager(2.0, x, 1))
+
+
+# -- chunk halves: a GLU's `a, b = u.chunk(2, -1)` --------------------------------------------
+
+def _relu_glu(a, b):
+    return torch.relu(a) * b
+
+
+def _halves(u, how, dim):
+    """The two inputs cut from u: chunk, split with sizes, chunk in swapped order, or a
+    split whose first part (size 1) broadcasts."""
+    n = u.shape[dim]
+    if how in ("split", "broadcast"):
+        first = 1 if how == "broadcast" else n // 2
+        return u.split([first, n - first], dim)
+    a, b = u.chunk(2, dim)
+    return (b, a) if how == "swapped" else (a, b)
+
+
+def _glu_step(f, u0, how, dim, leaf, create_graph=False):
+    """u's gradient through f on u's halves (u a leaf, or the output of an op): the value,
+    the backward's autograd events, and the node f's output hangs off."""
+    u = u0.detach().clone().requires_grad_(True)
+    w = u if leaf else u * 1.0
+    a, b = _halves(w, how, dim)
+    out = f(a, b)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        (grad,) = torch.autograd.grad(out, u, g, create_graph=create_graph)
+    return grad, [e.name for e in prof.events()], out.grad_fn
+
+
+@pytest.mark.parametrize("how", ["chunk", "split", "swapped", "broadcast"])
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("leaf", [True, False], ids=["leaf", "non-leaf"])
+def test_chunk_halves_gradient_skips_the_split(corpus_ops, how, dim, leaf):
+    """The op's node takes the split's edge to u, and its backward writes both halves'
+    gradients into one tensor of u's shape: eager's values and layout, no cat (but where
+    a half's gradient is summed to its shape first: then the node concatenates)."""
+    op = corpus_ops["cp_relu_mul"]
+    u = torch.randn(6, 10, generator=torch.Generator().manual_seed(0), dtype=F64)
+    got, events, node = _glu_step(op, u, how, dim, leaf)
+    want, _, _ = _glu_step(_relu_glu, u, how, dim, leaf)
+    same_layout(got, want, "u's gradient")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    unwanted = ("aten::copy_", "SplitBackward0", "SplitWithSizesBackward0") + (("aten::cat",) if how != "broadcast" else ())
+    assert not [n for n in events if n in unwanted], events
+    edges = [f for f, _ in node.next_functions]  # u's, in the first half's place; none for the second
+    assert "Split" not in str(edges) and (edges[0] is None) == (how == "swapped") and edges.count(None) == 1, edges
+
+
+def test_chunk_halves_with_hooks_or_retain_grad_keep_the_split(corpus_ops):
+    """A hook or retain_grad on a half sees its gradient: the split stays in the graph."""
+    op = corpus_ops["cp_relu_mul"]
+    u = torch.randn(4, 8, dtype=F64, requires_grad=True)
+    seen = []
+    a, b = u.chunk(2, -1)
+    a.register_hook(lambda g: seen.append(g))
+    b.retain_grad()
+    out = op(a, b)
+    assert "SplitBackward0" in str(out.grad_fn.next_functions)
+    out.sum().backward()
+    a2, b2 = u.detach().chunk(2, -1)
+    torch.testing.assert_close(seen[0], (a2 > 0) * b2, rtol=0, atol=0)
+    torch.testing.assert_close(b.grad, torch.relu(a2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name, f, extra", [
+    ("cp_fma", lambda a, b, c: a * b + c, lambda u: [torch.randn(u.shape[-1] // 2, dtype=F64)]),  # a broadcast third input
+    ("cp_add", lambda a, b: a + b, lambda u: []),  # gradients of dout alone: concatenated by the op's node
+])
+def test_chunk_halves_with_other_inputs(corpus_ops, name, f, extra):
+    """Other inputs keep their own gradients; halves also used elsewhere add up as in eager."""
+    u0 = torch.randn(5, 12, generator=torch.Generator().manual_seed(2), dtype=F64)
+    others = extra(u0)
+    results = []
+    for g in (corpus_ops[name], f):
+        u = u0.clone().requires_grad_(True)
+        c = [t.clone().requires_grad_(True) for t in others]
+        a, b = u.chunk(2, -1)
+        out = g(a, b, *c) + 3 * a  # a's second use goes through the split
+        results.append(torch.autograd.grad(out.sum(), [u, *c]))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_chunk_halves_double_backward(corpus_ops):
+    """create_graph: the op's node concatenates the halves with a differentiable cat."""
+    op = corpus_ops["cp_fma"]
+    u0 = torch.randn(3, 8, generator=torch.Generator().manual_seed(4), dtype=F64)
+    c = torch.randn(3, 4, dtype=F64)
+    results = []
+    for f in (op, lambda a, b, c: a * b + c):
+        u = u0.clone().requires_grad_(True)
+        a, b = u.chunk(2, -1)
+        (g,) = torch.autograd.grad((f(a, b, c) ** 2).sum(), u, create_graph=True)
+        results.append((g, torch.autograd.grad(g.pow(2).sum(), u)[0]))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_halves_of_a_non_contiguous_tensor_keep_the_split(corpus_ops):
+    """Only halves of a contiguous u go past the split (u's gradient then takes the
+    contiguous layout autograd's cat gives it); others keep autograd's own split."""
+    op = corpus_ops["cp_relu_mul"]
+    w = torch.randn(10, 6, dtype=F64, requires_grad=True)
+    a, b = w.t().chunk(2, -1)
+    out = op(a, b)
+    assert "SplitBackward0" in str(out.grad_fn.next_functions)
+    (got,) = torch.autograd.grad(out.sum(), w)
+    (want,) = torch.autograd.grad(_relu_glu(*w.t().chunk(2, -1)).sum(), w)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_chunk_halves_under_compiled_autograd(corpus_ops):
+    """compiled_autograd traces the node's packed state, the halves included."""
+    from torch._dynamo import compiled_autograd
+    op = corpus_ops["cp_relu_mul"]
+    u = torch.randn(4, 8, dtype=F64, requires_grad=True)
+    want = torch.autograd.grad(_relu_glu(*u.chunk(2, -1)).sum(), u)[0]
+    u.grad = None
+    with compiled_autograd._enable(lambda gm: gm):
+        op(*u.chunk(2, -1)).sum().backward()
+    torch.testing.assert_close(u.grad, want, rtol=0, atol=0)

@@ -283,6 +283,21 @@ def test_cuda_strided_inputs(cuda_ops, kind, dtype):
     _layout_check(cuda_ops["cp_silu"], lambda x: x * torch.sigmoid(x), [a], dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("width", [256, 257])
+def test_cuda_chunk_halves_write_one_gradient(cuda_ops, width, dtype):
+    """A GLU's halves (`a, b = u.chunk(2, -1)`): the backward kernel writes both gradients
+    into u's, with no cat kernel after it; eager's values and layout."""
+    op = cuda_ops["cp_relu_mul"]
+    u = torch.randn(33, 2 * width, device="cuda", dtype=dtype)
+    glu = lambda u: op(*u.chunk(2, -1))  # noqa: E731
+    _layout_check(glu, lambda u: torch.relu(u.chunk(2, -1)[0]) * u.chunk(2, -1)[1], [u], dtype)
+    leaf = u.clone().requires_grad_(True)
+    out = glu(leaf)
+    kernels = _kernels_run(lambda: out.backward(torch.ones_like(out)))
+    assert len(kernels) == 1 and not [k for k in kernels if "Cat" in k or "copy" in k.lower()], kernels
+
+
 def _kernels_run(fn):
     """The names of the CUDA kernels fn launches, from the profiler."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
