@@ -796,7 +796,9 @@ at::Tensor split_gradient(const OpDef& def, const SplitHalves& split, const at::
                           c10::ArrayRef<InputMeta> meta, std::vector<at::Tensor>& given) {
   const GradDef& low = def.grads[split.low];
   const GradDef& high = def.grads[split.high];
-  const auto fits = [&](int i) { return meta[i].sizes == dout.sym_sizes() && meta[i].dtype == dout.scalar_type(); };
+  const auto fits = [&](int i) {
+    return c10::SymIntArrayRef(meta[i].sizes) == dout.sym_sizes() && meta[i].dtype == dout.scalar_type();
+  };
   if (low.output < 0 || high.output < 0 || low.output == high.output || !fits(split.low) || !fits(split.high)) {
     return {};
   }
