@@ -406,37 +406,8 @@ struct Modes {
   static_assert(kN <= kMaxVectorOperands, "one bit per operand");
   uint32_t repeated = 0;
   uint32_t gathered = 0;
-  // Gathered inputs that step by two elements (x[::2], a complex tensor's real part) from
-  // an address aligned to two vectors: read as two vector accesses, every other element
-  // kept (every_other), not kVec accesses of one element each.
-  uint32_t every_other = 0;
   int32_t step[kN] = {};  // bytes between a gathered operand's elements along dimension 0
 };
-
-// The even elements of the 2 * kVec at `at` (aligned to a vector): two vector loads. A
-// 2-byte type is picked word by word, one byte permute per output word (as nvcc would not
-// see through a Vec of 16-bit values: element, above). The second access ends before the
-// last element wanted, 2 * kVec - 2 elements on; it may read one element past the end
-// of the tensor's data, never past the aligned vector that holds that element.
-template <typename T, int kVec>
-__device__ __forceinline__ Vec<T, kVec> every_other(const char* at) {
-  const Vec<T, kVec> lo = *reinterpret_cast<const Vec<T, kVec>*>(at);
-  const Vec<T, kVec> hi = *reinterpret_cast<const Vec<T, kVec>*>(at + sizeof(lo));
-  Vec<T, kVec> out;
-  if constexpr (sizeof(T) == 2 && kVec % 2 == 0) {
-    constexpr int kWords = kVec / 2;
-    uint32_t in[2 * kWords], words[kWords];
-    memcpy(in, &lo, sizeof lo);
-    memcpy(in + kWords, &hi, sizeof hi);
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) words[w] = __byte_perm(in[2 * w], in[2 * w + 1], 0x5410);  // the low halves
-    memcpy(&out, words, sizeof out);
-  } else {
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) out.v[e] = e < kVec / 2 ? lo.v[2 * e] : hi.v[2 * e - kVec];
-  }
-  return out;
-}
 
 // One element as a vector of kVec. A 2-byte element goes out as 32-bit words of two
 // copies, the layout a vector load leaves in registers, so that an operand's repeated and
@@ -468,8 +439,6 @@ template <bool kGathers, typename T, int kVec, int kN>
 __device__ __forceinline__ void load_operand(const Modes<kN>& modes, int k, const char* at, Vec<T, kVec>& out) {
   if (modes.repeated >> k & 1) {
     out = repeat<kVec>(*reinterpret_cast<const T*>(at));
-  } else if (kGathers && modes.every_other >> k & 1) {
-    out = every_other<T, kVec>(at);
   } else if (kGathers && modes.gathered >> k & 1) {
 #pragma unroll
     for (int e = 0; e < kVec; ++e) out.v[e] = *reinterpret_cast<const T*>(at + e * modes.step[k]);
@@ -1008,8 +977,7 @@ OffsetCalculator<kN, Index> offset_calculator(const CudaLoop& loop, const Pointe
 // The vector kernel's modes of a loop whose dimension 0 splits into whole vectors: an
 // operand is a vector access when it steps by one element along dimension 0 and its
 // pointer and its other steps keep each vector aligned to its width; repeated when it
-// steps by none (an input); gathered otherwise, every other element of two vectors (an
-// input) when it steps by two elements and is aligned so.
+// steps by none (an input); gathered otherwise.
 template <typename T, int kVec, int kN>
 Modes<kN> vector_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outputs) {
   constexpr int64_t kBytes = int64_t(sizeof(T)) * kVec;
@@ -1017,14 +985,13 @@ Modes<kN> vector_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outp
   for (int k = 0; k < kN; ++k) {
     if (p.p[k] == nullptr) continue;
     const int64_t s = step(loop, 0, k);
-    bool aligned = reinterpret_cast<std::uintptr_t>(p.p[k]) % kBytes == 0;
-    for (int d = 1; d < loop.ndim && aligned; ++d) aligned = step(loop, d, k) % kBytes == 0;
+    bool vector = s == int64_t(sizeof(T)) && reinterpret_cast<std::uintptr_t>(p.p[k]) % kBytes == 0;
+    for (int d = 1; d < loop.ndim && vector; ++d) vector = step(loop, d, k) % kBytes == 0;
     if (s == 0 && k >= num_outputs) {
       modes.repeated |= 1u << k;
-    } else if (s != int64_t(sizeof(T)) || !aligned) {
+    } else if (!vector) {
       modes.gathered |= 1u << k;
       modes.step[k] = static_cast<int32_t>(s);
-      if (s == 2 * int64_t(sizeof(T)) && aligned && k >= num_outputs) modes.every_other |= 1u << k;
     }
   }
   return modes;
@@ -1118,7 +1085,6 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
     const int k = A::kFirst + a;
     modes.repeated &= ~(1u << k);
     modes.gathered &= ~(1u << k);
-    modes.every_other &= ~(1u << k);
     modes.step[k] = p.p[k] != nullptr ? static_cast<int32_t>(step(loop, 0, k)) : 0;
     along_rows = along_rows || modes.step[k] != 0;
     bool column = modes.step[k] != 0;

@@ -323,12 +323,6 @@ def _kernel_path_cases(kw):
                                      "vector_kernel"),
         "sliced, 16-byte vectors": ([torch.randn(2 * 4104, **kw)[::2], torch.randn(4104, **kw), torch.randn(4104, **kw)],
                                     "vector_kernel"),
-        # every_other's last access ends one element past the slice's storage; an odd offset
-        # is not aligned to two vectors (one element at a time).
-        "sliced, odd storage length": ([torch.randn(2 * 4104 - 1, **kw)[::2], torch.randn(4104, **kw),
-                                        torch.randn(4104, **kw)], "vector_kernel"),
-        "sliced, odd offset": ([torch.randn(2 * 4104 + 1, **kw)[1::2], torch.randn(4104, **kw), torch.randn(4104, **kw)],
-                               "vector_kernel"),
         # The vector kernel's flat loop: rows of H * W = 1295 (odd) and 1332 (4 mod 8), so
         # vectors cross row ends, where the scale and bias change within a vector.
         "per-channel NCHW, odd rows": ([torch.randn(8, 3, 35, 37, **kw), torch.randn(1, 3, 1, 1, **kw),
