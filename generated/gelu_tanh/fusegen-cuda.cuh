@@ -637,15 +637,8 @@ struct RowLoop {
 #define FUSEGEN_ACCUMULATING_UNROLL 1
 #endif
 constexpr int kAccumulatingUnroll = FUSEGEN_ACCUMULATING_UNROLL;
-// 16-byte vectors of 2-byte types (FUSEGEN_ACCUMULATING_WIDE) hold twice the sums: registers
-// for FUSEGEN_ACCUMULATING_WIDE_BLOCKS blocks (4 spilled 144-248 bytes).
-#ifndef FUSEGEN_ACCUMULATING_WIDE_BLOCKS
-#define FUSEGEN_ACCUMULATING_WIDE_BLOCKS 3
-#endif
-template <typename T, int kVec>
-constexpr int kAccumulatingBlocks = kVec > 4 ? FUSEGEN_ACCUMULATING_WIDE_BLOCKS : FUSEGEN_ACCUMULATING_BLOCKS;
 template <typename T, int kVec, typename F>
-__global__ void __launch_bounds__(kThreads, (kAccumulatingBlocks<T, kVec>)) accumulating_kernel(Pointers<Accumulating<F>::kOperands> p,
+__global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumulating_kernel(Pointers<Accumulating<F>::kOperands> p,
                                                                 OffsetCalculator<Accumulating<F>::kOperands, uint32_t> calc,
                                                                 RowLoop rows, Modes<Accumulating<F>::kOperands> modes,
                                                                 F f) {
@@ -1077,11 +1070,12 @@ bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs
 // Modes::step (0: one offset for the whole vector). Rows (RowLoop) along dimension 0 when
 // some accumulator steps along it, else chunks; about one wave of blocks, so that a
 // thread sums many vectors before it flushes.
-template <typename T, int kVec, typename F>
-void launch_accumulating_of(const CudaLoop& loop, const F& f, cudaStream_t stream) {
+template <typename T, typename F>
+void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   using A = Accumulating<F>;
   constexpr int kN = A::kOperands;
-  static_assert(kVec <= kVecWidth<T> && kVec % kAccumulatingWidth == 0, "whole vectors of at most 16 bytes");
+  constexpr int kVec = kAccumulatingWidth;
+  static_assert(kVec <= kVectorWidth<T>, "whole vectors of the vector kernel's");
   constexpr int64_t kSlots = int64_t(kThreads) * kAccumulatingUnroll;
   const auto p = pointers_of<kN>(loop);
   Modes<kN> modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
@@ -1121,21 +1115,6 @@ void launch_accumulating_of(const CudaLoop& loop, const F& f, cudaStream_t strea
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(groups));
   accumulating_kernel<T, kVec, F><<<grid, kThreads, shared, stream>>>(p, calc, rl, modes, f);
-}
-
-// fp16/bf16 in vectors of FUSEGEN_ACCUMULATING_WIDE elements (8: 16 bytes) where dimension
-// 0 splits into them, as the vector kernel's 16-byte accesses; else kAccumulatingWidth.
-#ifndef FUSEGEN_ACCUMULATING_WIDE
-#define FUSEGEN_ACCUMULATING_WIDE 8
-#endif
-template <typename T> constexpr int kAccumulatingWide = sizeof(T) == 2 ? FUSEGEN_ACCUMULATING_WIDE : kAccumulatingWidth;
-
-template <typename T, typename F>
-void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) {
-  if constexpr (kAccumulatingWide<T> != kAccumulatingWidth) {
-    if (loop.sizes[0] % kAccumulatingWide<T> == 0) return launch_accumulating_of<T, kAccumulatingWide<T>>(loop, f, stream);
-  }
-  launch_accumulating_of<T, kAccumulatingWidth>(loop, f, stream);
 }
 
 // tiled_kernel with P elements per access over `tl` (`tiles` tiled inputs, `outer` the
