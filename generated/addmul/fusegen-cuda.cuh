@@ -928,7 +928,9 @@ __global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F
   const int lane = threadIdx.x % kTile;
   const int row = threadIdx.x / kTile;
   // Operand k's access e of this thread, in one of the two places.
-  const auto place = [&](bool tiled, int e) { return tiled ? tiled_place<P>(lane, row, e) : direct_place<P>(lane, row, e); };
+  const auto place = [&](bool tiled, int e) {
+    return tiled ? tiled_place<P>(lane, row, e) : direct_place<P>(lane, row, e);
+  };
   const auto first = [&](int k, bool tiled) {
     const TilePlace at = place(tiled, 0);
     return p.p[k] + base[k] + (first0 + at.d0) * loop.stride0[k] + (first1 + at.d1) * loop.stride1[k];
@@ -976,7 +978,8 @@ __global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F
         for (int c = 0; c < P; ++c) {
 #pragma unroll
           for (int i = 0; i < P / 2; ++i) {
-            column[c].w[i] = __byte_perm(x[P * b + 2 * i][j].w[c / 2], x[P * b + 2 * i + 1][j].w[c / 2], c % 2 ? 0x7632 : 0x5410);
+            column[c].w[i] = __byte_perm(x[P * b + 2 * i][j].w[c / 2], x[P * b + 2 * i + 1][j].w[c / 2],
+                                         c % 2 ? 0x7632 : 0x5410);
           }
         }
       }
