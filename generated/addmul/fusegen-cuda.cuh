@@ -763,52 +763,84 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS) accumul
 // blockIdx.z the index over the outer dimensions (2 and up), turned into offsets once per
 // block.
 //
-// A lane moves P elements per access: P = 1, or 2 for 2-byte types where launch_tiled
-// finds every pair whole and aligned, a pair being one 4-byte access, so that a warp's
-// access is 128 bytes as fp32's is. One element at a time (64 bytes a warp), the bf16
-// forward of a*b+c with a transposed took 0.373 ms on the H200 against 0.271 ms for fp32's
-// twice as many bytes. A tile is 32 * P elements along dimension 0 by kTileWidth along 1
-// (fp32 32 x 64, pairs 64 x 64): for both the same 8 KiB of shared memory per tiled input,
-// the same accesses per thread, each P elements wide.
-// FUSEGEN_TILE_COLS (32 or 64) only to compare the two on a GPU (tests/gpu/h200_run.sh);
-// a tile of pairs is at least one warp access of pairs (64) wide.
+// A lane moves P elements per access, P * sizeof(T) bytes: P = 1, or for 2-byte types 4
+// (8 bytes) or 2 (4 bytes), the widest that launch_tiled finds every access of whole and
+// aligned. On the H200 (bf16 forward of a*b+c, b and c tiled, n = 2^26): one element an
+// access (64 bytes a warp) took 0.373 ms against 0.271 ms for fp32's twice as many bytes;
+// pairs 0.202 ms, issue-bound (ncu: 70 % of issue slots busy at 2.6 TB/s, 1.54x fp32's
+// instructions per byte), most of its instructions 64-bit address and bounds arithmetic,
+// recomputed per access. So now an access's address is one 64-bit add to the one before
+// it (each operand's accesses are an affine function of the access's number, with byte
+// steps the host works out for the operand's layout: TileLoop::step_*), and a tile inside
+// the loop (all but those at its ends) loads with no bounds checks: a branch per block to
+// the checked copy of the loads. SASS instructions per thread on that path, per element
+// (sm_90, same forward; the old kernel's counts match ncu's to the instruction): fp32
+// 89 -> 45 (5.6 -> 2.8 per byte), pairs 68.6 -> 31.1 (8.6 -> 3.9), fours 19.5 (2.4 per
+// byte; 80 registers for a*b+c, 3 blocks of 256 threads per SM: capped at 64 for 4, it spills).
+// A tile is 32 * P elements along dimension 0 (a warp of accesses) by kTileWidth along 1,
+// 8 accesses per thread and operand: fp32 32 x 64, pairs 64 x 64, fours 128 x 64 (8.1, 8.1
+// and 16.3 KiB of shared memory per tiled input: three tiled inputs of fours take pairs).
+// FUSEGEN_TILE_COLS (32 or 64) only to compare the two for P = 1 on a GPU
+// (tests/gpu/h200_run.sh); a tile of 2-byte types in pairs or fours is 64 wide, one
+// 128-byte line of a tiled input's row (the bank analysis below is for that width).
 #ifndef FUSEGEN_TILE_COLS
 #define FUSEGEN_TILE_COLS 64
 #endif
 constexpr int kTile = 32;                     // along dimension 0: a warp, in accesses
-constexpr int kTileCols = FUSEGEN_TILE_COLS;  // along dimension 1
+constexpr int kTileCols = FUSEGEN_TILE_COLS;  // along dimension 1, for P = 1
 constexpr int kTileRows = kThreads / kTile;   // the warps of a block
-template <typename T> constexpr int kPack = sizeof(T) == 2 ? 2 : 1;  // the widest P of T (fp64 never comes here)
+template <typename T> constexpr int kPack = sizeof(T) == 2 ? 4 : 1;  // the widest P of T (fp64 never comes here)
 template <int P> constexpr int kTileHeight = kTile * P;  // along dimension 0, in elements
-template <int P> constexpr int kTileWidth = kTileCols > kTileHeight<P> ? kTileCols : kTileHeight<P>;
-template <int P> constexpr int kTileSpan = kTileWidth<P> / kTileHeight<P>;  // warp accesses per tiled row
+template <int P> constexpr int kTileWidth = P == 1 ? kTileCols : 64;
 template <int P> constexpr int kTilePer = kTileWidth<P> / kTileRows;  // accesses per thread and operand
-// A row of shared memory: the tile's width and one spare 4-byte word, an odd number of words
-// (no bank conflicts, below); a shared element is one access, P elements of T.
-template <typename T, int P> constexpr int kTileStride = kTileWidth<P> + 4 / int(sizeof(T) * P);
+// A tiled input's loads: kTileLanes lanes along one of its rows (the tile's width in
+// accesses, a warp at most), kTileGroup rows a warp access, kTileSpan warp accesses a row.
+template <int P> constexpr int kTileLanes = kTileWidth<P> / P < kTile ? kTileWidth<P> / P : kTile;
+template <int P> constexpr int kTileGroup = kTile / kTileLanes<P>;
+template <int P> constexpr int kTileSpan = kTileWidth<P> / (P * kTileLanes<P>);
+// Shared memory per tiled input: 32 rows of kTileStride units, a unit one access (P
+// elements of T): the tile's width and one spare 4-byte word or one spare unit, whichever
+// is larger, so that a row is an odd number of words, or of units (no bank conflicts,
+// below). kTileBanks units fill the 32 banks once.
+template <typename T, int P> constexpr int kTileUnit = P * int(sizeof(T));
+template <typename T, int P>
+constexpr int kTileStride = kTileWidth<P> + (kTileUnit<T, P> < 4 ? 4 / kTileUnit<T, P> : 1);
+template <typename T, int P> constexpr int kTileBanks = 128 / kTileUnit<T, P>;
 
-// An access of P elements in registers and in shared memory. A pair is one 32-bit word
-// (element 0 in the low half, as in memory) until the math, so that nvcc keeps a loaded
-// pair in one register: as a Vec of two 16-bit values, it split each pair right at its
-// load, a use that waits for the data (and 95 registers instead of 46 for a*b+c).
-template <typename T, int P> using TileAccess = std::conditional_t<P == 1, Vec<T, 1>, uint32_t>;
+// An access of P elements in registers and in shared memory. A pair or a four is 32-bit
+// words (element 0 in the low half of word 0, as in memory) until the math, so that nvcc
+// keeps a loaded access in whole registers: as a Vec of two 16-bit values, it split each
+// pair right at its load, a use that waits for the data (and 95 registers instead of 46
+// for a*b+c).
+template <int kWords>
+struct alignas(4 * kWords) Words {
+  uint32_t w[kWords];
+};
+template <typename T, int P>
+using TileAccess = std::conditional_t<P == 1, Vec<T, 1>, Words<P * int(sizeof(T)) / 4>>;
 
 template <typename T, int P>
-__device__ __forceinline__ Vec<T, P> unpack(TileAccess<T, P> a) {
+__device__ __forceinline__ Vec<T, P> unpack(const TileAccess<T, P>& a) {
   static_assert(sizeof(TileAccess<T, P>) == sizeof(Vec<T, P>), "an access is P elements");
   Vec<T, P> v;
   memcpy(&v, &a, sizeof v);
   return v;
 }
 
-// One access at `a`, or (`repeated`, pairs only) the one element there in the low half:
-// a select of two loads into one register, no branch.
+// One access at `a`, or (`repeated`, P > 1) the one element there in the low half of
+// word 0, copied to the others after every load is issued: a select of two loads, no branch.
 template <typename T, int P>
 __device__ __forceinline__ TileAccess<T, P> load_access(const char* a, bool repeated) {
   if constexpr (P == 1) {
     return *reinterpret_cast<const TileAccess<T, P>*>(a);
   } else {
-    return repeated ? uint32_t(*reinterpret_cast<const uint16_t*>(a)) : *reinterpret_cast<const uint32_t*>(a);
+    TileAccess<T, P> x;
+    if (repeated) {
+      x.w[0] = *reinterpret_cast<const uint16_t*>(a);
+    } else {
+      x = *reinterpret_cast<const TileAccess<T, P>*>(a);
+    }
+    return x;
   }
 }
 
@@ -819,67 +851,118 @@ template <int kN>
 struct TileLoop {
   int64_t size0, size1;
   int64_t stride0[kN], stride1[kN];
+  // The byte steps of operand k's accesses e = P * (S * m + n) + q along m, n and q
+  // (tiled_place, direct_place): launch_tiles works them out for its P.
+  int64_t step_m[kN], step_n[kN], step_q[kN];
   // The shared-memory tile of input k, or how it is read directly: kDirect, or kRepeated
-  // (a step of 0 along dimension 0: with pairs, one element loaded per pair).
+  // (a step of 0 along dimension 0: with P > 1, one element loaded per access).
   int8_t slot[kN];
   OffsetCalculator<kN, uint64_t> outer;
 };
 
-// The elements of thread (lane, row) = (threadIdx.x % 32, threadIdx.x / 32), with
-// S = kTileSpan, R = kTileRows (8) and (first0, first1) the tile's first element:
-// - a direct operand and the outputs, access r < kTilePer: the P elements
-//   (first0 + P * lane + q, first1 + row + R * r), q < P: a warp along dimension 0 (a
-//   repeated input: its element (first0 + P * lane, ...) once, copied to the others after
-//   the loads);
-// - a tiled input, access P * b + q (b < kTilePer / P: a block of P x P elements, rows
-//   loaded in pairs): the P elements (first0 + P * (row + R * (b / S)) + q,
-//   first1 + P * (lane + 32 * (b % S)) + c), c < P: a warp along the input's rows;
-// - shared memory, per tiled input: element [w][c] (w < 32, c < kTileWidth) holds the P
-//   elements (first0 + P * w + q, first1 + c), q < P, as a direct operand's access does:
-//   a block, transposed in registers, is the elements [row + R * (b / S)][P * (lane +
-//   32 * (b % S)) + c], c < P, and the thread's access r afterwards is [lane][row + R * r].
-// No bank conflicts: a row is an odd number of 4-byte words, so a column read (lane w =
-// lane) hits 32 banks; a row write hits consecutive words for P = 1 (two lanes to a word
-// for 2-byte types), and for pairs the upper half-warp writes its two words in the other
-// order, so that each of the two stores has the lower half-warp on even banks and the
-// upper one on odd banks.
+// Where access e (< kTilePer) of thread (lane, row) = (threadIdx.x % 32, threadIdx.x / 32)
+// lies: its first element, along dimensions 0 and 1 from the tile's first. With
+// R = kTileRows (8), L = kTileLanes, G = kTileGroup, S = kTileSpan and e = P * (S * m + n) + q
+// (q < P, n < S):
+// - direct (a direct input, an output, and the read of a shared tile): the P elements
+//   (P * lane + c, row + R * e), c < P: a warp along dimension 0 (a repeated input: its
+//   element (P * lane, ...) once, copied to the others after the loads);
+// - tiled (a tiled input's loads): the P elements (P * (lane / L + G * (row + R * m)) + q,
+//   P * (lane % L + L * n) + c), c < P: L lanes along a row of the input, G rows a warp
+//   access. Accesses P * b to P * b + P - 1 (block b = S * m + n) are P x P elements, P
+//   consecutive rows of P.
+// Both are affine in lane / L, lane % L, row, m, n and q, so that an operand's accesses
+// are its first one and byte steps along m, n and q (TileLoop::step_*).
+struct TilePlace {
+  int d0, d1;
+};
+
+template <int P>
+__host__ __device__ constexpr TilePlace direct_place(int lane, int row, int e) {
+  return {P * lane, row + kTileRows * e};
+}
+
+template <int P>
+__host__ __device__ constexpr TilePlace tiled_place(int lane, int row, int e) {
+  constexpr int L = kTileLanes<P>;
+  constexpr int S = kTileSpan<P>;
+  const int b = e / P;
+  return {P * (lane / L + kTileGroup<P> * (row + kTileRows * (b / S))) + e % P, P * (lane % L + L * (b % S))};
+}
+
+// Shared memory, per tiled input: unit [w][x] (w < 32, x < kTileWidth) holds the P
+// elements (P * w + q, x), q < P, along dimensions 0 and 1 from the tile's first, as the
+// direct access of lane w does: a block, transposed in registers, is units [w][x + c]
+// (c < P, (P * w, x) = tiled_place(block's first access)), and the thread's direct access
+// r afterwards is unit [lane][row + R * r]. Unit [w][x] is stored at column x ^ h(x),
+// h(x) = x / kTileBanks % P (a swizzle of the columns within a block's P: P = 1 none).
+// No bank conflicts (a warp's 4-byte units are one wavefront of the 32 banks, 8-byte
+// ones two, half a warp each, the 16 8-byte bank pairs once):
+// - a column read (unit [lane][x], x one for the warp, so is h(x)): a row is an odd number
+//   of words or units (kTileStride), so 32 (or 16) lanes on consecutive rows hit distinct
+//   banks;
+// - a row write (a block's column c: unit [w][P * v + c], v = lane % L, w one for each L
+//   lanes): P = 1 consecutive units (2-byte ones two lanes to a word); pairs (L = 32) put
+//   lane v's column c at 2 * v + (c ^ v / 16): the lower half-warp on even banks and the
+//   upper one on odd ones (or the other way); fours (L = 16, two rows a warp, one per
+//   half-warp) at 4 * v + (c ^ v / 4 % 4): the 16 bank pairs of 4 * (v % 4) + 0..3 once.
 template <typename T, int P, typename F>
 __global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F::kOutputs> p,
                                                          TileLoop<F::kInputs + F::kOutputs> loop, F f) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
-  constexpr int S = kTileSpan<P>;
   constexpr int kPer = kTilePer<P>;
+  constexpr int S = kTileSpan<P>;
+  constexpr int kBanks = kTileBanks<T, P>;
   using A = TileAccess<T, P>;  // values stay in the storage type until the math
   extern __shared__ __align__(16) unsigned char tile_bytes[];
   auto tile = reinterpret_cast<A(*)[kTile][kTileStride<T, P>]>(tile_bytes);
   const int64_t first0 = int64_t(blockIdx.x) * kTileHeight<P>;
   const int64_t first1 = int64_t(blockIdx.y) * kTileWidth<P>;
+  // The extent of the tile inside the loop: all of it but at the loop's ends.
+  const int rows0 = static_cast<int>(min(loop.size0 - first0, int64_t(kTileHeight<P>)));
+  const int rows1 = static_cast<int>(min(loop.size1 - first1, int64_t(kTileWidth<P>)));
+  const auto inside = [&](TilePlace at) { return at.d0 < rows0 && at.d1 < rows1; };
   int64_t base[kIn + kOut];
   loop.outer.template offsets<true>(blockIdx.z, base);
   const int lane = threadIdx.x % kTile;
   const int row = threadIdx.x / kTile;
-  // Every load first, into registers, with no branch between them, so that all of them
-  // are in flight at once (with a branch per operand, nvcc waited for each load before the
-  // next: 28 registers, half the copy rate); the layouts above. Then the tiled inputs go
-  // through shared memory, which transposes them.
+  // Operand k's access e of this thread, in one of the two places.
+  const auto place = [&](bool tiled, int e) {
+    return tiled ? tiled_place<P>(lane, row, e) : direct_place<P>(lane, row, e);
+  };
+  const auto first = [&](int k, bool tiled) {
+    const TilePlace at = place(tiled, 0);
+    return p.p[k] + base[k] + (first0 + at.d0) * loop.stride0[k] + (first1 + at.d1) * loop.stride1[k];
+  };
+  const auto step = [&](int k, int e) {
+    return e / (P * S) * loop.step_m[k] + e / P % S * loop.step_n[k] + e % P * loop.step_q[k];
+  };
+  // Every load first, into registers, with no branch between them (but the bounds of a
+  // tile at the edges), so that all of them are in flight at once (with a branch per
+  // operand, nvcc waited for each load before the next: 28 registers, half the copy rate);
+  // the places above. Then the tiled inputs go through shared memory, which transposes them.
   A x[kPer][kIn > 0 ? kIn : 1];
+  const auto load = [&](auto edge) {
 #pragma unroll
-  for (int j = 0; j < kIn; ++j) {
-    const int k = kOut + j;
-    const bool tiled = loop.slot[k] >= 0;
-    const bool repeated = P > 1 && loop.slot[k] == kRepeated;
-    const int64_t i0 = first0 + P * (tiled ? row : lane);
-    const int64_t i1 = first1 + (tiled ? P * lane : row);
-    const char* at = p.p[k] + base[k] + i0 * loop.stride0[k] + i1 * loop.stride1[k];
+    for (int j = 0; j < kIn; ++j) {
+      const int k = kOut + j;
+      const bool tiled = loop.slot[k] >= 0;
+      const char* at = first(k, tiled);
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-      const int d0 = tiled ? P * (e / P / S * kTileRows) + e % P : 0;
-      const int d1 = tiled ? e / P % S * kTileHeight<P> : e * kTileRows;
-      if (i0 + d0 < loop.size0 && i1 + d1 < loop.size1) {
-        x[e][j] = load_access<T, P>(at + d0 * loop.stride0[k] + d1 * loop.stride1[k], repeated);
+      for (int e = 0; e < kPer; ++e) {
+        if (decltype(edge)::value && !inside(place(tiled, e))) {
+          x[e][j] = A{};  // never stored: a value for the transpose
+        } else {
+          x[e][j] = load_access<T, P>(at + step(k, e), loop.slot[k] == kRepeated);
+        }
       }
     }
+  };
+  if (rows0 == kTileHeight<P> && rows1 == kTileWidth<P>) {
+    load(std::false_type{});
+  } else {
+    load(std::true_type{});
   }
 #pragma unroll
   for (int j = 0; j < kIn; ++j) {
@@ -887,19 +970,23 @@ __global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F
     if (s < 0) continue;
 #pragma unroll
     for (int b = 0; b < kPer / P; ++b) {
-      A block[P];  // transposed: block[c] is its column c, P elements along dimension 0
+      A column[P];  // column[c]: the block's column c, P elements along dimension 0
       if constexpr (P == 1) {
-        block[0] = x[b][j];
-      } else {  // the low halves of the block's two rows, then the high ones
-        block[0] = __byte_perm(x[2 * b][j], x[2 * b + 1][j], 0x5410);
-        block[1] = __byte_perm(x[2 * b][j], x[2 * b + 1][j], 0x7632);
-      }
-      const bool flip = P > 1 && lane >= kTile / 2;  // the bank order above
+        column[0] = x[b][j];
+      } else {  // word i of a column: its rows 2 * i and 2 * i + 1
 #pragma unroll
-      for (int c = 0; c < P; ++c) {
-        tile[s][row + b / S * kTileRows][P * (lane + b % S * kTile) + (flip ? P - 1 - c : c)] =
-            flip ? block[P - 1 - c] : block[c];
+        for (int c = 0; c < P; ++c) {
+#pragma unroll
+          for (int i = 0; i < P / 2; ++i) {
+            column[c].w[i] = __byte_perm(x[P * b + 2 * i][j].w[c / 2], x[P * b + 2 * i + 1][j].w[c / 2],
+                                         c % 2 ? 0x7632 : 0x5410);
+          }
+        }
       }
+      const TilePlace at = tiled_place<P>(lane, row, P * b);
+      const int h = at.d1 / kBanks % P;  // the same for the block's P columns (kBanks is a multiple of P)
+#pragma unroll
+      for (int c = 0; c < P; ++c) tile[s][at.d0 / P][at.d1 + (c ^ h)] = column[c];
     }
   }
   __syncthreads();
@@ -907,32 +994,42 @@ __global__ void __launch_bounds__(kThreads) tiled_kernel(Pointers<F::kInputs + F
   for (int j = 0; j < kIn; ++j) {
     const int s = loop.slot[kOut + j];
     if (s >= 0) {
+      // Column x = row + R * r at x ^ h(x) = R * r + (row ^ h(R * r)): row < R, and R
+      // divides kBanks.
 #pragma unroll
-      for (int r = 0; r < kPer; ++r) x[r][j] = tile[s][lane][row + r * kTileRows];
+      for (int r = 0; r < kPer; ++r) x[r][j] = tile[s][lane][kTileRows * r + (row ^ (kTileRows * r / kBanks % P))];
     } else if constexpr (P > 1) {
       if (s == kRepeated) {
 #pragma unroll
-        for (int r = 0; r < kPer; ++r) x[r][j] = __byte_perm(x[r][j], 0, 0x1010);  // the low half twice
+        for (int r = 0; r < kPer; ++r) {
+#pragma unroll
+          for (int i = 0; i < P / 2; ++i) x[r][j].w[i] = __byte_perm(x[r][j].w[0], 0, 0x1010);  // the low half twice
+        }
       }
     }
   }
-  const int64_t i0 = first0 + P * lane;
   char* out[kOut];
+  bool wanted[kOut];
 #pragma unroll
-  for (int k = 0; k < kOut; ++k) out[k] = p.p[k] + base[k] + i0 * loop.stride0[k] + (first1 + row) * loop.stride1[k];
+  for (int k = 0; k < kOut; ++k) {
+    out[k] = first(k, false);
+    wanted[k] = p.p[k] != nullptr;
+  }
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
-    const int64_t i1 = first1 + row + r * kTileRows;
-    if (i0 >= loop.size0 || i1 >= loop.size1) continue;
-    Vec<T, P> in[kIn > 0 ? kIn : 1];
-    Vec<T, P> y[kOut];
+    if (inside(direct_place<P>(lane, row, r))) {
+      Vec<T, P> in[kIn > 0 ? kIn : 1];
+      Vec<T, P> y[kOut];
 #pragma unroll
-    for (int j = 0; j < kIn; ++j) in[j] = unpack<T, P>(x[r][j]);
-    compute_vector(in, y, f);
+      for (int j = 0; j < kIn; ++j) in[j] = unpack<T, P>(x[r][j]);
+      compute_vector(in, y, f);
 #pragma unroll
-    for (int k = 0; k < kOut; ++k) {
-      if (p.p[k] != nullptr) *reinterpret_cast<Vec<T, P>*>(out[k] + r * kTileRows * loop.stride1[k]) = y[k];
+      for (int k = 0; k < kOut; ++k) {
+        if (wanted[k]) *reinterpret_cast<Vec<T, P>*>(out[k]) = y[k];
+      }
     }
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) out[k] += loop.step_q[k];  // a direct place: access e at e * step_q
   }
 }
 
@@ -1120,37 +1217,84 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
 // tiled_kernel with P elements per access over `tl` (`tiles` tiled inputs, `outer` the
 // count over dimensions 2 and up), unless its grid or shared memory does not fit.
 template <typename T, int P, typename F>
-bool launch_tiles(const Pointers<F::kInputs + F::kOutputs>& p, const TileLoop<F::kInputs + F::kOutputs>& tl,
-                  int tiles, int64_t outer, const F& f, cudaStream_t stream) {
-  constexpr size_t kTileBytes = sizeof(Vec<T, P>) * kTile * kTileStride<T, P>;
+bool launch_tiles(const Pointers<F::kInputs + F::kOutputs>& p, TileLoop<F::kInputs + F::kOutputs> tl, int tiles,
+                  int64_t outer, const F& f, cudaStream_t stream) {
+  constexpr size_t kTileBytes = sizeof(TileAccess<T, P>) * kTile * kTileStride<T, P>;
   const int64_t tiles0 = (tl.size0 + kTileHeight<P> - 1) / kTileHeight<P>;
   const int64_t tiles1 = (tl.size1 + kTileWidth<P> - 1) / kTileWidth<P>;
   if (tiles * kTileBytes > kMaxSharedBytes || tiles0 >= (int64_t(1) << 31) || tiles1 > kMaxGridY || outer > kMaxGridY) {
     return false;
+  }
+  // Each operand's steps: the byte offsets of its accesses 1, P and P * S from access 0 in
+  // tiled_kernel's places, (m, n, q) = (0, 0, 1), (0, 1, 0) and (1, 0, 0) (a step along an
+  // index that is always 0, q for P = 1 and n for S = 1, adds nothing). A direct place is
+  // linear in e: its accesses are step_q apart.
+  for (int k = 0; k < F::kInputs + F::kOutputs; ++k) {
+    const auto offset = [&](int e) {
+      const TilePlace at = tl.slot[k] >= 0 ? tiled_place<P>(0, 0, e) : direct_place<P>(0, 0, e);
+      return at.d0 * tl.stride0[k] + at.d1 * tl.stride1[k];
+    };
+    tl.step_q[k] = offset(1);
+    tl.step_n[k] = offset(P);
+    tl.step_m[k] = offset(P * kTileSpan<P>);
   }
   const dim3 grid(static_cast<unsigned>(tiles0), static_cast<unsigned>(tiles1), static_cast<unsigned>(outer));
   tiled_kernel<T, P, F><<<grid, kThreads, tiles * kTileBytes, stream>>>(p, tl, f);
   return true;
 }
 
+// Whether every access of P elements is whole and aligned to its P * sizeof(T) bytes: both
+// sizes multiples of P (an access starts at a multiple of P), and every operand's pointer
+// and steps multiples of P * sizeof(T) bytes, but for the step between an access's
+// elements (along dimension 1 for a tiled input, along 0 for the others, which must step
+// by one element there) and for a repeated input's (one element an access, any
+// alignment). P = 1 takes any layout.
+template <typename T, int kN>
+bool accesses_fit(const CudaLoop& loop, const Pointers<kN>& p, const TileLoop<kN>& tl, int P) {
+  constexpr int64_t kElement = sizeof(T);
+  const int64_t bytes = P * kElement;
+  if (P == 1) return true;
+  if (loop.sizes[0] % P != 0 || loop.sizes[1] % P != 0) return false;
+  for (int k = 0; k < kN; ++k) {
+    if (p.p[k] == nullptr || tl.slot[k] == kRepeated) continue;
+    const bool tiled = tl.slot[k] >= 0;
+    bool fits = reinterpret_cast<std::uintptr_t>(p.p[k]) % bytes == 0 &&
+                (tiled ? tl.stride0[k] : tl.stride1[k]) % bytes == 0 && (tiled || tl.stride0[k] == kElement);
+    for (int d = 2; d < loop.ndim; ++d) fits = fits && step(loop, d, k) % bytes == 0;
+    if (!fits) return false;
+  }
+  return true;
+}
+
+// tiled_kernel with the widest P, from P down to 1, whose accesses fit the loop and whose
+// grid and shared memory fit the device (three tiled inputs of fours would take 49 KiB).
+template <typename T, int P, typename F>
+bool launch_widest(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p,
+                   const TileLoop<F::kInputs + F::kOutputs>& tl, int tiles, int64_t outer, const F& f,
+                   cudaStream_t stream) {
+  if (accesses_fit<T>(loop, p, tl, P) && launch_tiles<T, P>(p, tl, tiles, outer, f, stream)) return true;
+  if constexpr (P > 1) {
+    return launch_widest<T, P / 2>(loop, p, tl, tiles, outer, f, stream);
+  } else {
+    return false;
+  }
+}
+
 // The tiled kernel takes the loop when some input steps by one element along dimension 1
 // and not along dimension 0 (nor by 0: a repeated row is read directly), every output
 // steps by one element along dimension 0, and the tiles fit in 48 KiB of shared memory.
-// 2-byte types move pairs where every pair is whole and 4-byte aligned: both sizes even
-// (a pair starts at an even index) and every operand's pointer and steps (but the one
-// between a pair's elements) multiples of 4 bytes, each direct input stepping by one
-// element or by 0 (repeated) along dimension 0; else one element per access (rows of odd
-// length, a sliced or misaligned operand: the kernel of P = 1, as for fp32).
+// 2-byte types move fours, else pairs, where every access is whole and aligned
+// (accesses_fit: rows whose length is a multiple of 4, or of 2, operands aligned to 8, or
+// 4, bytes); else one element per access (rows of odd length, a sliced or misaligned
+// operand: the kernel of P = 1, as for fp32).
 template <typename T, typename F>
 bool launch_tiled(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
                   cudaStream_t stream) {
   constexpr int kN = F::kInputs + F::kOutputs;
   constexpr int64_t kElement = sizeof(T);
-  constexpr int64_t kPair = kElement * 2;
   if (loop.ndim < 2 || loop.sizes[0] < kTile / 2 || loop.sizes[1] < kTile / 2) return false;
   TileLoop<kN> tl;
   int tiles = 0;
-  bool pairs = loop.sizes[0] % 2 == 0 && loop.sizes[1] % 2 == 0;
   for (int k = 0; k < kN; ++k) {
     tl.slot[k] = kDirect;
     tl.stride0[k] = p.p[k] ? step(loop, 0, k) : 0;
@@ -1159,26 +1303,16 @@ bool launch_tiled(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>
     if (k < F::kOutputs && tl.stride0[k] != kElement) return false;
     if (k >= F::kOutputs && tl.stride1[k] == kElement && tl.stride0[k] != kElement && tl.stride0[k] != 0) {
       tl.slot[k] = static_cast<int8_t>(tiles++);
+    } else if (k >= F::kOutputs && tl.stride0[k] == 0) {
+      tl.slot[k] = kRepeated;
     }
-    if (k >= F::kOutputs && tl.slot[k] < 0 && tl.stride0[k] == 0) {
-      tl.slot[k] = kRepeated;  // one element per pair, any alignment
-      continue;
-    }
-    const bool tiled = tl.slot[k] >= 0;
-    bool aligned = reinterpret_cast<std::uintptr_t>(p.p[k]) % kPair == 0 &&
-                   (tiled ? tl.stride0[k] : tl.stride1[k]) % kPair == 0 && (tiled || tl.stride0[k] == kElement);
-    for (int d = 2; d < loop.ndim; ++d) aligned = aligned && step(loop, d, k) % kPair == 0;
-    pairs = pairs && aligned;
   }
   if (tiles == 0) return false;
-  const int64_t outer = loop.numel / (loop.sizes[0] * loop.sizes[1]);
   tl.size0 = loop.sizes[0];
   tl.size1 = loop.sizes[1];
   tl.outer = offset_calculator<uint64_t>(loop, p, 2, 1);
-  if constexpr (kPack<T> > 1) {
-    if (pairs && launch_tiles<T, kPack<T>>(p, tl, tiles, outer, f, stream)) return true;
-  }
-  return launch_tiles<T, 1>(p, tl, tiles, outer, f, stream);
+  const int64_t outer = loop.numel / (loop.sizes[0] * loop.sizes[1]);
+  return launch_widest<T, kPack<T>>(loop, p, tl, tiles, outer, f, stream);
 }
 
 // The offset-calculator kernel over the loop, with Index-wide index math: any layout.

@@ -55,7 +55,7 @@ compare_macro() {  # name macro value...
   done
 }
 # The tiled kernel's tile width (templates/fusegen-cuda.cuh, FUSEGEN_TILE_COLS): the default
-# 64 against 32 (fp32 only: a tile of fp16/bf16 pairs is 64 wide either way).
+# 64 against 32 (fp32 only: a tile of fp16/bf16 pairs or fours is 64 wide either way).
 if [[ $what == tiles ]]; then compare_macro tiles FUSEGEN_TILE_COLS 64 32; fi
 # The accumulating kernel's register cap (FUSEGEN_ACCUMULATING_BLOCKS): the default 4 blocks
 # per SM against nvcc's choice (1).

@@ -7,6 +7,8 @@ a GPU and nvcc is installed (fusegen.build.cuda_enabled)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -308,8 +310,16 @@ def _kernels_run(fn):
 
 
 def _kernel_path_cases(kw):
-    """name -> (inputs of a*b+c, the kernel the forward must take)."""
+    """name -> (inputs of a*b+c, the kernel the forward must take). `tiled_kernel/P`: the
+    tiled kernel moving P elements per access for fp16/bf16 (fp32: always 1), the widest
+    whose accesses are whole and aligned (P * 2 bytes): 4 for sizes and steps that are
+    multiples of 4, 2 for multiples of 2, else 1. The first input orders the loop (its
+    fastest dimension is dimension 0, along which the outputs are laid out), so with `t`
+    first, b and c are the tiled inputs; 136 x 100 is a partial tile at both ends at P = 4
+    (128 x 64 tiles)."""
     nchw = torch.randn(4, 20, 8, 6, **kw)
+    t = torch.randn(100, 136, **kw).t()
+    b, c = torch.randn(136, 100, **kw), torch.randn(136, 100, **kw)
     return {
         "per-channel NCHW": ([nchw, torch.randn(1, 20, 1, 1, **kw), torch.randn(20, 1, 1, **kw)], "vector_kernel"),
         "per-channel channels_last": ([nchw.contiguous(memory_format=torch.channels_last), torch.randn(1, 20, 1, 1, **kw),
@@ -334,11 +344,25 @@ def _kernel_path_cases(kw):
         "misaligned contiguous": ([torch.randn(4101, **kw)[1:], torch.randn(4100, **kw), torch.randn(4100, **kw)],
                                   "strided_kernel"),
         "transposed, edge tiles": ([torch.randn(45, 70, **kw).t(), torch.randn(70, 45, **kw), torch.randn(70, 45, **kw)],
-                                   "tiled_kernel"),
+                                   "tiled_kernel/1"),
         "two transposed inputs": ([torch.randn(70, 45, **kw), torch.randn(45, 70, **kw).t(), torch.randn(45, 70, **kw).t()],
-                                  "tiled_kernel"),
+                                  "tiled_kernel/1"),
         "transposed, outer dims": ([torch.randn(3, 50, 40, **kw).transpose(1, 2), torch.randn(3, 40, 50, **kw),
-                                    torch.randn(1, 50, **kw)], "tiled_kernel"),
+                                    torch.randn(1, 50, **kw)], "tiled_kernel/2"),
+        "transposed, fours, edge tiles": ([t, b, c], "tiled_kernel/4"),
+        "transposed, fours, one partial tile": ([torch.randn(20, 24, **kw).t(), torch.randn(24, 20, **kw),
+                                                 torch.randn(24, 20, **kw)], "tiled_kernel/4"),
+        "two transposed inputs, fours": ([b, t, torch.randn(100, 136, **kw).t()], "tiled_kernel/4"),
+        "transposed, fours, outer dims": ([torch.randn(3, 64, 40, **kw).transpose(1, 2), torch.randn(3, 40, 64, **kw),
+                                           torch.randn(1, 64, **kw)], "tiled_kernel/4"),
+        "transposed, fours, repeated rows": ([t, b, torch.randn(100, **kw)], "tiled_kernel/4"),
+        "transposed, rows of 2 mod 4": ([torch.randn(102, 136, **kw).t(), torch.randn(136, 102, **kw),
+                                         torch.randn(136, 102, **kw)], "tiled_kernel/2"),
+        "transposed, row pitch of 2 mod 4": ([torch.randn(100, 138, **kw)[:, :136].t(), b, c], "tiled_kernel/2"),
+        "transposed, 4-byte aligned": ([torch.randn(2 + 100 * 136, **kw)[2:].view(100, 136).t(), b, c],
+                                       "tiled_kernel/2"),
+        "transposed, 2-byte aligned": ([torch.randn(1 + 100 * 136, **kw)[1:].view(100, 136).t(), b, c],
+                                       "tiled_kernel/1"),
         "transposed, small": ([torch.randn(9, 72, **kw).t(), torch.randn(72, 9, **kw), torch.randn(72, 9, **kw)],
                               "vector_kernel"),
     }
@@ -351,11 +375,16 @@ def test_cuda_kernel_paths(cuda_ops, case, dtype):
     """Each layout takes the kernel meant for it (named by the profiler) and matches eager,
     forward and backward (the backward's kernel reads dout and the inputs in the same layout)."""
     tensors, kernel = _kernel_path_cases(dict(device="cuda", dtype=dtype))[case]
+    kernel, _, pack = kernel.partition("/")
     if dtype == torch.float64:
-        kernel = "strided_kernel"  # fp64 takes only the contiguous and strided kernels
+        kernel, pack = "strided_kernel", ""  # fp64 takes only the contiguous and strided kernels
+    if pack and dtype not in (torch.float16, torch.bfloat16):
+        pack = "1"
+    # The demangled name, with P: fusegen::tiled_kernel<fusegen::BFloat16, 4, fusegen::op_...>.
+    name = re.compile(rf"fusegen::{kernel}<" + (rf"[^,]*, {pack}," if pack else ""))
     op = cuda_ops["cp_fma"].op
     names = _kernels_run(lambda: op(*tensors))
-    assert any(f"fusegen::{kernel}<" in n for n in names), names
+    assert any(name.search(n) for n in names), names
     _layout_check(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, tensors, dtype)
 
 
