@@ -129,7 +129,7 @@ def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
     env = _environment()
     files: dict[str, str] = {}
     for s, p in ((spec, printed),) + tuple(auxiliary):
-        context = _context(s, p)
+        context = _context(s, p) | {"plain_kernels": s is not spec}
         for pattern, (template, role) in TEMPLATES.items():
             files[pattern.format(name=s.name)] = env.get_template(template).render(context, file_role=role)
     for helper in HELPERS:

@@ -1335,11 +1335,19 @@ void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutput
                                 0, stream>>>(p, calc, n, f);
 }
 
+// The kernels an entry point instantiates: every layout's (kEvery: an op's own), or the
+// contiguous and offset-calculator kernels alone (kPlain: the auxiliary ops `<name>_grad2`
+// and `<name>_jvp`, of double backward and forward-mode AD, off the training step's hot
+// path). The tiled and vector kernels in four dtypes were most of a new op's nvcc time,
+// and the auxiliary ops' units its longest: on the CPU machine, nvcc of
+// `generated/fma/fma_grad2.cu`'s fp16/bf16 backward unit took 4.2 s, fma.cu's own 2.5 s.
+enum class Kernels { kEvery, kPlain };
+
 // Launches F over the runtime's CudaLoop on `stream`: the 16-byte kernel when the loop is
 // contiguous and every pointer 16-byte aligned (x[1:] of a float tensor is not), else the
 // tiled kernel for a transposed input, the vector kernel when dimension 0 splits into
 // vectors, and the offset-calculator kernel for anything else.
-template <typename T, typename F>
+template <typename T, Kernels kKernels, typename F>
 void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   constexpr int kN = F::kInputs + F::kOutputs;
   const auto p = pointers_of<kN>(loop);
@@ -1355,7 +1363,7 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   // fp64 (gradcheck's dtype, rarely a fast path's) skips the tiled and vector kernels:
   // 0.3 s less nvcc per unit, in every new op's build.
   const bool index32 = fits_32bit(loop, n, kN, sizeof(T));
-  if constexpr (sizeof(T) != 8) {
+  if constexpr (sizeof(T) != 8 && kKernels == Kernels::kEvery) {
     if (launch_tiled<T>(loop, p, f, stream) || launch_vector<T>(loop, p, f, index32, stream)) return;
   }
   if (index32) {
@@ -1369,7 +1377,8 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
 // make(zero of the compute type), run in the storage type of `dtype`.
 // kAccumulates (a backward): a loop of Accumulating<F>::kOperands operands goes to the
 // accumulating kernel (fp64, or more than kMaxVectorOperands of them, never comes with one).
-template <DtypeGroup kGroup, bool kAccumulates = false, typename Make>
+// kKernels: which of the other kernels are instantiated (Kernels).
+template <DtypeGroup kGroup, bool kAccumulates = false, Kernels kKernels = Kernels::kEvery, typename Make>
 void run_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&& make) {
   dispatch_dtype<kGroup>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1377,7 +1386,7 @@ void run_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&& mak
     if constexpr (kAccumulates && sizeof(T) != 8 && Accumulating<decltype(f)>::kOperands <= kMaxVectorOperands) {
       if (loop.num_operands == Accumulating<decltype(f)>::kOperands) return launch_accumulating<T>(loop, f, stream);
     }
-    launch_elementwise<T>(loop, f, stream);
+    launch_elementwise<T, kKernels>(loop, f, stream);
   });
 }
 

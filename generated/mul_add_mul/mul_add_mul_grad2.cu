@@ -39,14 +39,14 @@ void forward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars
 
 #ifndef FUSEGEN_WIDE_ONLY
 void forward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::k16Bit>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::k16Bit, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
 #ifndef FUSEGEN_16BIT_ONLY
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (is_16bit(dtype)) return forward_cuda_16bit(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 #endif
@@ -64,14 +64,14 @@ void backward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalar
 
 #ifndef FUSEGEN_WIDE_ONLY
 void backward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::k16Bit, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::k16Bit, true, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 
 #ifndef FUSEGEN_16BIT_ONLY
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (is_16bit(dtype)) return backward_cuda_16bit(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, true, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 #endif
