@@ -699,13 +699,6 @@ struct NodeMaker<std::shared_ptr<N>> {
 
 const Op* find_op(const std::string& name);
 
-// Whether a backward may run its kernel directly instead of through the dispatcher: grad
-// mode off (nothing to record for a double backward), no dispatch key forced on for the
-// thread (a TorchDispatchMode, FakeTensorMode under torch.compile, functorch's transforms,
-// the Python dispatcher), and every tensor a plain dense CPU or CUDA tensor (no subclass
-// such as DTensor or FakeTensor, no lazy conjugate or negative view). The dispatcher would
-// then reach this file's own CPU or CUDA kernel, after boxing the call; the direct call
-// keeps the profiler's event of that op.
 // A plain dense CPU or CUDA tensor: no subclass (DTensor, FakeTensor, functorch's
 // wrappers), no lazy conjugate or negative view, no symbolic sizes.
 bool is_plain(const at::Tensor& t) {
@@ -717,6 +710,13 @@ bool is_plain(const at::Tensor& t) {
          !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
+// Whether a backward may run its kernel directly instead of through the dispatcher: grad
+// mode off (nothing to record for a double backward), no dispatch key forced on for the
+// thread (a TorchDispatchMode, FakeTensorMode under torch.compile, functorch's transforms,
+// the Python dispatcher), and every tensor a plain dense CPU or CUDA tensor (no subclass
+// such as DTensor or FakeTensor, no lazy conjugate or negative view). The dispatcher would
+// then reach this file's own CPU or CUDA kernel, after boxing the call; the direct call
+// keeps the profiler's event of that op.
 bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved) {
   // Included beyond the defaults (BackendSelect, ADInplaceOrView), that is.
   const c10::DispatchKeySet forced = c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
