@@ -362,3 +362,21 @@ def test_chunk_halves_under_compiled_autograd(corpus_ops):
     with compiled_autograd._enable(lambda gm: gm):
         op(*u.chunk(2, -1)).sum().backward()
     torch.testing.assert_close(u.grad, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+def test_chunk_halves_in_low_precision(corpus_ops, dtype):
+    """The CPU kernel writes both halves' gradients in the call's dtype: bit for bit the
+    float-computed, once-rounded gradients eager's cat would join."""
+    op = corpus_ops["cp_fma"]
+    u = torch.randn(7, 2 * 13, generator=torch.Generator().manual_seed(5)).to(dtype).requires_grad_(True)
+    c = torch.randn(7, 13).to(dtype)
+    out = op(*u.chunk(2, -1), c)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)).to(dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        (got,) = torch.autograd.grad(out, u, g)
+    assert "aten::cat" not in [e.name for e in prof.events()]
+    a, b = u.detach().float().chunk(2, -1)
+    want = torch.cat([(g.float() * b).to(dtype), (g.float() * a).to(dtype)], -1)
+    assert got.dtype == dtype and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
