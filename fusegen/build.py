@@ -60,8 +60,15 @@ NVCC_FLAGS = ["-O3"]  # cpp_extension adds the -std= that matches torch
 # The macros that compile only the forward or only the backward launchers of an op's .cu
 # (templates/op_kernels.cu.j2), one nvcc run each, when a build has cores to spare.
 SPLIT_MACROS = ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY")
-# And, with four cores per .cu, each of those as two: fp32/fp64 and fp16/bf16 kernels.
-DTYPE_MACROS = ("FUSEGEN_WIDE_ONLY", "FUSEGEN_16BIT_ONLY")
+# And, with four cores per .cu, each of those as two: fp32/fp64 and fp16/bf16 kernels; an
+# op's own .cu as three where the cores allow six for it: fp32/fp64, fp16 and bf16 (its
+# fp16/bf16 backward unit was a cold op's longest, 2.5 s on the CPU machine). An auxiliary
+# op's .cu (`<name>_grad2`, `<name>_jvp`) names PLAIN_KERNELS: it has the contiguous and
+# strided kernels only, and stays at two dtype units.
+DTYPE_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY",))
+HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY"),
+               ("FUSEGEN_16BIT_ONLY", "FUSEGEN_BF16_ONLY"))
+PLAIN_KERNELS = "Kernels::kPlain"
 # C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
 # a few share one unit (a new op and its two auxiliary ops: one unit).
 CPP_PER_UNIT = 6
@@ -247,8 +254,9 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     the .cu files spread over as many units as there are cores (nvcc is the long pole of a
     CUDA build: a new op's own .cu and its auxiliary ops' then compile in parallel, so the
     auxiliary ops cost no wall time on a machine with a few cores); with at least two cores
-    per .cu, each .cu's forward and backward kernels are two units (SPLIT_MACROS), and with
-    four, each of those two again, by dtype (DTYPE_MACROS)."""
+    per .cu, each .cu's forward and backward kernels are two units (SPLIT_MACROS), with
+    four, each of those two again, by dtype (DTYPE_MACROS), and an op's own .cu by three
+    dtype groups where that leaves a core per unit (HALF_MACROS)."""
     def chunks(paths: list[str], size: int) -> list[list[str]]:
         return [paths[i:i + size] for i in range(0, len(paths), size)]
 
@@ -268,12 +276,17 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
             # the longest nvcc run by about a third (op_kernels.cu.j2).
             # With four cores per .cu each of those is two again, by dtype (DTYPE_MACROS):
             # the longest unit of a cold op went from 2.9 to 1.9 s of nvcc (2-core CPU machine).
+            own = [path for path, text in cu if PLAIN_KERNELS not in text]
+            by_dtype = 4 * len(cu) <= cores
+            by_half = by_dtype and 6 * len(own) + 4 * (len(cu) - len(own)) <= cores
             index = 0
             for path, text in cu:
                 directions = SPLIT_MACROS if f"#ifndef {SPLIT_MACROS[0]}" in text else (None,)
-                dtypes = DTYPE_MACROS if 4 * len(cu) <= cores and f"#ifndef {DTYPE_MACROS[0]}" in text else (None,)
-                for direction, dtype in itertools.product(directions, dtypes):
-                    part = "".join(f"#define {m}\n" for m in (direction, dtype) if m)
+                groups = ((),)
+                if by_dtype and DTYPE_MACROS[1][0] in text:
+                    groups = HALF_MACROS if by_half and path in own and HALF_MACROS[1][1] in text else DTYPE_MACROS
+                for direction, group in itertools.product(directions, groups):
+                    part = "".join(f"#define {m}\n" for m in ((direction,) if direction else ()) + group)
                     units[f"unit{index}_kernels.cu"] = part + include([path])
                     index += 1
         else:

@@ -849,7 +849,8 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
                            variable_list& grads) {
   const OpDef& def = *op.def;
   const int count = def.num_kernel_grads;
-  if (def.backward_cuda == nullptr || !dout.is_cuda() || at::globalContext().deterministicAlgorithms() ||
+  if (def.backward_cuda == nullptr || !def.backward_accumulates || !dout.is_cuda() ||
+      at::globalContext().deterministicAlgorithms() ||
       1 + def.num_backward_inputs + 2 * count + 1 > kMaxVectorOperands) {  // Accumulating<F>::kOperands
     return false;
   }

@@ -140,9 +140,11 @@ struct OpDef {
   CpuKernel backward_cpu;           // nullptr without kernel gradients
   CudaKernel forward_cuda;          // nullptr in a build without CUDA
   CudaKernel backward_cuda;
+  bool backward_accumulates;        // backward_cuda takes accumulators (accumulates_in_kernel):
+                                    // not an auxiliary op's, whose kernels are plain
 };
 
-constexpr int kAbi = 4;
+constexpr int kAbi = 5;
 
 // Defines fusegen::<name> (and <name>_backward) and registers the op's CPU, Meta, CUDA and
 // Autograd kernels. Called once per op from a static initializer of the op's library.

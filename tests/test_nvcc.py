@@ -44,6 +44,19 @@ def test_every_generated_cu_compiles(tmp_path):
     assert not failures, "\n\n".join(failures)
 
 
+def test_cold_op_units_split_its_own_cu_by_three_dtype_groups(monkeypatch):
+    """A cold op on 16 cores: its own .cu as 6 units, each auxiliary op's (plain kernels)
+    as 4, so that no unit waits for a core."""
+    from fusegen import build
+
+    folder = ROOT / "generated" / "fma"
+    files = {f.name: f.read_text() for f in folder.iterdir() if f.suffix in (".cu", ".cpp")}
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    units = [t for n, t in build._units([("fma", files)], cuda=True).items() if n.endswith(".cu")]
+    per_cu = {cu: sum(f'/{cu}"' in t for t in units) for cu in ("fma.cu", "fma_grad2.cu", "fma_jvp.cu")}
+    assert per_cu == {"fma.cu": 6, "fma_grad2.cu": 4, "fma_jvp.cu": 4} and len(units) <= 16
+
+
 def test_cuda_host_code_compiles(tmp_path):
     """The CUDA half of the shared runtime (under FUSEGEN_WITH_CUDA: device guard, stream,
     launch check) compiles against torch's c10/cuda headers, together with the CUDA half
@@ -74,15 +87,19 @@ def test_cuda_host_code_compiles(tmp_path):
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
 
 
+_FWD, _BWD = "FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY"
+_WIDE, _16, _FP16, _BF16 = "FUSEGEN_WIDE_ONLY", "FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY", "FUSEGEN_BF16_ONLY"
+
+
 @pytest.mark.parametrize("cores, macros", [
-    (2, [("FUSEGEN_FORWARD_ONLY",), ("FUSEGEN_BACKWARD_ONLY",)]),
-    (16, [("FUSEGEN_FORWARD_ONLY", "FUSEGEN_WIDE_ONLY"), ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_16BIT_ONLY"),
-          ("FUSEGEN_BACKWARD_ONLY", "FUSEGEN_WIDE_ONLY"), ("FUSEGEN_BACKWARD_ONLY", "FUSEGEN_16BIT_ONLY")]),
-], ids=["by direction", "by direction and dtype"])
+    (2, [(_FWD,), (_BWD,)]),
+    (4, [(_FWD, _WIDE), (_FWD, _16), (_BWD, _WIDE), (_BWD, _16)]),
+    (16, [(_FWD, _WIDE), (_FWD, _16, _FP16), (_FWD, _16, _BF16), (_BWD, _WIDE), (_BWD, _16, _FP16), (_BWD, _16, _BF16)]),
+], ids=["by direction", "by direction and dtype", "by direction, fp16 and bf16 apart"])
 def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch, cores, macros):
     """With cores to spare, build._units compiles an op's .cu as two units (forward
-    kernels, backward kernels), or four (each by dtype group), that together define each
-    entry point and each 16-bit launcher exactly once."""
+    kernels, backward kernels), four (each by dtype group) or six (fp16 and bf16 apart),
+    that together define each entry point and each 16-bit launcher exactly once."""
     if NVCC is None:
         if os.environ.get("CI") == "true":
             pytest.fail("nvcc not found: CI must compile the generated CUDA sources")
@@ -95,7 +112,7 @@ def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch, cores, 
     units = {name: text for name, text in build._units([("addmul", files)], cuda=True).items() if name.endswith(".cu")}
     assert [tuple(line[len("#define "):] for line in text.splitlines() if line.startswith("#define"))
             for text in units.values()] == macros
-    entries = [f"op_addmul::{d}_cuda{g}(" for d in ("forward", "backward") for g in ("", "_16bit")]
+    entries = [f"op_addmul::{d}_cuda{g}(" for d in ("forward", "backward") for g in ("", "_16bit", "_bf16")]
     defined = []
     for name, text in units.items():
         (tmp_path / name).write_text(text)

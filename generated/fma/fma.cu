@@ -15,9 +15,11 @@
 // kernels of fusegen-cuda.cuh run Forward/Backward (fma.h) over them.
 //
 // Compiled alone, this file defines every entry point. A fusegen build with cores to spare
-// compiles it as up to four nvcc units in parallel and links them: forward or backward
+// compiles it as up to six nvcc units in parallel and links them: forward or backward
 // kernels (FUSEGEN_FORWARD_ONLY, FUSEGEN_BACKWARD_ONLY), fp32/fp64 or fp16/bf16
-// (FUSEGEN_WIDE_ONLY, FUSEGEN_16BIT_ONLY), each unit generating its part of the kernels.
+// (FUSEGEN_WIDE_ONLY, FUSEGEN_16BIT_ONLY), and the latter as fp16 or bf16
+// (FUSEGEN_16BIT_ONLY with FUSEGEN_FP16_ONLY or FUSEGEN_BF16_ONLY), each unit generating
+// its part of the kernels.
 #include "fusegen-cuda.cuh"
 #include "fusegen-runtime.h"
 #include "fma.h"
@@ -34,10 +36,18 @@ inline auto forward_cuda_functor([[maybe_unused]] const double* scalars) {
 }
 
 void forward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
-#ifndef FUSEGEN_WIDE_ONLY
+#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
+void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_cuda<DtypeGroup::kBFloat16>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+}
+#endif
+
+#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void forward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::k16Bit>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  if (dtype == Dtype::kBFloat16) return forward_cuda_bf16(dtype, loop, scalars, stream);
+  run_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
@@ -59,10 +69,18 @@ inline auto backward_cuda_functor([[maybe_unused]] const double* scalars) {
 }
 
 void backward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
-#ifndef FUSEGEN_WIDE_ONLY
+#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
+void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_cuda<DtypeGroup::kBFloat16, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+}
+#endif
+
+#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void backward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::k16Bit, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  if (dtype == Dtype::kBFloat16) return backward_cuda_bf16(dtype, loop, scalars, stream);
+  run_cuda<DtypeGroup::kHalf, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 

@@ -78,6 +78,7 @@ const OpDef kDef = {
     nullptr,
     nullptr,
 #endif
+    false,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);

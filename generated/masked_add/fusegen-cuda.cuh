@@ -73,22 +73,20 @@ __device__ __forceinline__ void store(T* __restrict__ base, int64_t index, const
 
 template <typename T> struct TypeTag { using type = T; };
 
-// The dtypes in two groups, each compiled in an nvcc unit of its own when a build has
-// cores to spare (op_kernels.cu.j2): the kernels of four dtypes are most of a new op's nvcc
-// time, and the two halves take about as long each.
-enum class DtypeGroup { kWide, k16Bit };  // fp32 and fp64; fp16 and bf16
+// The dtypes in groups, each compiled in nvcc units of its own when a build has cores to
+// spare (op_kernels.cu.j2): fp32 with fp64 (whose kernels are few: contiguous and
+// strided), fp16, and bf16. The kernels of four dtypes are most of a new op's nvcc time.
+enum class DtypeGroup { kWide, kHalf, kBFloat16 };
 inline bool is_16bit(Dtype dtype) { return dtype == Dtype::kFloat16 || dtype == Dtype::kBFloat16; }
 
 // Calls f(TypeTag<storage type>{}) for the runtime dtype, one of kGroup's: the one choice
 // among dtypes.
 template <DtypeGroup kGroup, typename F>
 void dispatch_dtype(Dtype dtype, F&& f) {
-  if constexpr (kGroup == DtypeGroup::k16Bit) {
-    if (dtype == Dtype::kFloat16) {
-      f(TypeTag<Half>{});
-    } else {
-      f(TypeTag<BFloat16>{});
-    }
+  if constexpr (kGroup == DtypeGroup::kHalf) {
+    f(TypeTag<Half>{});
+  } else if constexpr (kGroup == DtypeGroup::kBFloat16) {
+    f(TypeTag<BFloat16>{});
   } else if (dtype == Dtype::kFloat64) {
     f(TypeTag<double>{});
   } else {
@@ -1338,8 +1336,9 @@ void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutput
 // The kernels an entry point instantiates: every layout's (kEvery: an op's own), or the
 // contiguous and offset-calculator kernels alone (kPlain: the auxiliary ops `<name>_grad2`
 // and `<name>_jvp`, of double backward and forward-mode AD, off the training step's hot
-// path). The tiled and vector kernels in four dtypes were most of a new op's nvcc time,
-// and the auxiliary ops' units its longest: on the CPU machine, nvcc of
+// path; nor the accumulating kernel: their OpDef's backward_accumulates is false). The
+// tiled and vector kernels in four dtypes were most of a new op's nvcc time, and the
+// auxiliary ops' units its longest: on the CPU machine, nvcc of
 // `generated/fma/fma_grad2.cu`'s fp16/bf16 backward unit took 4.2 s, fma.cu's own 2.5 s.
 enum class Kernels { kEvery, kPlain };
 

@@ -81,6 +81,7 @@ const OpDef kDef = {
     nullptr,
     nullptr,
 #endif
+    false,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);

@@ -77,6 +77,7 @@ const OpDef kDef = {
     nullptr,
     nullptr,
 #endif
+    true,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);

@@ -2,8 +2,8 @@
 shared runtime is in $FUSEGEN_CACHE_DIR): for each variant, a fresh op (new name, so a cold
 build) built in this process, timed by stage (generate: parse, sympy, render; build: ninja;
 load), then every ninja edge of its library from .ninja_log (start and end, ms).
-Variants alternate, twice each: `split` (each .cu as up to four nvcc units: forward or
-backward, fp32/fp64 or fp16/bf16, the default with cores to spare) and `whole` (one nvcc unit per .cu).
+Variants alternate, twice each: `split` (each .cu as up to six nvcc units: forward or
+backward, fp32/fp64 or fp16/bf16 or fp16 and bf16 apart, the default with cores to spare) and `whole` (one nvcc unit per .cu).
 
     PYTHONPATH=. python3 tests/gpu/build_probe.py
 """
@@ -15,12 +15,14 @@ from fusegen import build
 from fusegen.api import Request, _build_and_load, generate
 
 EXPR = "x*sigmoid(x)*alpha + y"
-SPLIT, DTYPES = build.SPLIT_MACROS, build.DTYPE_MACROS
+SPLIT, DTYPES, HALVES = build.SPLIT_MACROS, build.DTYPE_MACROS, build.HALF_MACROS
+NONE = (("FUSEGEN_NO_SPLIT", "FUSEGEN_NO_SPLIT"),) * 3  # macros no .cu names: no split
 build.runtime_library()
 for rep in range(2):
     for variant in ("split", "whole"):
         build.SPLIT_MACROS = SPLIT if variant == "split" else ("FUSEGEN_NO_SPLIT", "FUSEGEN_NO_SPLIT")
-        build.DTYPE_MACROS = DTYPES if variant == "split" else ("FUSEGEN_NO_SPLIT", "FUSEGEN_NO_SPLIT")
+        build.DTYPE_MACROS = DTYPES if variant == "split" else NONE[:2]
+        build.HALF_MACROS = HALVES if variant == "split" else NONE
         name = f"probe_{variant}_{rep}_{time.time_ns() % 10**9}"
         t0 = time.perf_counter()
         g = generate(Request(EXPR, name, None, ("alpha",)))
