@@ -63,12 +63,11 @@ SPLIT_MACROS = ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY")
 # And, with four cores per .cu, each of those as two: fp32/fp64 and fp16/bf16 kernels; an
 # op's own .cu as three where the cores allow six for it: fp32/fp64, fp16 and bf16 (its
 # fp16/bf16 backward unit was a cold op's longest, 2.5 s on the CPU machine). An auxiliary
-# op's .cu (`<name>_grad2`, `<name>_jvp`) names PLAIN_KERNELS: it has the contiguous and
-# strided kernels only, and stays at two dtype units.
+# op's .cu (`<name>_grad2`, `<name>_jvp`) has the contiguous and strided kernels only
+# (Kernels::kPlain), and stays at two dtype units.
 DTYPE_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY",))
 HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY"),
                ("FUSEGEN_16BIT_ONLY", "FUSEGEN_BF16_ONLY"))
-PLAIN_KERNELS = "Kernels::kPlain"
 # C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
 # a few share one unit (a new op and its two auxiliary ops: one unit).
 CPP_PER_UNIT = 6
@@ -276,9 +275,9 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
             # the longest nvcc run by about a third (op_kernels.cu.j2).
             # With four cores per .cu each of those is two again, by dtype (DTYPE_MACROS):
             # the longest unit of a cold op went from 2.9 to 1.9 s of nvcc (2-core CPU machine).
-            own = [path for path, text in cu if PLAIN_KERNELS not in text]
+            own = {f"{n}/{n}.cu" for n, _ in ops}  # an op's own .cu, beside its auxiliary ops
             by_dtype = 4 * len(cu) <= cores
-            by_half = by_dtype and 6 * len(own) + 4 * (len(cu) - len(own)) <= cores
+            by_half = by_dtype and 2 * len(own) + 4 * len(cu) <= cores
             index = 0
             for path, text in cu:
                 directions = SPLIT_MACROS if f"#ifndef {SPLIT_MACROS[0]}" in text else (None,)

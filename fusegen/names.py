@@ -29,7 +29,7 @@ ROLES = {
 # (`output_mask` and `dout` are also the backward schema's own argument names.)
 LOCALS = frozenset("""
     out dout n scalar_t acc_t tag grads output_mask stream dtype scalars forward backward
-    forward_cpu backward_cpu forward_cuda backward_cuda forward_cuda_16bit backward_cuda_16bit
+    forward_cpu backward_cpu forward_cuda backward_cuda forward_cuda_fp16 backward_cuda_fp16
     forward_cuda_bf16 backward_cuda_bf16
     forward_cuda_functor backward_cuda_functor kDef registered kInputNames
     kScalarNames kBackwardInputs kBackwardInputNames kBackwardScalars kGrads kDoutSteps Forward Backward

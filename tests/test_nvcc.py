@@ -112,7 +112,7 @@ def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch, cores, 
     units = {name: text for name, text in build._units([("addmul", files)], cuda=True).items() if name.endswith(".cu")}
     assert [tuple(line[len("#define "):] for line in text.splitlines() if line.startswith("#define"))
             for text in units.values()] == macros
-    entries = [f"op_addmul::{d}_cuda{g}(" for d in ("forward", "backward") for g in ("", "_16bit", "_bf16")]
+    entries = [f"op_addmul::{d}_cuda{g}(" for d in ("forward", "backward") for g in ("", "_fp16", "_bf16")]
     defined = []
     for name, text in units.items():
         (tmp_path / name).write_text(text)

@@ -77,7 +77,6 @@ template <typename T> struct TypeTag { using type = T; };
 // spare (op_kernels.cu.j2): fp32 with fp64 (whose kernels are few: contiguous and
 // strided), fp16, and bf16. The kernels of four dtypes are most of a new op's nvcc time.
 enum class DtypeGroup { kWide, kHalf, kBFloat16 };
-inline bool is_16bit(Dtype dtype) { return dtype == Dtype::kFloat16 || dtype == Dtype::kBFloat16; }
 
 // Calls f(TypeTag<storage type>{}) for the runtime dtype, one of kGroup's: the one choice
 // among dtypes.

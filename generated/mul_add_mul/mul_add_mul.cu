@@ -35,8 +35,14 @@ inline auto forward_cuda_functor([[maybe_unused]] const double* scalars) {
   };
 }
 
-void forward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+
+#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
+void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+}
+#endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
@@ -44,16 +50,10 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 }
 #endif
 
-#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
-void forward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  if (dtype == Dtype::kBFloat16) return forward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
-}
-#endif
-
 #ifndef FUSEGEN_16BIT_ONLY
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  if (is_16bit(dtype)) return forward_cuda_16bit(dtype, loop, scalars, stream);
+  if (dtype == Dtype::kFloat16) return forward_cuda_fp16(dtype, loop, scalars, stream);
+  if (dtype == Dtype::kBFloat16) return forward_cuda_bf16(dtype, loop, scalars, stream);
   run_cuda<DtypeGroup::kWide>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
@@ -68,8 +68,14 @@ inline auto backward_cuda_functor([[maybe_unused]] const double* scalars) {
   };
 }
 
-void backward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+
+#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
+void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_cuda<DtypeGroup::kHalf, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+}
+#endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
@@ -77,16 +83,10 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 }
 #endif
 
-#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
-void backward_cuda_16bit(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  if (dtype == Dtype::kBFloat16) return backward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kHalf, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
-}
-#endif
-
 #ifndef FUSEGEN_16BIT_ONLY
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  if (is_16bit(dtype)) return backward_cuda_16bit(dtype, loop, scalars, stream);
+  if (dtype == Dtype::kFloat16) return backward_cuda_fp16(dtype, loop, scalars, stream);
+  if (dtype == Dtype::kBFloat16) return backward_cuda_bf16(dtype, loop, scalars, stream);
   run_cuda<DtypeGroup::kWide, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
