@@ -5,6 +5,12 @@ op: `<name>.h` (the math, host and device), `<name>.cu` (CUDA kernels and launch
 torch headers), `<name>.cpp` (schemas, CPU/Meta/CUDA impls, autograd), the hand-written
 helper headers they include, and `spec.json`. Templates only paste strings built here;
 the output is a pure function of the spec, so it is byte-identical from run to run.
+
+User text reaches the files in two ways only (escape.py): names, checked here to be
+identifiers (names.name_problem), go in bare; every other string (the expression, the
+gradients' notation, the regenerate command, a @fused function's qualified name in it)
+goes into a comment through `c_comment`, and every string literal (op name, schemas,
+input names) through the `c_string` filter.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from functools import lru_cache
 import jinja2
 
 from . import names
+from .errors import SpecError
+from .escape import c_comment, c_string
 from .files import template_text, templates_dir
 from .printer import PrintedOp
 from .spec import OpSpec
@@ -49,6 +57,8 @@ def _environment() -> jinja2.Environment:
     )
     # `fmt` fills a pattern written in the template: "to_acc({}[i])" | fmt on a name.
     env.filters["fmt"] = lambda value, pattern: pattern.format(value)
+    env.filters["c_string"] = c_string
+    env.filters["c_comment"] = c_comment
     env.globals["values"] = lambda items: [x.c for x in items]
     env.globals["grads"] = lambda items: [x.grad for x in items]
     return env
@@ -94,6 +104,7 @@ def _grad_defs(spec: OpSpec) -> tuple[list[str], list[str]]:
 
 def _context(spec: OpSpec, printed: PrintedOp) -> dict:
     """Names and printed math for the templates; every C spelling is in the templates."""
+    _check_names(spec)
     inputs = [Name(x, index=i) for i, x in enumerate(spec.inputs)]
     by_name = {x.name: x for x in inputs}
     if spec.saved_output:
@@ -104,10 +115,10 @@ def _context(spec: OpSpec, printed: PrintedOp) -> dict:
     return {
         "name": spec.name,
         "ns": names.op_namespace(spec.name),
-        "text": spec.text,
-        "gradient_lines": spec.summary() + spec.saved_lines(),
+        "text": c_comment(spec.text),
+        "gradient_lines": [c_comment(line) for line in spec.summary() + spec.saved_lines()],
         "version": FUSEGEN_VERSION,
-        "command": spec.command,
+        "command": c_comment(spec.command),
         "inputs": inputs,
         "scalars": [Name(s) for s in spec.scalars],
         "backward_inputs": [by_name[x] for x in spec.backward_inputs],
@@ -119,6 +130,17 @@ def _context(spec: OpSpec, printed: PrintedOp) -> dict:
         "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}
                  for t in COMPUTE_TYPES],
     }
+
+
+def _check_names(spec: OpSpec):
+    """Every name the templates paste bare (identifiers, namespaces, #include file names)
+    is an identifier: an OpSpec made by hand, not by differentiate, is held to it too."""
+    for what, values in (("op name", (spec.name,)), ("input", spec.inputs), ("scalar", spec.scalars),
+                         ("backward input", spec.backward_inputs)):
+        for value in values:
+            problem = names.name_problem(value)
+            if problem:
+                raise SpecError(f"{what} {value!r} {problem}")
 
 
 def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
