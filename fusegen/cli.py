@@ -3,7 +3,7 @@
     fusegen EXPR [--name N] [--inputs a,b,c] [--scalar NAME ...] [--out DIR]
                  [--no-build] [--check] [--bench] [--show] [--quiet]
     fusegen cache [list | clear | trim --older-than AGE]
-    fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build]
+    fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build] [--force]
     fusegen bench [EXPR ...] [--dtypes ..] [--sizes ..] [--quick] [--json F] [--plot F.png]
 
 `cache` as the first word is the cache command, `package` the wheel command, `bench` the
@@ -261,6 +261,9 @@ def _package_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda", action="store_true",
                    help="a CUDA build (the default when nvcc and a CUDA build of torch are present)")
     p.add_argument("--no-build", action="store_true", help="write the project only")
+    p.add_argument("--force", action="store_true",
+                   help="write into DIR/PKG/ even when it holds files fusegen package did not write "
+                        "(files of the names it writes are replaced, others left alone)")
     return p
 
 
@@ -272,7 +275,8 @@ def _package_main(argv: list[str]) -> int:
     try:
         cuda = args.cuda or package.cuda_available()
         project = Path(args.out) / args.name
-        ops = package.write_project([Path(f) for f in args.folders], args.name, project, cuda)
+        ops = package.write_project([Path(f) for f in args.folders], args.name, project, cuda,
+                                    force=args.force)
         print(f"project  {project}/: {', '.join(ops)} ({'CPU and CUDA' if cuda else 'CPU'})")
         if args.no_build:
             return 0

@@ -11,15 +11,16 @@ torch.ops.fusegen.<name>, its backward and its auxiliary ops. The wheel is built
 from __future__ import annotations
 
 import json
-import keyword
+import os
 import re
-import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
-from . import files
+from . import files, names
 from .errors import FusegenError
+from .escape import c_comment, c_string, py_string, py_strings
 
 RUNTIME = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h", "fusegen-cuda.cuh")
 SOURCE_SUFFIXES = (".cpp", ".cu", ".h", ".cuh")
@@ -36,47 +37,106 @@ def cuda_available() -> bool:
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
-def collect(folders: list[Path]) -> tuple[list[str], dict[str, Path]]:
-    """(op names, {file name: source path}) over the folders: every op's own files once, the
+def collect(folders: list[Path]) -> tuple[list[str], dict[str, bytes]]:
+    """(op names, {file name: bytes}) over the folders: every op's own files once, the
     runtime once. The same op twice (same bytes) is taken once; two different files of one
     name (two ops called alike, or folders from different fusegen versions) is an error,
-    since one library must not register an op twice nor mix runtimes."""
+    since one library must not register an op twice nor mix runtimes.
+
+    A folder is read as untrusted input: its spec.json must hold what fusegen writes (the
+    op name checked as the CLI checks it, the expression read back through the parser),
+    and of its files only the ones fusegen writes for that op are read, each a regular
+    file, not a symbolic link (which would copy any file of this machine into the wheel)."""
     ops: list[str] = []
-    chosen: dict[str, Path] = {}
+    chosen: dict[str, bytes] = {}
+    where: dict[str, Path] = {}
     for folder in folders:
         folder = Path(folder)
-        spec_path = folder / "spec.json"
-        if not spec_path.is_file():
-            raise PackageError(f"{folder}: not a generated op folder (no spec.json)")
-        name = json.loads(spec_path.read_text()).get("name") or folder.name
-        if not (folder / f"{name}.cpp").is_file():
-            raise PackageError(f"{folder}: no {name}.cpp (spec.json names the op {name!r})")
+        name, auxiliary = _read_spec(folder)
         if name not in ops:
             ops.append(name)
-        for path in sorted(folder.iterdir()):
-            if not path.is_file() or path.suffix not in SOURCE_SUFFIXES:
-                continue
-            if path.name not in RUNTIME and not re.fullmatch(
-                    re.escape(name) + r"(_grad2|_jvp)?\.(cpp|cu|h)", path.name):
-                continue  # not this op's (a stray file in the folder)
-            seen = chosen.get(path.name)
+        for file_name in op_files(name, auxiliary):
+            path = folder / file_name
+            data = _read_file(path)
+            seen = chosen.get(file_name)
             if seen is None:
-                chosen[path.name] = path
-            elif seen.read_bytes() != path.read_bytes():
-                what = "the runtime" if path.name in RUNTIME else f"op file {path.name}"
-                raise PackageError(f"{seen} and {path} differ: {what} must be the same in every folder "
+                chosen[file_name], where[file_name] = data, path
+            elif seen != data:
+                what = "the runtime" if file_name in RUNTIME else f"op file {file_name}"
+                raise PackageError(f"{where[file_name]} and {path} differ: {what} must be the same in every folder "
                                    "(regenerate the folders with one fusegen version; two ops cannot share a name)")
     if not ops:
         raise PackageError("no op folders given")
-    for r in RUNTIME:
-        if r not in chosen:
-            raise PackageError(f"{folders[0]}: no {r} (regenerate the folder with this fusegen)")
     return ops, chosen
+
+
+def op_files(name: str, auxiliary=()) -> list[str]:
+    """What fusegen writes into generated/<name>/ besides spec.json: the op's and its
+    auxiliary ops' sources (render.TEMPLATES) and the runtime (render.HELPERS)."""
+    return [f"{op}{suffix}" for op in (name, *auxiliary) for suffix in (".h", ".cu", ".cpp")] + list(RUNTIME)
+
+
+def _read_spec(folder: Path) -> tuple[str, list[str]]:
+    """(op name, auxiliary op names) from the folder's spec.json, each value checked."""
+    from . import names
+    from .errors import FusegenError
+    from .parse import check_identifier, check_op_name, reparse
+
+    path = folder / "spec.json"
+    if not os.path.lexists(path):
+        raise PackageError(f"{folder}: not a generated op folder (no spec.json)")
+    try:
+        doc = json.loads(_read_file(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PackageError(f"{path}: not the JSON fusegen writes ({err})") from None
+    if not isinstance(doc, dict):
+        raise PackageError(f"{path}: not the JSON fusegen writes (expected an object, got {type(doc).__name__})")
+    try:
+        name = check_op_name(doc.get("name"))
+        inputs, scalars = doc.get("inputs"), doc.get("scalars", [])
+        for what, values in (("inputs", inputs), ("scalars", scalars)):
+            if not isinstance(values, list):
+                raise PackageError(f"{path}: {what!r} must be a list of names, got {values!r}"[:300])
+            for value in values:
+                check_identifier(value, what[:-1])
+        reparse(doc.get("expression"), inputs, scalars)
+        auxiliary = doc.get("auxiliary_ops", {})
+        allowed = [name + names.GRAD2_SUFFIX, name + names.JVP_SUFFIX]
+        if not isinstance(auxiliary, dict) or any(a not in allowed for a in auxiliary):
+            raise PackageError(f"{path}: 'auxiliary_ops' may name {' and '.join(allowed)} only, "
+                               f"got {list(auxiliary) if isinstance(auxiliary, dict) else auxiliary!r}"[:300])
+    except PackageError:
+        raise
+    except FusegenError as err:
+        raise PackageError(f"{path}: {err}") from None
+    return name, [a for a in allowed if a in auxiliary]
+
+
+def _read_file(path: Path) -> bytes:
+    """One file of a generated folder: a regular file, not a symbolic link, a folder or a
+    device. Opened with O_NOFOLLOW, so a link swapped in after the check is refused too."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise PackageError(f"{path}: missing (fusegen writes it into every op folder; regenerate the "
+                           "folder with this fusegen)") from None
+    if stat.S_ISLNK(mode):
+        raise PackageError(f"{path} is a symbolic link: a generated folder holds regular files only "
+                           "(regenerate the folder, or copy the file itself in)")
+    if not stat.S_ISREG(mode):
+        raise PackageError(f"{path} is not a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise PackageError(f"{path}: cannot be read as a regular file ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise PackageError(f"{path} is not a regular file")
+        return fh.read()
 
 
 SETUP_PY = '''\
 # Written by `fusegen package`; builds with torch and a compiler alone.
-import glob
 import os
 
 import torch
@@ -95,10 +155,11 @@ if CUDA and torch.version.cuda is None:
 with open(os.path.join(here, NAME, "_build_info.py"), "w") as f:
     f.write(f"TORCH_VERSION = {{torch.__version__!r}}\\nCUDA_VERSION = {{torch.version.cuda if CUDA else None!r}}\\n")
 
-sources = sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "csrc", "*.cpp")))
+# The sources fusegen package wrote, by name: no other file of csrc/ is compiled in.
+sources = {sources!r}
 cxx = ["-O3"]
 if CUDA:
-    sources += sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "csrc", "cuda", "*.cu")))
+    sources += {cuda_sources!r}
     cxx.append("-DFUSEGEN_WITH_CUDA")
     extension = cpp_extension.CUDAExtension
     flags = {{"cxx": cxx, "nvcc": ["-O3"]}}
@@ -111,8 +172,8 @@ setup(
     version={version!r},
     description="Fused elementwise PyTorch ops generated by fusegen: " + ", ".join({ops!r}),
     packages=[NAME],
-    # The extension calls no Python API (only the empty module of csrc/_module.cpp), so it is
-    # built against the stable Python ABI: one wheel for CPython >= 3.9 (tag cp39-abi3).
+    # The extension calls no Python API (only the empty module of csrc/fusegen-module.cpp),
+    # so it is built against the stable Python ABI: one wheel for CPython >= 3.9 (cp39-abi3).
     ext_modules=[extension(NAME + "._C", sources, extra_compile_args=flags, py_limited_api=True,
                            include_dirs=[os.path.join(here, "csrc")])],
     cmdclass={{"build_ext": cpp_extension.BuildExtension}},
@@ -137,7 +198,7 @@ MODULE_CPP = '''\
 // their static initializers when {name}/__init__.py loads this library.
 #include <Python.h>
 
-static struct PyModuleDef module = {{PyModuleDef_HEAD_INIT, "_C", "fusegen ops {ops}", -1, nullptr}};
+static struct PyModuleDef module = {{PyModuleDef_HEAD_INIT, "_C", {doc}, -1, nullptr}};
 
 PyMODINIT_FUNC PyInit__C(void) {{ return PyModule_Create(&module); }}
 '''
@@ -155,55 +216,155 @@ import torch as _torch
 
 from ._build_info import CUDA_VERSION, TORCH_VERSION
 
-OPS = {ops!r}
+_NAME = {name}
+OPS = {ops}
 
 if _torch.__version__.split("+")[0] != TORCH_VERSION.split("+")[0]:
-    raise ImportError(f"{name} was built against torch {{TORCH_VERSION}}, but torch {{_torch.__version__}} "
+    raise ImportError(f"{{_NAME}} was built against torch {{TORCH_VERSION}}, but torch {{_torch.__version__}} "
                       "is installed; rebuild the wheel (fusegen package) or install that torch")
 if CUDA_VERSION is not None and _torch.version.cuda is None:
-    raise ImportError(f"{name} was built for CUDA {{CUDA_VERSION}}, but this torch has no CUDA")
+    raise ImportError(f"{{_NAME}} was built for CUDA {{CUDA_VERSION}}, but this torch has no CUDA")
 
 _found = sorted(_glob.glob(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "_C*.so")) +
                 _glob.glob(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "_C*.pyd")))
 if not _found:
-    raise ImportError("{name}: the extension library (_C*.so) is missing next to __init__.py")
+    raise ImportError(f"{{_NAME}}: the extension library (_C*.so) is missing next to __init__.py")
 _registered = [op for op in OPS if hasattr(_torch.ops.fusegen, op)]
 if not _registered:
     _torch.ops.load_library(_found[0])  # its static initializers register the ops
 elif len(_registered) != len(OPS):  # one library must not register an op twice
-    raise ImportError(f"{name}: torch.ops.fusegen.{{_registered[0]}} is already registered in this process "
+    raise ImportError(f"{{_NAME}}: torch.ops.fusegen.{{_registered[0]}} is already registered in this process "
                       "(by another library built from the same op); load one of them only")
 '''
 
 
-def write_project(folders: list[Path], name: str, project: Path, cuda: bool) -> list[str]:
-    """Write the buildable project into `project`; returns the op names."""
-    if not name.isidentifier() or keyword.iskeyword(name) or name == "fusegen":
-        raise PackageError(f"--name {name!r} must be a Python package name (an identifier, not 'fusegen')")
+MODULE = "fusegen-module.cpp"  # a hyphen: no op's file (an identifier's) can be called so
+
+# Written into the project: the files fusegen wrote there, which a later run may replace or
+# remove. A folder without it that holds anything is not fusegen's to write into.
+MARKER = ".fusegen-package.json"
+
+# Every path a marker may list (written by write_project): a later run removes a stale one.
+_OWN_PATH = re.compile(r"(csrc/(cuda/)?[A-Za-z0-9_][A-Za-z0-9_.-]*|[A-Za-z_][A-Za-z0-9_]*/__init__\.py|setup\.py|pyproject\.toml)")
+
+
+def check_package_name(name: object) -> str:
+    """The Python package (and wheel) name: a name as an op's is checked (names.py), since it
+    is also pasted into C++ (PyInit__C's module) and a folder name; and not fusegen."""
+    problem = names.name_problem(name)
+    if problem:
+        raise PackageError(f"--name {name!r} {problem} (it is the Python package name)")
+    if name == "fusegen":
+        raise PackageError("--name 'fusegen' is fusegen's own package; pick another Python package name")
+    return name
+
+
+def write_project(folders: list[Path], name: str, project: Path, cuda: bool, force: bool = False) -> list[str]:
+    """Write the buildable project into `project`; returns the op names.
+
+    `project` must be new, empty, or written by fusegen package before (MARKER); then the
+    files that run wrote are replaced, and those this run does not write are removed (a
+    stale source would be compiled in). Other files are left alone, and one in the way of
+    a file to write is an error. `force`: write into any folder, replacing the files of
+    the names fusegen writes."""
+    check_package_name(name)
     ops, chosen = collect([Path(f) for f in folders])
-    csrc = project / "csrc"
-    if csrc.exists():
-        shutil.rmtree(csrc)  # stale sources of an earlier run would be compiled in
-    csrc.mkdir(parents=True)
-    if cuda:
-        (csrc / "cuda").mkdir()
-    for file_name, path in chosen.items():
-        if path.suffix == ".cu":
+    out: dict[str, bytes] = {}
+    for file_name, data in chosen.items():
+        if file_name.endswith(".cu"):
             # csrc/cuda/: setuptools names an object after its source's stem, so fma.cu beside
             # fma.cpp would make a second csrc/fma.o (the build fails); includes resolve
             # through include_dirs=[csrc].
             if cuda:
-                files.write_text(csrc / "cuda" / file_name, path.read_text())
+                out[f"csrc/cuda/{file_name}"] = data
             continue
-        files.write_text(csrc / file_name, path.read_text())
-    files.write_text(csrc / "_module.cpp", MODULE_CPP.format(name=name, ops=", ".join(ops)))
-    package = project / name
-    package.mkdir(exist_ok=True)
-    registered = "\n".join(f"torch.ops.fusegen.{op}" for op in ops)
-    files.write_text(package / "__init__.py", INIT_PY.format(name=name, ops=tuple(ops), registered=registered))
-    files.write_text(project / "setup.py", SETUP_PY.format(name=name, cuda=cuda, version="0.1.0", ops=ops))
-    files.write_text(project / "pyproject.toml", PYPROJECT)
+        out[f"csrc/{file_name}"] = data
+    doc = c_string("fusegen ops " + ", ".join(ops))
+    out[f"csrc/{MODULE}"] = MODULE_CPP.format(name=c_comment(name), doc=doc).encode()
+    registered = "\n".join(f"torch.ops.fusegen.{op}" for op in ops)  # identifiers (collect)
+    out[f"{name}/__init__.py"] = INIT_PY.format(name=py_string(name), ops=py_strings(ops),
+                                                registered=registered).encode()
+    sources = sorted(p for p in out if p.endswith(".cpp"))
+    cuda_sources = sorted(p for p in out if p.endswith(".cu"))
+    out["setup.py"] = SETUP_PY.format(name=name, cuda=cuda, version="0.1.0", ops=ops, sources=sources,
+                                      cuda_sources=cuda_sources).encode()
+    out["pyproject.toml"] = PYPROJECT.encode()
+
+    earlier = _claimed(project, set(out), force)
+    _write_marker(project, earlier | set(out))  # first: a run cut short leaves no file unclaimed
+    for path, data in out.items():
+        _make_folders(project, path)
+        files.write_bytes(project / path, data)
+    for path in sorted(earlier - set(out)):
+        try:
+            os.unlink(project / path)  # a link itself, not its target
+        except FileNotFoundError:
+            pass
+    _write_marker(project, set(out))
     return ops
+
+
+def _claimed(project: Path, paths: set[str], force: bool) -> set[str]:
+    """The files an earlier run wrote into `project` (its marker's list); refuses a
+    non-empty folder fusegen did not write, and a file of its own in the way, unless `force`."""
+    try:
+        mode = os.lstat(project).st_mode
+    except FileNotFoundError:
+        return set()
+    if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
+        raise PackageError(f"{project} is {'a symbolic link' if stat.S_ISLNK(mode) else 'not a folder'}; "
+                           "fusegen package writes the project into a folder of its own")
+    if not any(project.iterdir()):
+        return set()
+    earlier = _read_marker(project / MARKER)
+    if force:
+        return earlier or set()
+    if earlier is None:
+        raise PackageError(f"{project} is not empty and fusegen package did not write it (no {MARKER}); "
+                           "pick a new --out, or pass --force to write the project's files into it "
+                           "(files of other names are left alone)")
+    theirs = sorted(p for p in paths - earlier if os.path.lexists(project / p))
+    if theirs:
+        raise PackageError(f"{project / theirs[0]} is in the way: fusegen package did not write it "
+                           f"(not in {project / MARKER}); move it, or pass --force to replace it")
+    return earlier
+
+
+def _read_marker(path: Path) -> set[str] | None:
+    """The files a marker lists, or None for a folder fusegen did not write (no marker, or
+    not one of fusegen's: a link, other JSON, a path outside the project's own)."""
+    try:
+        doc = json.loads(_read_file(path).decode("utf-8"))
+    except (PackageError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    listed = doc.get("files") if isinstance(doc, dict) and doc.get("written_by") == "fusegen package" else None
+    if not isinstance(listed, list) or not all(isinstance(p, str) and _OWN_PATH.fullmatch(p) for p in listed):
+        return None
+    return set(listed)
+
+
+def _write_marker(project: Path, paths: set[str]):
+    from .version import FUSEGEN_VERSION
+
+    project.mkdir(parents=True, exist_ok=True)
+    doc = {"written_by": "fusegen package", "fusegen_version": FUSEGEN_VERSION, "files": sorted(paths)}
+    files.write_text(project / MARKER, json.dumps(doc, indent=1) + "\n")
+
+
+def _make_folders(project: Path, path: str):
+    """The folders of `path` inside `project`, each a real folder: not a link that would
+    send the file elsewhere."""
+    folder = project
+    for part in Path(path).parent.parts:
+        folder = folder / part
+        try:
+            mode = os.lstat(folder).st_mode
+        except FileNotFoundError:
+            folder.mkdir()
+            continue
+        if not stat.S_ISDIR(mode):
+            raise PackageError(f"{folder} is {'a symbolic link' if stat.S_ISLNK(mode) else 'not a folder'}; "
+                               "fusegen package writes into real folders only")
 
 
 def build_wheel(project: Path, out: Path) -> Path:

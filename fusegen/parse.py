@@ -422,3 +422,31 @@ def _flatten_text(body, text):
         return text
     parts = [f"{s.targets[0].id} = {ast.unparse(s.value)}" for s in body[:-1]]
     return "; ".join(parts + [text])
+
+
+def reparse(text: object, inputs, scalars) -> Parsed:
+    """An expression as spec.json records it, read back through this parser (`fusegen
+    package` checks a generated folder with it): one expression, or a @fused function's
+    body flattened to `name = expr; ...; expr` (_flatten_text), which is read as the body
+    of a function of `inputs` and `scalars`. The names must come back as recorded."""
+    if not isinstance(text, str):
+        raise ParseError(f"expression must be a string, got {type(text).__name__}", repr(text)[:80])
+    if len(text) > MAX_LENGTH:
+        raise ParseError(f"expression too long ({len(text)} characters, limit {MAX_LENGTH})", text[:80] + "...")
+    inputs, scalars = list(inputs), list(scalars)
+    for n in inputs + scalars:
+        check_identifier(n, "input" if n in inputs else "scalar")
+    if ";" not in text:
+        parsed = parse(text, inputs=inputs, scalars=scalars)
+    else:
+        _check_ascii(text)
+        if "\n" in text or "\r" in text:
+            raise ParseError("expression must be one line", text.splitlines()[0])
+        *lines, result = (part.strip() for part in text.split(";"))
+        source = f"def f({', '.join(inputs + scalars)}):\n" + "".join(f"    {line}\n" for line in lines) \
+            + f"    return {result}\n"
+        parsed = parse_function(source, inputs + scalars, scalars)
+    if parsed.inputs != tuple(inputs) or parsed.scalars != tuple(scalars):
+        raise SpecError(f"expression {text!r} reads inputs {list(parsed.inputs)} and scalars "
+                        f"{list(parsed.scalars)}, not the recorded {inputs} and {scalars}")
+    return parsed

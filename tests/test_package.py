@@ -140,7 +140,7 @@ def test_project_has_one_runtime_and_each_op_once(tmp_path):
     csrc = sorted(p.name for p in (tmp_path / "myops" / "csrc").iterdir())
     assert csrc.count("fusegen-runtime.cpp") == 1
     assert [n for n in csrc if n.endswith(".cpp")] == [
-        "_module.cpp", "fma.cpp", "fma_grad2.cpp", "fma_jvp.cpp", "fusegen-runtime.cpp",
+        "fma.cpp", "fma_grad2.cpp", "fma_jvp.cpp", "fusegen-module.cpp", "fusegen-runtime.cpp",
         "silu.cpp", "silu_grad2.cpp", "silu_jvp.cpp"]
     assert not any(n.endswith(".cu") for n in csrc)
     package.write_project(folders, "myops", tmp_path / "cuda", cuda=True)
