@@ -12,7 +12,8 @@ validation; every other string goes through exactly one of these:
 Each keeps ordinary text as written (so the golden files read naturally) and escapes what
 could end the context early: for a comment a line break (which ends a `//` comment, after
 which the rest compiles as code), a backslash or trigraph `??/` before the line's end
-(which splices the next line into the comment), `*/` (which ends a block comment); for a
+(which splices the next line into the comment), `*/` (which ends a block comment) and
+`/*` (which GCC warns about inside one); for a
 string literal a quote, a backslash, a line break and the trigraph `??`.
 """
 
@@ -29,16 +30,17 @@ def _is_plain(ch: str) -> bool:
 def c_comment(text: str) -> str:
     """`text` as comment text on one line: printable ASCII as written, a backslash as `\\\\`,
     line breaks and tabs as `\\n`, `\\r`, `\\t`, any other character as the `\\xNN` of its
-    UTF-8 bytes; `/` after `*` and `?` after `?` as `\\x2f` and `\\x3f`; trailing blanks
-    dropped and a final backslash written `\\x5c`, so that nothing splices the next line in
-    (GCC splices a backslash, blanks and a line break too)."""
+    UTF-8 bytes; `/` after `*`, `*` after `/` and `?` after `?` as `\\x2f`, `\\x2a`, `\\x3f`
+    (no `*/` ends a block comment, no `/*` inside one draws a warning, no trigraph);
+    trailing blanks dropped and a final backslash written `\\x5c`, so that nothing splices
+    the next line in (GCC splices a backslash, blanks and a line break too)."""
     text = _text(text).rstrip(" ")
     out = []
     for i, ch in enumerate(text):
         prev = text[i - 1] if i else ""
         if ch == "\\":
             out.append("\\x5c" if i == len(text) - 1 else "\\\\")
-        elif (ch == "/" and prev == "*") or (ch == "?" and prev == "?"):
+        elif (ch == "/" and prev == "*") or (ch == "*" and prev == "/") or (ch == "?" and prev == "?"):
             out.append(f"\\x{ord(ch):02x}")
         elif _is_plain(ch):
             out.append(ch)

@@ -105,6 +105,7 @@ CHECKS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_wheel_in_fresh_venv_without_fusegen(wheel_venv, tmp_path):
     _, python = wheel_venv
     script = tmp_path / "check_wheel.py"
@@ -115,6 +116,7 @@ def test_wheel_in_fresh_venv_without_fusegen(wheel_venv, tmp_path):
     assert "wheel ok" in r.stdout
 
 
+@pytest.mark.slow
 def test_wheel_metadata(wheel_venv):
     """The wheel pins the torch it was built against and holds one library."""
     import zipfile
@@ -171,3 +173,231 @@ def test_cli_package_no_build(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "fusegen", "package", str(tmp_path), "--name", "myops",
                           "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("fusegen: error:"), bad.stderr
+
+
+
+# -- a generated folder is untrusted input ---------------------------------------------------------
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    import shutil
+    folder = tmp_path / "in" / name
+    shutil.copytree(ROOT / "generated" / name, folder)
+    return folder
+
+
+def _edit_spec(folder: Path, **changes):
+    import json
+    doc = json.loads((folder / "spec.json").read_text())
+    doc.update(changes)
+    (folder / "spec.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("name", [
+    'fma"\nimport os; os.system("touch PWNED")\n"',   # code in __init__.py
+    "fma); system(\"touch PWNED\"",                     # code in the C++ module
+    "__fma", "int", "fma_jvp", "fma-x", None, 3,
+])
+def test_a_doctored_op_name_is_refused(tmp_path, name):
+    folder = _copy("fma", tmp_path)
+    _edit_spec(folder, name=name)
+    with pytest.raises(package.PackageError, match=r"spec\.json: (op name|name must not end)"):
+        package.write_project([folder], "myops", tmp_path / "p", cuda=False)
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"expression": "__import__('os').system('touch PWNED')"}, "only named functions can be called"),
+    ({"expression": "a*b"}, "not used"),                         # the inputs recorded: a, b, c
+    ({"expression": "a*b+c+d"}, "inputs"),
+    ({"expression": "a = a*b\nreturn a"}, "one line"),
+    ({"expression": ["a*b+c"]}, "must be a string"),
+    ({"inputs": ["a", "b", "c; import os"]}, "identifier"),
+    ({"inputs": "a,b,c"}, "list of names"),
+    ({"auxiliary_ops": {"fma_grad2": {}, "evil": {}}}, "auxiliary_ops"),
+], ids=["call", "unused input", "other input", "newline", "not text", "bad input", "inputs not a list",
+        "other auxiliary op"])
+def test_a_doctored_spec_is_refused(tmp_path, changes, match):
+    folder = _copy("fma", tmp_path)
+    _edit_spec(folder, **changes)
+    with pytest.raises(package.PackageError, match=match):
+        package.write_project([folder], "myops", tmp_path / "p", cuda=False)
+
+
+def test_a_fused_function_body_is_read_back(tmp_path):
+    """A @fused body flattened into spec.json (`t = ...; expr`) is re-parsed as a body."""
+    folder = _copy("fma", tmp_path)
+    _edit_spec(folder, expression="t = a*b; t + c")
+    assert package.write_project([folder], "myops", tmp_path / "p", cuda=False) == ["fma"]
+    _edit_spec(folder, expression="t = a*b; import os; t + c")
+    with pytest.raises(package.PackageError, match="name = expression"):
+        package.write_project([folder], "myops", tmp_path / "q", cuda=False)
+
+
+def test_a_symbolic_link_in_a_folder_is_refused_by_name(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the key\n")
+    folder = _copy("fma", tmp_path)
+    (folder / "fma_jvp.h").unlink()
+    (folder / "fma_jvp.h").symlink_to(secret)
+    with pytest.raises(package.PackageError, match=r"fma_jvp\.h is a symbolic link"):
+        package.write_project([folder], "myops", tmp_path / "p", cuda=False)
+    assert not (tmp_path / "p").exists()
+    folder = _copy("silu", tmp_path)
+    (folder / "spec.json").rename(tmp_path / "spec.json")
+    (folder / "spec.json").symlink_to(tmp_path / "spec.json")
+    with pytest.raises(package.PackageError, match=r"spec\.json is a symbolic link"):
+        package.write_project([folder], "myops", tmp_path / "p", cuda=False)
+
+
+def test_only_regular_files_of_fusegen_s_names_are_read(tmp_path):
+    folder = _copy("fma", tmp_path)
+    (folder / "fma.h").unlink()
+    os.mkfifo(folder / "fma.h")  # a read would block, or read another process's bytes
+    with pytest.raises(package.PackageError, match=r"fma\.h is not a regular file"):
+        package.write_project([folder], "myops", tmp_path / "p", cuda=False)
+    folder = _copy("silu", tmp_path)
+    (folder / "silu_grad2.cu").unlink()
+    with pytest.raises(package.PackageError, match=r"silu_grad2\.cu: missing"):
+        package.write_project([folder], "myops", tmp_path / "p", cuda=False)
+    # files fusegen does not write are neither read nor copied, links among them included
+    folder = _copy("fma", tmp_path / "stray")
+    (folder / "evil.cpp").write_text('static int x = system("touch PWNED");\n')
+    (folder / "fma_extra.cpp").symlink_to(tmp_path / "nowhere")
+    (folder / "notes.txt").write_text("mine\n")
+    package.write_project([folder], "myops", tmp_path / "p", cuda=True)
+    written = sorted(str(p.relative_to(tmp_path / "p" / "csrc")) for p in (tmp_path / "p" / "csrc").rglob("*")
+                     if p.is_file())
+    assert written == sorted(["cuda/" + f if f.endswith(".cu") else f for f in package.op_files("fma", [
+        "fma_grad2", "fma_jvp"])] + ["fusegen-module.cpp"])
+
+
+def test_values_reach_the_project_as_literals_and_identifiers(tmp_path):
+    """__init__.py, setup.py and the C++ module hold the names as literals that parse back to
+    them, and setup.py compiles exactly the sources fusegen wrote."""
+    import ast
+
+    package.write_project([ROOT / "generated" / "fma", ROOT / "generated" / "add"], "myops", tmp_path / "p",
+                          cuda=True)
+    def constants(path: Path) -> dict:
+        """Module-level `NAME = <str, or a tuple or list of str>`, read from the syntax tree."""
+        found = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                value = node.value
+                if isinstance(value, ast.Constant):
+                    found[node.targets[0].id] = value.value
+                elif isinstance(value, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Constant) for e in value.elts):
+                    found[node.targets[0].id] = [e.value for e in value.elts]
+        return found
+
+    init = constants(tmp_path / "p" / "myops" / "__init__.py")
+    assert init["_NAME"] == "myops" and init["OPS"] == ["fma", "add"]
+    assert constants(tmp_path / "p" / "setup.py")["sources"] == sorted(f"csrc/{f}" for f in os.listdir(tmp_path / "p" / "csrc") if f.endswith(".cpp"))
+    assert "csrc/cuda/fma_jvp.cu" in setup_text(tmp_path / "p") and "glob" not in setup_text(tmp_path / "p")
+    module = (tmp_path / "p" / "csrc" / "fusegen-module.cpp").read_text()
+    assert '"_C", "fusegen ops fma, add", -1' in module
+
+
+def setup_text(project: Path) -> str:
+    return (project / "setup.py").read_text()
+
+
+# -- --out over an existing folder ---------------------------------------------------------------
+
+FMA, SILU = ROOT / "generated" / "fma", ROOT / "generated" / "silu"
+
+
+def test_a_folder_fusegen_did_not_write_is_refused(tmp_path):
+    project = tmp_path / "myops"
+    (project / "csrc").mkdir(parents=True)
+    (project / "setup.py").write_text("# my own project\n")
+    (project / "csrc" / "mine.cpp").write_text("int mine;\n")
+    with pytest.raises(package.PackageError, match="not empty and fusegen package did not write it"):
+        package.write_project([FMA], "myops", project, cuda=False)
+    assert (project / "setup.py").read_text() == "# my own project\n"
+    assert sorted(p.name for p in project.rglob("*")) == ["csrc", "mine.cpp", "setup.py"]
+    # --force: fusegen's files written over it, the others left alone and not compiled in
+    package.write_project([FMA], "myops", project, cuda=False, force=True)
+    assert (project / "csrc" / "mine.cpp").read_text() == "int mine;\n"
+    assert "fusegen package" in setup_text(project) and "csrc/mine.cpp" not in setup_text(project)
+    # an empty folder is anyone's
+    (tmp_path / "empty").mkdir()
+    package.write_project([FMA], "myops", tmp_path / "empty", cuda=False)
+
+
+def test_a_project_fusegen_wrote_is_replaced_file_by_file(tmp_path):
+    import json
+
+    project = tmp_path / "myops"
+    package.write_project([FMA, SILU], "myops", project, cuda=True)
+    (project / "csrc" / "notes.txt").write_text("mine\n")
+    (project / "myops" / "extra.py").write_text("MINE = 1\n")
+    (project / "csrc" / "fma.cpp").write_text("// edited\n")
+    package.write_project([FMA], "myops", project, cuda=False)
+    assert (project / "csrc" / "notes.txt").read_text() == "mine\n"     # not fusegen's: kept
+    assert (project / "myops" / "extra.py").read_text() == "MINE = 1\n"
+    assert (project / "csrc" / "fma.cpp").read_bytes() == (FMA / "fma.cpp").read_bytes()  # fusegen's: replaced
+    assert not (project / "csrc" / "silu.cpp").exists()                 # stale: removed
+    assert not any((project / "csrc" / "cuda").iterdir())
+    marker = json.loads((project / package.MARKER).read_text())
+    assert "csrc/fma.cpp" in marker["files"] and "csrc/silu.cpp" not in marker["files"]
+    # a file of the user's where fusegen would now write: refused, unless --force
+    (project / "csrc" / "silu.cpp").write_text("// my silu\n")
+    with pytest.raises(package.PackageError, match=r"silu\.cpp is in the way"):
+        package.write_project([FMA, SILU], "myops", project, cuda=False)
+    assert (project / "csrc" / "silu.cpp").read_text() == "// my silu\n"
+    package.write_project([FMA, SILU], "myops", project, cuda=False, force=True)
+    assert (project / "csrc" / "silu.cpp").read_bytes() == (SILU / "silu.cpp").read_bytes()
+
+
+def test_a_marker_that_is_not_fusegen_s_counts_as_none(tmp_path):
+    import json
+
+    project = tmp_path / "myops"
+    project.mkdir()
+    (project / "setup.py").write_text("# mine\n")
+    for doc in ({"written_by": "fusegen package", "files": ["../outside.txt"]},
+                {"written_by": "fusegen package", "files": ["/etc/passwd"]}, ["setup.py"], "x"):
+        (project / package.MARKER).write_text(json.dumps(doc))
+        with pytest.raises(package.PackageError, match="did not write it"):
+            package.write_project([FMA], "myops", project, cuda=False)
+    (project / package.MARKER).unlink()
+    (project / package.MARKER).symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(package.PackageError, match="did not write it"):
+        package.write_project([FMA], "myops", project, cuda=False)
+
+
+def test_links_in_the_project_are_not_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    project = tmp_path / "myops"
+    package.write_project([FMA], "myops", project, cuda=False)
+    import shutil
+    shutil.rmtree(project / "csrc")
+    (project / "csrc").symlink_to(elsewhere)
+    with pytest.raises(package.PackageError, match=r"csrc is a symbolic link"):
+        package.write_project([FMA], "myops", project, cuda=False)
+    assert not any(elsewhere.iterdir())
+
+
+def test_cli_package_refuses_a_foreign_folder_without_force(tmp_path, capsys):
+    from fusegen.cli import main
+
+    project = tmp_path / "myops"
+    project.mkdir()
+    (project / "setup.py").write_text("# mine\n")
+    argv = ["package", str(FMA), "--name", "myops", "--out", str(tmp_path), "--no-build"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--force" in err and err.startswith("fusegen: error:"), err
+    assert (project / "setup.py").read_text() == "# mine\n"
+    assert main(argv + ["--force"]) == 0, capsys.readouterr().err
+    assert "fusegen package" in setup_text(project)
+
+
+def test_package_name_is_checked_as_an_op_name_is(tmp_path):
+    for bad in ["my-ops", "class", "__x", "caf\u00e9", 'x"\nimport os']:
+        with pytest.raises(package.PackageError, match="Python package name"):
+            package.write_project([FMA], bad, tmp_path / "p", cuda=False)
+    with pytest.raises(package.PackageError, match="fusegen's own package"):
+        package.write_project([FMA], "fusegen", tmp_path / "p", cuda=False)
