@@ -23,7 +23,6 @@ from .errors import FusegenError
 from .escape import c_comment, c_string, py_string, py_strings
 
 RUNTIME = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h", "fusegen-cuda.cuh")
-SOURCE_SUFFIXES = (".cpp", ".cu", ".h", ".cuh")
 
 
 class PackageError(FusegenError):
@@ -78,8 +77,6 @@ def op_files(name: str, auxiliary=()) -> list[str]:
 
 def _read_spec(folder: Path) -> tuple[str, list[str]]:
     """(op name, auxiliary op names) from the folder's spec.json, each value checked."""
-    from . import names
-    from .errors import FusegenError
     from .parse import check_identifier, check_op_name, reparse
 
     path = folder / "spec.json"
@@ -245,7 +242,8 @@ MODULE = "fusegen-module.cpp"  # a hyphen: no op's file (an identifier's) can be
 MARKER = ".fusegen-package.json"
 
 # Every path a marker may list (written by write_project): a later run removes a stale one.
-_OWN_PATH = re.compile(r"(csrc/(cuda/)?[A-Za-z0-9_][A-Za-z0-9_.-]*|[A-Za-z_][A-Za-z0-9_]*/__init__\.py|setup\.py|pyproject\.toml)")
+_OWN_PATH = re.compile(r"csrc/(cuda/)?[A-Za-z0-9_][A-Za-z0-9_.-]*|[A-Za-z_][A-Za-z0-9_]*/__init__\.py"
+                       r"|setup\.py|pyproject\.toml")
 
 
 def check_package_name(name: object) -> str:

@@ -223,6 +223,15 @@ def test_a_doctored_spec_is_refused(tmp_path, changes, match):
         package.write_project([folder], "myops", tmp_path / "p", cuda=False)
 
 
+def test_op_files_are_what_fusegen_writes():
+    """The allowlist of a folder's files is exactly what the render stage writes."""
+    import json
+    for name in ("fma", "add"):
+        doc = json.loads((ROOT / "generated" / name / "spec.json").read_text())
+        expected = package.op_files(name, list(doc["auxiliary_ops"])) + ["spec.json"]
+        assert sorted(expected) == sorted(os.listdir(ROOT / "generated" / name))
+
+
 def test_a_fused_function_body_is_read_back(tmp_path):
     """A @fused body flattened into spec.json (`t = ...; expr`) is re-parsed as a body."""
     folder = _copy("fma", tmp_path)
@@ -286,13 +295,15 @@ def test_values_reach_the_project_as_literals_and_identifiers(tmp_path):
                 value = node.value
                 if isinstance(value, ast.Constant):
                     found[node.targets[0].id] = value.value
-                elif isinstance(value, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Constant) for e in value.elts):
+                elif isinstance(value, (ast.Tuple, ast.List)) and \
+                        all(isinstance(e, ast.Constant) for e in value.elts):
                     found[node.targets[0].id] = [e.value for e in value.elts]
         return found
 
     init = constants(tmp_path / "p" / "myops" / "__init__.py")
     assert init["_NAME"] == "myops" and init["OPS"] == ["fma", "add"]
-    assert constants(tmp_path / "p" / "setup.py")["sources"] == sorted(f"csrc/{f}" for f in os.listdir(tmp_path / "p" / "csrc") if f.endswith(".cpp"))
+    cpp = sorted(f"csrc/{f}" for f in os.listdir(tmp_path / "p" / "csrc") if f.endswith(".cpp"))
+    assert constants(tmp_path / "p" / "setup.py")["sources"] == cpp
     assert "csrc/cuda/fma_jvp.cu" in setup_text(tmp_path / "p") and "glob" not in setup_text(tmp_path / "p")
     module = (tmp_path / "p" / "csrc" / "fusegen-module.cpp").read_text()
     assert '"_C", "fusegen ops fma, add", -1' in module
