@@ -177,16 +177,30 @@ class FusedOp:
             except (RuntimeError, TypeError):
                 pass  # a number among the tensors, or a wrong call: the full path converts or reports it
         if kwargs or len(args) != len(self.params):
-            try:
-                bound = self._signature.bind(*args, **kwargs)
-            except TypeError as err:
-                raise TypeError(f"fusegen op '{self.name}': {err}; expected "
-                                f"{self.name}({', '.join(self.params)})") from None
-            args = tuple(bound.arguments[p] for p in self.params)
+            args = bind(self._signature, args, kwargs, f"fusegen op '{self.name}'", self.name)
         return _autograd.call(self.name, *as_tensors(args, self._tensors))
 
     def __repr__(self):
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"
+
+
+def bind(signature: inspect.Signature, args, kwargs, who: str, name: str) -> tuple:
+    """The arguments in the signature's order (defaults applied), or a TypeError that names
+    every unexpected keyword and the parameters (Signature.bind reports a missing argument
+    before an unexpected keyword, so a misspelt `d=` for `c` would read "missing 'c'")."""
+    params = signature.parameters
+    expected = f"expected {name}({', '.join(params)})"
+    unexpected = [k for k in kwargs if k not in params]
+    if unexpected:
+        words = ", ".join(repr(k) for k in unexpected)
+        plural = "s" if len(unexpected) > 1 else ""
+        raise TypeError(f"{who}: unexpected keyword argument{plural} {words}; {expected}")
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{who}: {err}; {expected}") from None
+    bound.apply_defaults()
+    return tuple(bound.arguments[p] for p in params)
 
 
 def as_tensors(args, count: int):

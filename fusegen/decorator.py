@@ -89,9 +89,9 @@ class FusedFunction:
 
     def __call__(self, *args, **kwargs):
         op = self._op if self._op is not None else self.op
-        bound = self._signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return op(*(bound.arguments[p] for p in op.params))  # FusedOp: numbers, autograd, torch.func
+        values = dict(zip(self._signature.parameters, api.bind(
+            self._signature, args, kwargs, f"@fused function '{self.__name__}'", self.__name__)))
+        return op(*(values[p] for p in op.params))  # FusedOp: numbers, autograd, torch.func
 
     def __repr__(self):
         return f"<@fused {self.eager.__module__}.{self.eager.__qualname__}>"
