@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
         return bench_main(argv[1:])
     args = _parser().parse_args(argv)
+    from .build import DEFAULT_HANDLER  # the library's build lines: the progress line replaces them
+
+    logger = logging.getLogger("fusegen")
+    logger.removeHandler(DEFAULT_HANDLER)
     progress = None if args.quiet else _Progress.install()
     try:
         return _run(args)
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if progress is not None:
             progress.uninstall()
+        logger.addHandler(DEFAULT_HANDLER)
 
 
 def _error(err: Exception):
