@@ -11,15 +11,18 @@ commands that need no torch do not import it.
 from .errors import FusegenError
 from .version import FUSEGEN_VERSION
 
-__all__ = ["fuse", "fuse_many", "fused", "build_pending", "FusedOp", "Request", "FusegenError",
-           "onnx_translations"]
+__all__ = ["fuse", "fuse_many", "fused", "build_pending", "load", "ops", "FusedOp", "Request",
+           "FusegenError", "onnx_translations"]
 __version__ = FUSEGEN_VERSION
 
-_LAZY = {"fuse": "api", "fuse_many": "api", "FusedOp": "api", "Request": "api",
+_LAZY = {"fuse": "api", "fuse_many": "api", "FusedOp": "api", "Request": "api", "load": "api",
          "fused": "decorator", "build_pending": "decorator", "onnx_translations": "onnx_export"}
 
 
 def __getattr__(name: str):
+    if name == "ops":
+        import importlib
+        return importlib.import_module(".ops", __name__)  # a module: `from fusegen.ops import fma` works too
     if name in _LAZY:
         import importlib
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
@@ -29,4 +32,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"ops"})

@@ -18,8 +18,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -177,16 +179,30 @@ class FusedOp:
             except (RuntimeError, TypeError):
                 pass  # a number among the tensors, or a wrong call: the full path converts or reports it
         if kwargs or len(args) != len(self.params):
-            try:
-                bound = self._signature.bind(*args, **kwargs)
-            except TypeError as err:
-                raise TypeError(f"fusegen op '{self.name}': {err}; expected "
-                                f"{self.name}({', '.join(self.params)})") from None
-            args = tuple(bound.arguments[p] for p in self.params)
+            args = bind(self._signature, args, kwargs, f"fusegen op '{self.name}'", self.name)
         return _autograd.call(self.name, *as_tensors(args, self._tensors))
 
     def __repr__(self):
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"
+
+
+def bind(signature: inspect.Signature, args, kwargs, who: str, name: str) -> tuple:
+    """The arguments in the signature's order (defaults applied), or a TypeError that names
+    every unexpected keyword and the parameters (Signature.bind reports a missing argument
+    before an unexpected keyword, so a misspelt `d=` for `c` would read "missing 'c'")."""
+    params = signature.parameters
+    expected = f"expected {name}({', '.join(params)})"
+    unexpected = [k for k in kwargs if k not in params]
+    if unexpected:
+        words = ", ".join(repr(k) for k in unexpected)
+        plural = "s" if len(unexpected) > 1 else ""
+        raise TypeError(f"{who}: unexpected keyword argument{plural} {words}; {expected}")
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{who}: {err}; {expected}") from None
+    bound.apply_defaults()
+    return tuple(bound.arguments[p] for p in params)
 
 
 def as_tensors(args, count: int):
@@ -311,6 +327,100 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
         op = op if op is not None else fuse_many([request])[0]
         _decompose.set_mode(op.name, compile)
     return op
+
+
+def load(target) -> FusedOp:
+    """An op built before, in this process or another (the CLI, a script): by its name,
+    `fusegen.load("fma")`, from the request index in the cache (no sympy, no compiler: a
+    JSON read and a dlopen); or from a generated folder, `fusegen.load("generated/fma")`
+    (its spec.json names the expression), which builds the op when the cache no longer holds
+    it. `fusegen.ops.fma` is `fusegen.load("fma")`. By name, the op built last wins when
+    the index knows several expressions under one name."""
+    if isinstance(target, os.PathLike) or (isinstance(target, str) and ("/" in target or os.sep in target)):
+        return _load_folder(Path(target))
+    if not isinstance(target, str):
+        raise TypeError(f"fusegen.load: expected an op name or a generated folder, got {target!r}")
+    with _LOCK:
+        if target in _OPS:
+            return _OPS[target]
+        requests, total = _index.named(target)
+        other = False
+        for request in _recorded(requests):
+            if request is None:
+                other = True  # recorded by another fusegen, torch, Python or CUDA setup
+                continue
+            op = cached(request)
+            if op is not None:
+                return op
+        raise OpNotFound(_not_found(target, total, other))
+
+
+class OpNotFound(LoadError):
+    """fusegen.load(name) found no op of that name."""
+
+
+def _recorded(requests: list[dict]):
+    """Each index entry's Request, or None for one recorded in another environment (its key
+    is not what this environment computes for the same request)."""
+    for data in requests:
+        try:
+            fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "_key"}
+            request = Request(**fields)
+        except TypeError:
+            continue
+        yield request if _index.request_key(request) == data["_key"] else None
+
+
+def _not_found(name: str, total: int, other: bool) -> str:
+    where = _build.cache_dir() / "index"
+    known = [n for n in _index.names() if n != name]
+    shown = ", ".join(known[:12]) + (f", ... ({len(known) - 12} more)" if len(known) > 12 else "")
+    lines = [f"fusegen.load({name!r}): no op named {name!r} in this process, nor in the request index "
+             f"{where}/ ({total} entr{'y' if total == 1 else 'ies'}"
+             + (f"; ops there: {shown}" if known else "") + ")"]
+    if other:
+        lines.append(f"the index has {name!r} from another fusegen, torch, Python or CUDA setup, "
+                     "which this one cannot load: build it again")
+    folder = Path("generated") / name
+    if (folder / "spec.json").is_file():
+        lines.append(f"{folder}/ is here: fusegen.load({str(folder)!r}) loads it (building it if need be)")
+    lines.append(f"expected an op built with `fusegen \"EXPR\" --name {name}`, fusegen.fuse(EXPR, name={name!r}) "
+                 "or @fusegen.fused, with this FUSEGEN_CACHE_DIR")
+    return "\n".join(lines)
+
+
+def _load_folder(path: Path) -> FusedOp:
+    """The op of a generated folder: the indexed op whose files are the folder's, else the
+    op of its spec.json's expression (built when the cache does not hold it)."""
+    import json
+
+    folder = path.parent if path.name == "spec.json" else path
+    try:
+        data = json.loads((folder / "spec.json").read_text())
+        name, expr = data["name"], data["expression"]
+        inputs, scalars = tuple(data["inputs"]), tuple(data["scalars"])
+        files = {p.name: p.read_text() for p in sorted(folder.iterdir())
+                 if p.is_file() and not p.name.startswith(".")}
+    except FileNotFoundError:
+        raise OpNotFound(f"fusegen.load({str(path)!r}): {folder}/spec.json does not exist; expected a "
+                         f"folder that `fusegen EXPR --name NAME` wrote (generated/NAME/)") from None
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise LoadError(f"fusegen.load({str(path)!r}): cannot read {folder}/spec.json ({err}); expected "
+                        f"a folder that `fusegen EXPR --name NAME` wrote") from None
+    if not isinstance(name, str) or not isinstance(expr, str):
+        raise LoadError(f"fusegen.load({str(path)!r}): {folder}/spec.json has no op name and expression")
+    digest = _index.files_digest(files)
+    with _LOCK:
+        known = _OPS.get(name)
+        if known is not None and known.entry.digest == digest:
+            return known
+        for request in _recorded(_index.named(name)[0]):
+            entry = request and _index.lookup(request)
+            if entry is not None and entry.digest == digest:
+                op = cached(request)
+                if op is not None:
+                    return op
+        return fuse_many([Request(expr, name, inputs, scalars)])[0]
 
 
 def _names_arg(what: str, value) -> tuple[str, ...] | None:

@@ -122,6 +122,10 @@ def call(name: str, *args):
     # attribute chain per call costs a few hundred ns, at n = 4096 a tenth of the op).
     op = _OPS.get(name) or _op(name)
     if _is_compiling():
+        from .decompose import onnx_composite
+        if onnx_composite(name):  # torch.onnx.export without fusegen's translation table
+            from .derivatives import composite_outputs
+            return composite_outputs(_info(name), args)
         return op(*args)  # traced as the op (C++ autograd kernel, Meta impl) or decomposed (decompose.py)
     tensors = args[:_MEMBERS[name].tensors]
     for t in tensors:

@@ -46,11 +46,43 @@ from .files import template_text, write, write_text
 from .version import FUSEGEN_VERSION
 
 # Build messages (INFO: building, built, waiting for another process's build) go to the
-# "fusegen" logger. A library stays silent unless its user configures logging: the
-# NullHandler keeps Python's last-resort handler from printing them; the CLI installs its
-# own handler (a progress line) unless --quiet.
+# "fusegen" logger. A first build takes seconds to a minute, so they show by default: the
+# logger is at INFO and DEFAULT_HANDLER prints the build lines on stderr. Silence them with
+# logging.getLogger("fusegen").setLevel(logging.WARNING) or FUSEGEN_QUIET=1; an application
+# that configures logging (a handler on the root logger) gets them through its own
+# handlers instead, once. The CLI replaces the handler with its progress line (or nothing,
+# with --quiet).
+QUIET_ENV = "FUSEGEN_QUIET"
+
+
+class _BuildLines(logging.Handler):
+    """`fusegen: building op(s) fma for CPU...` when a build starts, `fusegen: built op(s) fma
+    in 21.3 s` when it ends (and why nothing happens while another process builds it), on
+    the stderr of the moment. Cached loads log nothing, so they print nothing. Other INFO
+    records of the logger (which derivative runs unfused) are left to logging's users."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+
+    def emit(self, record: logging.LogRecord):
+        event = getattr(record, "fusegen_build", None)
+        if event is None and record.levelno < logging.WARNING:
+            return
+        if logging.getLogger().handlers or os.environ.get(QUIET_ENV, "") not in ("", "0"):
+            return  # the application's logging shows it (propagation), or it asked for quiet
+        try:
+            text = record.getMessage().removeprefix("fusegen: ")
+            sys.stderr.write(f"fusegen: {text}{'...' if event == 'start' else ''}\n")
+            sys.stderr.flush()
+        except Exception:  # a closed stderr must not fail the build
+            self.handleError(record)
+
+
 log = logging.getLogger("fusegen")
-log.addHandler(logging.NullHandler())
+DEFAULT_HANDLER = _BuildLines()
+log.addHandler(DEFAULT_HANDLER)
+if log.level == logging.NOTSET:  # a level the application set before importing fusegen stays
+    log.setLevel(logging.INFO)
 
 # -fno-math-errno: C math functions that never set errno, so the CPU loop vectorizes them
 # (libmvec below) and sqrt is one instruction; values are unchanged.

@@ -55,8 +55,11 @@ def _parser() -> argparse.ArgumentParser:
                                     "(default: order of first appearance)")
     p.add_argument("--scalar", action="append", default=[], metavar="NAME",
                    help="a name that is a runtime float argument (repeatable)")
-    p.add_argument("--out", default="generated", metavar="DIR",
-                   help="write sources to DIR/<name>/ (default: generated)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write sources to DIR/<name>/ (default: generated; a temporary folder for a "
+                        "--check or --bench run without --name)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite DIR/<name>/ even when it holds another expression")
     p.add_argument("--no-build", action="store_true", help="write the sources only")
     p.add_argument("--check", action="store_true", help="compare with eager PyTorch, forward and backward")
     p.add_argument("--bench", action="store_true", help="time the op against eager PyTorch")
@@ -76,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
         return bench_main(argv[1:])
     args = _parser().parse_args(argv)
+    from .build import DEFAULT_HANDLER  # the library's build lines: the progress line replaces them
+
+    logger = logging.getLogger("fusegen")
+    logger.removeHandler(DEFAULT_HANDLER)
     progress = None if args.quiet else _Progress.install()
     try:
         return _run(args)
@@ -93,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if progress is not None:
             progress.uninstall()
+        logger.addHandler(DEFAULT_HANDLER)
 
 
 def _error(err: Exception):
@@ -102,8 +110,16 @@ def _error(err: Exception):
 
 
 def _run(args) -> int:
+    import tempfile
+
+    if args.out is None and args.name is None and (args.check or args.bench):
+        # a try-out: its fused_<hash>/ folder would only litter the current folder
+        with tempfile.TemporaryDirectory(prefix="fusegen-") as tmp:
+            args.out, args.temporary = tmp, True
+            return _run(args)
     from .api import Request, generate, load_generated
     from .files import write
+    from .index import record
 
     say = (lambda *a: None) if args.quiet else print
     request = Request.of({"expr": args.expr, "name": args.name, "inputs": args.inputs,
@@ -114,9 +130,12 @@ def _run(args) -> int:
     say(f"forward  out = {spec.text}")
     for line in spec.summary():
         say(f"backward {line}")
-    out_dir = Path(args.out) / spec.name
+    out_dir = Path(args.out or "generated") / spec.name
+    if not args.force:
+        _check_overwrite(out_dir, spec)
     paths = write(generated.files, out_dir)
-    say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}")
+    temporary = " (temporary: pass --out DIR or --name to keep them)" if getattr(args, "temporary", False) else ""
+    say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}{temporary}")
     if args.show:
         for name, text in generated.files.items():
             print(f"\n===== {out_dir / name} =====\n{text}", end="")
@@ -125,6 +144,7 @@ def _run(args) -> int:
 
     start = time.perf_counter()
     op = load_generated([generated])[0]
+    record(request, op.entry)  # a later fuse() of the same request, or fusegen.load(name), finds it
     lib = op.library
     how = f"built in {lib.seconds:.1f} s" if not lib.cached else \
         f"loaded from cache in {time.perf_counter() - start:.2f} s"
@@ -144,6 +164,32 @@ def _run(args) -> int:
         for line in bench_op(op):
             print(f"bench    {line}")
     return status
+
+
+def _check_overwrite(out_dir: Path, spec):
+    """Refuse to replace a generated folder that holds another op, as a second expression
+    under one name is refused in one process. The same expression (same forward, inputs and
+    scalars) is rewritten in place: a rerun, or a newer fusegen."""
+    import json
+
+    from . import notation
+
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    try:
+        old = json.loads((out_dir / "spec.json").read_text())
+        same = (old.get("forward"), old.get("inputs"), old.get("scalars")) == \
+            (notation.text(spec.forward), list(spec.inputs), list(spec.scalars))
+        held = f"op {old.get('name')!r} for {old.get('expression')!r} (its spec.json)"
+    except (OSError, ValueError, AttributeError):
+        same, held = False, "files that are not a fusegen op (no readable spec.json)"
+    if not same:
+        raise FolderClash(f"{out_dir}/ holds {held}; this run makes {spec.name!r} for {spec.text!r}. "
+                          "Pick another --name or --out, or pass --force to overwrite it")
+
+
+class FolderClash(FusegenError):
+    """The output folder holds another op."""
 
 
 # -- progress ------------------------------------------------------------------------------------

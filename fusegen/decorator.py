@@ -24,6 +24,8 @@ import numbers
 import textwrap
 import threading
 
+import torch
+
 from . import api
 from . import decompose as _decompose
 from .api import Request
@@ -80,6 +82,7 @@ class FusedFunction:
             self._generated = api.generate(request)
             with _PENDING_LOCK:
                 _PENDING.append(self)
+            _build_before_compiling()
 
     @property
     def op(self) -> api.FusedOp:
@@ -88,10 +91,16 @@ class FusedFunction:
         return self._op
 
     def __call__(self, *args, **kwargs):
-        op = self._op if self._op is not None else self.op
-        bound = self._signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return op(*(bound.arguments[p] for p in op.params))  # FusedOp: numbers, autograd, torch.func
+        values = dict(zip(self._signature.parameters, api.bind(
+            self._signature, args, kwargs, f"@fused function '{self.__name__}'", self.__name__)))
+        op = self._op
+        if op is None:
+            if torch.compiler.is_compiling():  # a build cannot be traced; torch.compile builds first
+                raise RuntimeError(f"@fused function {self._request.name!r} is not built yet and torch.compile "
+                                   "is tracing it; call "
+                                   "fusegen.build_pending() before compiling")
+            op = self.op
+        return op(*(values[p] for p in op.params))  # FusedOp: numbers, autograd, torch.func
 
     def __repr__(self):
         return f"<@fused {self.eager.__module__}.{self.eager.__qualname__}>"
@@ -99,6 +108,25 @@ class FusedFunction:
 
 _PENDING: list[FusedFunction] = []
 _PENDING_LOCK = threading.Lock()
+
+
+def _build_before_compiling():
+    """torch.compile traces a function's bytecode, and a build (locks, a compiler run, a
+    dlopen) cannot be traced: dynamo would stop at the first lock. So when a @fused function
+    waits, dynamo's compile-start callback builds the waiting ones before it traces anything.
+    Only a process with a build to do imports torch._dynamo for it (a second, next to the
+    build's seconds)."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:  # a torch without the callback: __call__ names build_pending() instead
+        return
+    if _on_compile_start not in callback_handler.start_callbacks:  # torch._dynamo.reset() clears them
+        callback_handler.register_start_callback(_on_compile_start)
+
+
+def _on_compile_start(_args):
+    if _PENDING:
+        build_pending()
 
 
 def build_pending():

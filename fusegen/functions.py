@@ -323,6 +323,75 @@ def known_names() -> list[str]:
     return sorted(set(FUNCTIONS) | set(ALIASES))
 
 
+# PyTorch functions a user may reach for that fusegen does not take, and what to say instead
+# of a spelling suggestion (softmax is not a misspelt max). The formulas parse (tests/test_parse.py).
+_REDUCTION = ("{f} reduces over a dimension, so it is not elementwise; fusegen fuses elementwise "
+              "expressions only: apply torch.{f} to the op's output (or input)")
+_NOT_ELEMENTWISE = ("{f} is not elementwise (each output reads more than one element of its "
+                    "inputs); fusegen fuses elementwise expressions only")
+UNSUPPORTED: dict[str, str] = {
+    **{f: _REDUCTION for f in ("sum", "mean", "prod", "softmax", "log_softmax", "logsumexp", "amax",
+                              "amin", "argmax", "argmin", "std", "var", "norm", "cumsum", "cumprod",
+                              "layer_norm", "rms_norm", "group_norm", "batch_norm", "normalize",
+                              "cross_entropy", "nll_loss", "mse_loss", "all", "any")},
+    **{f: _NOT_ELEMENTWISE for f in ("matmul", "mm", "bmm", "linear", "conv1d", "conv2d", "einsum",
+                                    "cat", "stack", "reshape", "view", "transpose", "flip", "roll",
+                                    "gather", "index_select")},
+    **{f: "{f} draws random numbers, which fusegen does not support; expected a deterministic "
+          "expression" for f in ("dropout", "rand_like", "randn_like", "bernoulli")},
+    "silu": "{f} is not a built-in; write it: x * sigmoid(x)",
+    "gelu": "{f} is not a built-in; write it: 0.5 * x * (1 + erf(x * 0.7071067811865476))",
+    "softplus": "{f} is not a built-in; write it (torch's threshold 20): where(x > 20, x, log1p(exp(x)))",
+    "mish": "{f} is not a built-in; write it: x * tanh(where(x > 20, x, log1p(exp(x))))",
+    "elu": "{f} is not a built-in; write it: where(x > 0, x, alpha * expm1(x)) with a scalar alpha",
+    "leaky_relu": "{f} is not a built-in; write it: where(x > 0, x, 0.01 * x)",
+    "hardtanh": "{f} is not a built-in; write it: clamp(x, -1, 1)",
+    "clamp_min": "{f} is not a built-in; write it: clamp(x, min=m)",
+    "clamp_max": "{f} is not a built-in; write it: clamp(x, max=m)",
+    "square": "{f} is not a built-in; write it: x * x",
+    "neg": "{f} is not a built-in; write it: -x",
+    "reciprocal": "{f} is not a built-in; write it: 1 / x",
+    "exp2": "{f} is not a built-in; write it: 2 ** x",
+    "log2": "{f} is not a built-in; write it: log(x) * 1.4426950408889634",
+    "log10": "{f} is not a built-in; write it: log(x) * 0.4342944819032518",
+    "sinh": "{f} is not a built-in; write it: (exp(x) - exp(-x)) / 2",
+    "cosh": "{f} is not a built-in; write it: (exp(x) + exp(-x)) / 2",
+    **{f: "{f} is not supported; the functions fusegen knows: {known}"
+       for f in ("asin", "acos", "asinh", "acosh", "atanh", "atan2", "floor", "ceil", "round", "trunc",
+                 "frac", "fmod", "remainder", "lgamma", "digamma", "erfinv", "logit", "hypot", "fmax",
+                 "fmin", "isnan", "isinf", "nan_to_num", "logaddexp")},
+}
+
+
+def unsupported_hint(base: str) -> str | None:
+    """What to say about a PyTorch function fusegen does not take, or None."""
+    text = UNSUPPORTED.get(base)
+    return None if text is None else text.format(f=base, known=", ".join(known_names()))
+
+
+def suggestions(base: str) -> list[str]:
+    """Known spellings within one edit of `base` (two for names of 8 letters or more),
+    an adjacent swap counting as one edit: `sigmod` -> sigmoid, `epx` -> exp; not
+    `softmax` -> max, which shares letters but not a spelling."""
+    limit = 1 if len(base) < 8 else 2
+    scored = sorted((d, n) for n in known_names() if (d := _edit_distance(base, n)) <= limit)
+    return [n for d, n in scored if d == scored[0][0]][:2] if scored else []
+
+
+def _edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions, adjacent swaps."""
+    prev2, prev = None, list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if prev2 is not None and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, prev2[j - 2] + 1)
+            row.append(cost)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
 def literal_ok(value: float) -> bool:
     """Literals must be finite float32-representable magnitudes: the kernels compute in
     float for fp32/fp16/bf16, and a literal that overflows there is a bug, not a number."""

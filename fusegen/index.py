@@ -34,7 +34,7 @@ from .autograd import Member
 from .files import templates_dir, write_text
 from .version import FUSEGEN_VERSION
 
-_FORMAT = 2  # bump when the entry's fields change
+_FORMAT = 3  # bump when the entry's fields change
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,10 @@ def record(request, entry: Entry):
             "scalars": list(entry.scalars), "text": entry.text, "backward_kernel": entry.backward_kernel,
             "digest": entry.digest, "library": entry.library.key,
             "family": [[m.name, m.tensors, m.backward, m.composite] for m in entry.family],
-            "runtime": entry.library.runtime.parent.name.removeprefix("runtime-")}
+            "runtime": entry.library.runtime.parent.name.removeprefix("runtime-"),
+            # the request itself, so that fusegen.load(name) can find it by name and check
+            # that its key is still this environment's
+            "request": {f: list(v) if isinstance(v, tuple) else v for f, v in vars(request).items()}}
     try:
         path = _path(request_key(request))
         path.parent.mkdir(mode=0o700, exist_ok=True)
@@ -124,3 +127,41 @@ def record(request, entry: Entry):
     except OSError as err:
         build.log.debug("fusegen: could not write the index entry for %s: %s", entry.name, err)
 
+
+
+def named(name: str) -> tuple[list[dict], int]:
+    """The index entries' requests of op `name`, the newest first (the requests as recorded:
+    dicts of Request fields, entries of another environment among them), and how many
+    entries the index holds in all."""
+    folder = build.cache_dir() / "index"
+    try:
+        paths = list(folder.glob("*.json"))
+    except OSError:
+        return [], 0
+    found = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") == _FORMAT and data.get("name") == name and isinstance(data.get("request"), dict):
+                found.append((path.stat().st_mtime, path.stem, data["request"]))
+        except (OSError, ValueError):
+            continue
+    found.sort(key=lambda f: f[0], reverse=True)
+    return [dict(request, _key=key) for _, key, request in found], len(paths)
+
+
+def names() -> list[str]:
+    """Every op name the index knows (any environment), sorted."""
+    out = set()
+    try:
+        paths = list((build.cache_dir() / "index").glob("*.json"))
+    except OSError:
+        return []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") == _FORMAT and isinstance(data.get("name"), str):
+                out.add(data["name"])
+        except (OSError, ValueError):
+            continue
+    return sorted(out)

@@ -175,7 +175,8 @@ setup(
                            include_dirs=[os.path.join(here, "csrc")])],
     cmdclass={{"build_ext": cpp_extension.BuildExtension}},
     options={{"bdist_wheel": {{"py_limited_api": "cp39"}}}},
-    install_requires=["torch==" + torch_version],
+    # numpy: torch imports it when present and warns at every import when it is not
+    install_requires=["torch==" + torch_version, "numpy"],
     python_requires=">=3.9",
     zip_safe=False,
 )

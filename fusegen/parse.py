@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-import difflib
 from dataclasses import dataclass
 
 import sympy
@@ -194,13 +193,24 @@ class _Converter:
             self.fail(node, "only named functions can be called", "e.g. exp(x) or torch.exp(x)")
         name = fn.resolve(dotted)
         if name is None:
-            base = dotted.rpartition(".")[2]
-            near = difflib.get_close_matches(base, fn.known_names(), n=1)
-            hint = f"did you mean '{near[0]}'?" if near else "known: " + ", ".join(fn.known_names())
-            self.fail(node, f"unknown function '{dotted}'", hint)
+            self._unknown_function(node, dotted)
         spec = fn.FUNCTIONS[name]
         args = self._bind(node, name, spec)
         return spec.build(*args)
+
+    def _unknown_function(self, node, dotted: str):
+        prefix, _, base = dotted.rpartition(".")
+        known = fn.resolve(base)
+        unsupported = fn.unsupported_hint(base)
+        if prefix and known is not None:
+            self.fail(node, f"unknown function '{dotted}'",
+                      f"'{prefix}' is not a module fusegen reads; write {base}(...) or torch.{base}(...)")
+        if unsupported is not None:
+            self.fail(node, f"unsupported function '{dotted}'", unsupported)
+        near = fn.suggestions(base)
+        hint = ("did you mean " + " or ".join(f"'{n}'" for n in near) + "?") if near \
+            else "known: " + ", ".join(fn.known_names())
+        self.fail(node, f"unknown function '{dotted}'", hint)
 
     def _bind(self, node, name, spec):
         """Positional and keyword arguments in torch's parameter names, converted to sympy."""

@@ -86,7 +86,49 @@ def test_install_and_uninstall_restore_the_logger():
     assert logger.level == logging.INFO and progress in logger.handlers and not logger.propagate
     progress.uninstall()
     assert (logger.level, logger.propagate, list(logger.handlers)) == before
-    assert any(isinstance(h, logging.NullHandler) for h in logger.handlers)  # the library's default
+    assert build.DEFAULT_HANDLER in logger.handlers  # the library's default
+
+
+def test_the_cli_shows_its_own_lines_not_the_library_ones(tmp_path, capsys, monkeypatch):
+    """The CLI takes the library's handler off while it runs (its progress line, or nothing
+    with --quiet, stands for it) and puts it back after."""
+    seen = []
+    monkeypatch.setattr(build.DEFAULT_HANDLER, "emit", seen.append)
+    logger = logging.getLogger("fusegen")
+    monkeypatch.setattr("fusegen.cli._run", lambda args: (seen.append(list(logger.handlers)), 0)[1])
+    for quiet in ([], ["--quiet"]):
+        assert main(["x*2", "--no-build", "--out", str(tmp_path)] + quiet) == 0
+        assert build.DEFAULT_HANDLER not in seen.pop()
+        assert build.DEFAULT_HANDLER in logger.handlers
+
+
+def _record(event, message="building op(s) fma for CPU", level=logging.INFO):
+    r = record(message, event)
+    r.levelno = level
+    return r
+
+
+def test_the_library_build_lines(capsys, monkeypatch):
+    """One line on stderr when a build starts and one when it ends; nothing for other INFO
+    records; nothing when the application has configured logging (its handlers show them)
+    or when FUSEGEN_QUIET is set."""
+    handler = build.DEFAULT_HANDLER
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # pytest's own capture handlers sit there
+    monkeypatch.delenv(build.QUIET_ENV, raising=False)
+    handler.emit(_record("start"))
+    handler.emit(_record("done", "built op(s) fma in 21.3 s"))
+    handler.emit(_record(None, "fusegen::fma: third order is not fused"))  # INFO, no build event
+    handler.emit(_record(None, "fusegen: something is wrong", logging.WARNING))
+    assert capsys.readouterr().err == ("fusegen: building op(s) fma for CPU...\n"
+                                       "fusegen: built op(s) fma in 21.3 s\n"
+                                       "fusegen: something is wrong\n")
+    monkeypatch.setenv(build.QUIET_ENV, "1")
+    handler.emit(_record("start"))
+    monkeypatch.setenv(build.QUIET_ENV, "0")
+    monkeypatch.setattr(root, "handlers", [logging.NullHandler()])
+    handler.emit(_record("start"))
+    assert capsys.readouterr().err == ""
 
 
 # -- the CLI, real builds --------------------------------------------------------------------------
@@ -150,21 +192,41 @@ def test_cli_quiet_still_prints_errors(tmp_path, capsys):
 LIBRARY = """
 import logging, sys, fusegen
 fusegen.fuse("x*5 + y", name=sys.argv[1])
-print("--- logging on ---", file=sys.stderr, flush=True)
-logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
-fusegen.fuse("x*6 + y", name=sys.argv[2])
+print("--- logging configured ---", file=sys.stderr, flush=True)
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+fusegen.fuse("x*7 + y", name=sys.argv[2])
 """
 
 
-def test_the_library_is_silent_unless_logging_is_configured(tmp_path, seeded):
-    quiet, loud = unique("lib_quiet"), unique("lib_loud")
-    r = subprocess.run([sys.executable, "-c", LIBRARY, quiet, loud], capture_output=True, text=True,
-                       env=seeded, cwd=tmp_path, timeout=600)
+@pytest.mark.slow
+def test_a_library_build_says_when_it_starts_and_ends(tmp_path, seeded):
+    """A first build from Python prints two lines on stderr; under the application's logging
+    configuration (WARNING: fusegen's own level, INFO, decides), its handlers print them,
+    once. A cached load (a new process) prints nothing. setLevel(WARNING) silences it."""
+    shown, configured = unique("lib_shown"), unique("lib_configured")
+    r = subprocess.run([sys.executable, "-c", LIBRARY, shown, configured], capture_output=True,
+                       text=True, env=seeded, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr
-    before, after = r.stderr.split("--- logging on ---\n")
-    assert before == "" and r.stdout == ""
-    assert f"fusegen INFO building op(s) {loud} for CPU" in after
-    assert f"fusegen INFO built op(s) {loud} in " in after and quiet not in after
+    first, third = r.stderr.split("--- logging configured ---\n")
+    lines = first.splitlines()
+    assert lines[0] == f"fusegen: building op(s) {shown} for CPU..." and len(lines) == 2, first
+    assert lines[1].startswith(f"fusegen: built op(s) {shown} in ") and lines[1].endswith(" s")
+    assert r.stdout == ""
+    lines = third.splitlines()
+    assert lines[0] == f"fusegen INFO building op(s) {configured} for CPU" and len(lines) == 2, third
+    assert lines[1].startswith(f"fusegen INFO built op(s) {configured} in ")
+    again = subprocess.run([sys.executable, "-c", LIBRARY, shown, configured], capture_output=True,
+                           text=True, env=seeded, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0 and again.stdout == ""
+    assert again.stderr == "--- logging configured ---\n"  # cached: not a word
+    logger = logging.getLogger("fusegen")
+    assert logger.isEnabledFor(logging.INFO)
+    level = logger.level
+    try:
+        logger.setLevel(logging.WARNING)  # the documented way to silence it
+        assert not logger.isEnabledFor(logging.INFO)
+    finally:
+        logger.setLevel(level)
 
 
 # -- build errors ----------------------------------------------------------------------------------

@@ -81,6 +81,29 @@ def test_wrong_number_of_arguments(corpus_ops, args, kwargs, message):
     assert "fusegen op 'cp_fma'" in text and message in text and "cp_fma(a, b, c)" in text
 
 
+def test_an_unexpected_keyword_is_named_before_a_missing_one(corpus_ops, decorated_fma):
+    """`fma(a=, b=, d=)`: the misspelt keyword is the culprit, not the 'c' it left out."""
+    for op, who in ((corpus_ops["cp_fma"], "fusegen op 'cp_fma'"), (decorated_fma, "@fused function 'err_fma'")):
+        with pytest.raises(TypeError) as info:
+            op(a=f, b=f, d=f)
+        text = str(info.value)
+        assert f"{who}: unexpected keyword argument 'd'; expected" in text and "(a, b, c)" in text, text
+        assert "missing" not in text
+        with pytest.raises(TypeError, match="unexpected keyword arguments 'd', 'e'"):
+            op(a=f, b=f, d=f, e=f)
+
+
+@pytest.fixture
+def decorated_fma():
+    import fusegen
+
+    @fusegen.fused(name="err_fma")
+    def err_fma(a, b, c):
+        return a * b + c
+
+    return err_fma
+
+
 def test_raw_op_wrong_number_of_arguments(corpus_ops):
     with pytest.raises(RuntimeError, match=r"fusegen::cp_fma.*missing value for argument 'c'"):
         torch.ops.fusegen.cp_fma(f, f)

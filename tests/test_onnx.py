@@ -210,3 +210,32 @@ def test_onnx_translations_arguments(corpus_ops, formula_ops):
         fusegen.onnx_translations("no_such_op")
     with pytest.raises(FusegenError, match="expected fusegen ops"):
         fusegen.onnx_translations(torch.ops.aten.add.Tensor)
+
+
+@pytest.mark.slow
+def test_a_plain_export_without_the_table(formula_ops):
+    """torch.onnx.export(model, args, dynamo=True) with no custom_translation_table: a FusedOp
+    or @fused call exports as its expression's ATen ops (torch's own ONNX functions), and
+    onnxruntime agrees with eager; with the table, the op's own translation is used (its
+    fp16 computes in float, so it holds Casts the plain export does not)."""
+    sigmoid = formula_ops[3]  # a @fused function
+    fused_op = sigmoid.op     # its FusedOp
+
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return sigmoid(x) * 2 + fused_op(x)
+
+    x = torch.linspace(-5, 5, 11)
+    program = torch.onnx.export(Plain().eval(), (x,), dynamo=True, verbose=False)
+    check_standard(program.model_proto)
+    (got,) = run(program.model_proto, [[x]])
+    torch.testing.assert_close(got, torch.sigmoid(x) * 3)
+
+    class Half(torch.nn.Module):
+        def forward(self, x):
+            return fused_op(x.half()).float()
+
+    plain = torch.onnx.export(Half().eval(), (x,), dynamo=True, verbose=False).model_proto
+    table = export(Half(), (x,), [fused_op]).model_proto
+    casts = [sum(n.op_type == "Cast" for n in p.graph.node) for p in (plain, table)]
+    assert casts[1] > casts[0], casts  # the table's translation: fp16 -> float -> fp16

@@ -114,6 +114,7 @@ def test_wheel_in_fresh_venv_without_fusegen(wheel_venv, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "wheel ok" in r.stdout
+    assert "NumPy" not in r.stderr, r.stderr  # torch's "Failed to initialize NumPy": numpy came with the wheel
 
 
 @pytest.mark.slow
@@ -130,6 +131,7 @@ def test_wheel_metadata(wheel_venv):
         info = z.read("myops/_build_info.py").decode()
     assert [n for n in names if n.endswith(".so")] == ["myops/_C.abi3.so"]
     assert "Requires-Dist: torch==" + torch.__version__.split("+")[0] in metadata
+    assert "Requires-Dist: numpy" in metadata
     assert repr(torch.__version__) in info and "CUDA_VERSION = None" in info
 
 
@@ -148,6 +150,19 @@ def test_project_has_one_runtime_and_each_op_once(tmp_path):
     package.write_project(folders, "myops", tmp_path / "cuda", cuda=True)
     assert (tmp_path / "cuda" / "csrc" / "cuda" / "fma.cu").is_file()  # not beside fma.cpp: one fma.o each
     assert "CUDA = True" in (tmp_path / "cuda" / "setup.py").read_text()
+
+
+def test_project_requires_torch_and_numpy(tmp_path):
+    """numpy is a requirement: without it every `import torch` of the installed wheel warns
+    "Failed to initialize NumPy"."""
+    import ast
+
+    package.write_project([ROOT / "generated" / "fma"], "myops", tmp_path / "myops", cuda=False)
+    tree = ast.parse((tmp_path / "myops" / "setup.py").read_text())
+    (setup,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup"]
+    (requires,) = [k.value for k in setup.keywords if k.arg == "install_requires"]
+    names = [ast.unparse(e) for e in requires.elts]
+    assert names == ["'torch==' + torch_version", "'numpy'"]
 
 
 def test_project_errors(tmp_path):

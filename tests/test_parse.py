@@ -74,6 +74,43 @@ def test_error_caret_column(text, col, message):
     assert caret_col(err) == col
 
 
+@pytest.mark.parametrize("text, message, hint", [
+    ("torch.softmax(x)", "unsupported function 'torch.softmax'", "softmax reduces over a dimension, so it is not elementwise"),
+    ("F.log_softmax(x)", "unsupported function 'F.log_softmax'", "not elementwise"),
+    ("torch.sum(x)", "unsupported function 'torch.sum'", "sum reduces over a dimension"),
+    ("torch.mean(x)", "unsupported function 'torch.mean'", "mean reduces over a dimension"),
+    ("torch.matmul(x, y)", "unsupported function 'torch.matmul'", "matmul is not elementwise"),
+    ("F.dropout(x)", "unsupported function 'F.dropout'", "random numbers"),
+    ("F.gelu(x)", "unsupported function 'F.gelu'", "write it: 0.5 * x * (1 + erf(x * 0.7071067811865476))"),
+    ("torch.atan2(x, y)", "unsupported function 'torch.atan2'", "atan2 is not supported; the functions fusegen knows: abs"),
+    ("np.exp(x)", "unknown function 'np.exp'", "'np' is not a module fusegen reads; write exp(...) or torch.exp(...)"),
+    ("frobnicate(x)", "unknown function 'frobnicate'", "known: abs, absolute, atan"),
+    ("tahn(x)", "unknown function 'tahn'", "did you mean 'tan' or 'tanh'?"),
+])
+def test_unsupported_and_unknown_functions(text, message, hint):
+    err = parse_error(text)
+    assert message in str(err)
+    assert hint in err.hint and "did you mean 'max'" not in str(err)
+
+
+def test_no_far_fetched_suggestion():
+    """A suggestion is at most one edit away (an adjacent swap is one): softmax is not max."""
+    from fusegen.functions import suggestions
+    assert suggestions("softmax") == [] and suggestions("maxx") == ["max"]
+    assert suggestions("sigmiod") == ["sigmoid"] and suggestions("epx") == ["exp"]
+    assert suggestions("cleamp") == ["clamp"] and suggestions("lgo") == ["log"]
+
+
+def test_every_formula_in_a_hint_parses():
+    from fusegen.functions import UNSUPPORTED, unsupported_hint
+    formulas = [unsupported_hint(f).split("write it")[1].split(": ", 1)[1] for f in UNSUPPORTED
+                if "write it" in UNSUPPORTED[f]]
+    assert len(formulas) >= 10
+    for formula in formulas:
+        formula = formula.removesuffix(" with a scalar alpha").replace("=m)", "=0.5)")
+        parse(formula, scalars=["alpha"] if "alpha" in formula else ())
+
+
 def test_did_you_mean_sigmoid():
     err = parse_error("x*sigmod(x)")
     assert err.hint == "did you mean 'sigmoid'?" and "did you mean 'sigmoid'?" in str(err)
