@@ -78,7 +78,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def entries(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.name != "locks")
+    return sorted(p.name for p in root.iterdir() if p.name not in ("locks", "CACHEDIR.TAG"))
 
 
 def runtime_entry() -> str:
