@@ -306,7 +306,8 @@ def _cache_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fusegen cache",
                 description="List, trim or clear fusegen's build cache ($FUSEGEN_CACHE_DIR, default "
                             "~/.cache/fusegen). Every command also removes the temp folders of killed "
-                            "builds; nothing a build in progress uses is ever removed.",
+                            "builds; nothing a build in progress uses is ever removed, and nothing "
+                            "fusegen did not make: a folder without fusegen's CACHEDIR.TAG is refused.",
                 epilog='`cache` as the first word is this command; to fuse the expression `cache` '
                        '(an input named cache), write fusegen "(cache)".')
     # `fusegen cache --name c` meant an op: say how to write that
