@@ -23,7 +23,6 @@ from conftest import seed_runtime
 from fusegen import build
 from fusegen import cache as fcache
 from fusegen.errors import LoadError
-from test_cache import OPS
 
 cache = test_cache.cache
 
