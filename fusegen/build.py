@@ -6,10 +6,16 @@ autograd, torch registration) includes the heavy torch headers; it is compiled o
 torch/CUDA/compiler version into `runtime-<key>/libfusegen_runtime_<key>.so`. An op library
 holds one or more ops (tests build a whole corpus into one); its sources include no torch
 header, so it compiles in about a second, and it links against the runtime (-l and an
-rpath), whose key is part of the op's key. The cache key names everything that changes the binary: the sources, the flags, torch, CUDA, the
-compilers, the GPU architectures and fusegen's version. A build runs in a private temp
-directory under an flock (released by the kernel if the process dies, so no stale
-locks) and is published with one atomic rename; a failed build leaves nothing behind.
+rpath relative to its own folder, `$ORIGIN/../runtime-<key>`), whose key is part of the
+op's key. The cache key names everything that changes the binary (key_parts): the sources,
+the flags, torch, CUDA, the compilers' real identities, the GPU architectures, fusegen's
+version and the environment variables the compilers read. A build runs in a private temp
+directory under an flock (released by the kernel if the process dies, so no stale locks;
+a stuck holder is waited for a bounded time) and is published with one atomic rename; a
+failed build leaves nothing behind. The entry records its library's size and sha256, and
+every load checks them first: a corrupt entry is rebuilt, with a warning, never loaded.
+No path from the cache reaches a command line as it is (_compiler_view): the cache may
+live in a folder whose name holds spaces, quotes, `;` or `$`.
 
 The cache holds shared libraries that are loaded into the process, so it must be private:
 fusegen creates it 0700 and refuses to build in, or load from, a cache directory, entry or
@@ -20,12 +26,14 @@ again, once; both kinds of library are built by the one function that does this,
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import itertools
 import logging
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -104,6 +112,7 @@ HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY
 # a few share one unit (a new op and its two auxiliary ops: one unit).
 CPP_PER_UNIT = 6
 RUNTIME_SOURCES = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h")
+LINK_FLAGS = "fusegen-link.rsp"  # an op library's link flags for the runtime (see _compile)
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,8 @@ def _check_private(path: Path, what: str, fix: str, error: type[FusegenError]):
 
 
 def _cache_root(error: type[FusegenError]) -> Path:
-    """The cache directory, created 0700 when missing, checked private when it exists."""
+    """The cache directory, created 0700 when missing, checked private and fusegen's own
+    (its marker, see cache.adopt) when it exists."""
     root = cache_dir()
     try:
         root.mkdir(mode=0o700, parents=True)
@@ -146,6 +156,7 @@ def _cache_root(error: type[FusegenError]) -> Path:
         raise error(f"fusegen: the cache directory {root} is not a directory. Set "
                     "FUSEGEN_CACHE_DIR to a directory you own.")
     _check_private(root, "cache directory", f"chmod 700 {root}", error)
+    _cache.adopt(root, error)
     return root
 
 
@@ -178,13 +189,76 @@ def _cuda_home() -> str | None:
     return home if os.path.exists(home) else None
 
 
-@lru_cache(maxsize=None)
-def _tool_version(*command: str) -> str:
+# The environment variables that change what the compilers make (read by gcc/clang, nvcc or
+# torch.utils.cpp_extension): part of every cache key, and of the request index's key.
+KEY_ENV = ("CXX", "CC", "NVCC_CCBIN", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS",
+           "TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "CUDA_PATH", "CPATH", "C_INCLUDE_PATH",
+           "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH", "LD_RUN_PATH",
+           "FUSEGEN_CPU_ONLY")
+
+
+def _compilers(cuda: bool) -> list[tuple[str, str]]:
+    """(role, command) of each compiler a build runs, as cpp_extension picks them: $CXX or
+    c++; for CUDA, $PYTORCH_NVCC or $CUDA_HOME/bin/nvcc and nvcc's host compiler ($CC,
+    which cpp_extension passes as -ccbin, else $NVCC_CCBIN, else gcc)."""
+    tools = [("c++", os.environ.get("CXX") or "c++")]
+    if cuda:
+        nvcc = os.environ.get("PYTORCH_NVCC") or os.path.join(_cuda_home() or "/usr/local/cuda", "bin", "nvcc")
+        tools += [("nvcc", nvcc), ("host", os.environ.get("CC") or os.environ.get("NVCC_CCBIN") or "gcc")]
+    return tools
+
+
+def _binary(command: str) -> tuple[str, tuple]:
+    """A compiler command's binary, resolved (PATH, symlinks: `c++` -> /usr/bin/x86_64-linux-gnu-g++-12),
+    and its stat (size, mtime, inode): what changes when it is replaced or upgraded."""
+    words = shlex.split(command) or [command]
+    found = shutil.which(words[0])
+    path = os.path.realpath(found) if found else words[0]
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
+        st = os.stat(path)
+        return path, (st.st_size, st.st_mtime_ns, st.st_ino)
+    except OSError:
+        return path, ()
+
+
+def _run(command: str, *args: str) -> str:
+    try:
+        words = shlex.split(command) or [command]
+        out = subprocess.run(words + list(args), capture_output=True, text=True, timeout=60).stdout
+    except (OSError, ValueError, subprocess.SubprocessError):
         return "unavailable"
-    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+    return out.strip()
+
+
+@lru_cache(maxsize=None)
+def _identity(role: str, command: str, binary: str, stamp: tuple) -> str:
+    """What a compiler is, asked once per process and binary (`stamp` is in the memo's key:
+    a compiler replaced in place is asked again). Not the last line of `--version`, which
+    for g++ is its warranty notice, the same for every version: for gcc/clang the first line
+    (name and version) and the target (-dumpmachine); for nvcc the whole `--version` (its
+    release and build lines); always the resolved binary."""
+    if role == "nvcc":
+        return f"{binary}\n{_run(command, '--version')}"
+    first = (_run(command, "--version").splitlines() or ["unknown"])[0]
+    return f"{binary}\n{first}\n{_run(command, '-dumpmachine')}"
+
+
+def key_parts(cuda: bool, probe: bool = True) -> list[str]:
+    """Everything besides the sources that decides a library's bytes, in one list for both
+    keys. The cache key (probe=True) names each compiler by its identity (running it, once
+    per process); the request index's key (probe=False) by its resolved binary and that
+    file's stat, since a cached load must run no process: a compiler replaced in place then
+    misses the index, and the cache key, which asks it, decides whether to rebuild."""
+    parts = [FUSEGEN_VERSION, torch.__version__, str(torch.version.cuda), sys.version, sys.platform, str(cuda)]
+    parts += [f"{name}={os.environ.get(name)!r}" for name in KEY_ENV]  # unset and "" differ
+    if cuda:
+        parts.append(repr(cuda_arch_flags()))
+    for role, command in _compilers(cuda):
+        binary, stamp = _binary(command)
+        parts.append(f"{role}: {_identity(role, command, binary, stamp) if probe else (binary, stamp)}")
+    if probe:
+        parts.append(repr(build_flags(cuda)))  # libmvec's presence: asks ldconfig
+    return parts
 
 
 def cuda_arch_flags() -> list[str]:
@@ -216,17 +290,6 @@ def build_flags(cuda: bool) -> dict[str, list[str]]:
     return {"cflags": cflags, "cuda_cflags": (NVCC_FLAGS + cuda_arch_flags()) if cuda else []}
 
 
-def _toolchain(cuda: bool) -> list[str]:
-    """What changes a binary besides its sources: versions of torch, CUDA, the compilers."""
-    from torch.utils.cpp_extension import CUDA_HOME
-    return [
-        FUSEGEN_VERSION, torch.__version__, str(torch.version.cuda), sys.version, sys.platform,
-        _tool_version(os.environ.get("CXX", "c++"), "--version"),
-        repr(build_flags(cuda)), str(cuda),
-        _tool_version(os.path.join(CUDA_HOME, "bin", "nvcc"), "--version") if cuda else "",
-    ]
-
-
 def runtime_sources() -> dict[str, str]:
     """The shared runtime's sources, as shipped beside every op."""
     return {f: template_text(f) for f in RUNTIME_SOURCES}
@@ -234,7 +297,7 @@ def runtime_sources() -> dict[str, str]:
 
 def runtime_key(cuda: bool) -> str:
     h = hashlib.sha256()
-    for part in ["runtime"] + _toolchain(cuda):
+    for part in ["runtime"] + key_parts(cuda):
         h.update(part.encode() + b"\0")
     for fname, text in sorted(runtime_sources().items()):
         h.update(fname.encode() + b"\0" + text.encode() + b"\0")
@@ -243,7 +306,7 @@ def runtime_key(cuda: bool) -> str:
 
 def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
     h = hashlib.sha256()
-    parts = _toolchain(cuda) + [runtime_key(cuda)]
+    parts = key_parts(cuda) + [runtime_key(cuda)]
     for part in parts:
         h.update(part.encode() + b"\0")
     for name, files in sorted(ops):
@@ -253,25 +316,7 @@ def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
     return h.hexdigest()[:32]
 
 
-@contextmanager
-def _locked(path: Path, what: str = ""):
-    """An exclusive flock: the kernel drops it when the process dies, so it never goes stale.
-    `fusegen cache` takes the same lock (without waiting) before it removes the entry or the
-    temp folder it guards."""
-    path.parent.mkdir(exist_ok=True)  # not parents=True: a deleted cache is not recreated here
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            # Say why nothing happens: another process builds the same library (it may be
-            # the runtime's one-time build, a minute on a small machine).
-            log.info("waiting for another process building %s", what or path.stem,
-                     extra={"fusegen_build": "wait"})
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+_locked = _cache.build_lock  # taken by builds; `fusegen cache` takes it without waiting
 
 
 def _own(files: dict[str, str], suffix: str) -> list[str]:
@@ -386,14 +431,14 @@ def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, wh
               meta: _Meta) -> Library:
     final = root / folder
     lib = final / filename
-    if lib.is_file():
-        _mark_used(final, meta)
+    if _intact(lib):
+        _cache.mark_used(final)
         return Library(lib, key, 0.0, True)
     start = time.perf_counter()
     try:
         with _locked(_cache.lock_path(root, folder), what):
-            if lib.is_file():  # another process built it while we waited
-                _mark_used(final, meta)
+            if _intact(lib, warn=True):  # another process built it while we waited
+                _cache.mark_used(final)
                 return Library(lib, key, 0.0, True)
             _clean_stale(root)
             log.info("building %s for %s", what, meta.targets(), extra={"fusegen_build": "start"})
@@ -407,10 +452,8 @@ def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, wh
                 _seal(tmp / filename)
                 os.unlink(tmp / _cache.OWNER_FILE)
                 _cache.write_entry_json(tmp, meta.kind, list(meta.ops), meta.cuda, FUSEGEN_VERSION,
-                                        torch.__version__)
-                if final.exists():  # a leftover from a crash between rename and now: replace it
-                    shutil.rmtree(final)
-                os.rename(tmp, final)
+                                        torch.__version__, filename)
+                _cache.publish(root, tmp, final)  # replaces a corrupt entry, or a crash's leftover
             except BaseException as err:
                 vanished = not tmp.is_dir()
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -421,9 +464,9 @@ def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, wh
                     raise _CacheDeleted from err
                 raise
     except OSError as err:
-        if root.is_dir():
-            raise
-        raise _CacheDeleted from err
+        if not root.is_dir():
+            raise _CacheDeleted from err
+        raise _unwritable(root, what, err) from None
     except _CacheDeleted:
         if key in _LOADED:
             # An op library built and loaded into this process; only publishing it failed.
@@ -436,16 +479,30 @@ def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, wh
     return Library(lib, key, seconds, False)
 
 
-def _mark_used(entry: Path, meta: _Meta | None = None):
-    """A cache hit: bump the entry's last use (`fusegen cache trim` goes by it). An entry
-    built before entry.json existed gets one now. Never fails: a read-only cache is usable."""
-    if _cache.mark_used(entry) or meta is None:
-        return
-    try:
-        _cache.write_entry_json(entry, meta.kind, list(meta.ops), meta.cuda, FUSEGEN_VERSION,
-                                torch.__version__)
-    except OSError:
-        pass
+def _intact(lib: Path, warn: bool = False) -> bool:
+    """A cache hit: the library is there and is the one published (cache.verify). A
+    corrupt one (truncated, overwritten, patched) is reported once, under the lock, and
+    rebuilt; an entry without the record (from before it) is rebuilt as well."""
+    if not lib.is_file():
+        return False
+    why = _cache.verify(lib)
+    if why is None:
+        return True
+    if warn:
+        log.warning("fusegen: warning: the cache entry %s is corrupt (%s); rebuilding it", lib.parent, why)
+    return False
+
+
+def _unwritable(root: Path, what: str, err: OSError) -> BuildError:
+    """A build that cannot write in the cache: which folder, and what still works."""
+    where = Path(err.filename) if err.filename else root
+    folder = where if where.is_dir() else where.parent
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return BuildError(f"fusegen: cannot build {what}: the cache folder {folder} is read-only "
+                          f"({err.strerror}: {where}). A read-only cache still loads the libraries it "
+                          "holds; to build, make it writable or set FUSEGEN_CACHE_DIR to a directory "
+                          "you can write")
+    return BuildError(f"fusegen: cannot build {what} in the cache {root}: {err.strerror or err}: {where}")
 
 
 def _clean_stale(root: Path):
@@ -477,7 +534,7 @@ def runtime_library(verbose: bool = False) -> Library:
         flags = build_flags(cuda)
         # The soname is what op libraries record (DT_NEEDED): the dynamic loader then finds
         # the copy already loaded, and the runtime is loaded once per process.
-        _cpp_extension(name, [tmp / "fusegen-runtime.cpp"], flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
+        _cpp_extension(name, ["fusegen-runtime.cpp"], flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
                        tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in RUNTIME_SOURCES])
 
     return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)",
@@ -512,28 +569,68 @@ def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Libra
     return Library(lib.path, lib.key, lib.seconds, lib.cached, runtime[0].path)
 
 
+# What a path handed to the compiler may hold. cpp_extension writes the sources' paths into
+# build.ninja as they are, where `$`, `:` and spaces are ninja's syntax, and ninja runs each
+# command through /bin/sh, where quotes, `;`, `$` and spaces are the shell's.
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
+
+
+@contextmanager
+def _compiler_view(tmp: Path):
+    """The path under which the compilers see the build folder `tmp`: `tmp` itself when its
+    path is plain, else a symlink to it, `fusegen-build-XXXX/build` in a plain temp folder
+    (private: mkdtemp makes it 0700, so nobody else can change where the link points). So
+    no path from the cache reaches a command line, whatever FUSEGEN_CACHE_DIR holds. The
+    link-time paths are relative (see _compile), so the library does not depend on it."""
+    if _PLAIN_PATH.fullmatch(str(tmp)):
+        yield tmp
+        return
+    for base in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+        if _PLAIN_PATH.fullmatch(base) and os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            break
+    else:
+        raise BuildError(f"fusegen: the cache path {tmp.parent} holds characters a build command cannot "
+                         "take as they are, and there is no temp folder with a plain path (letters, "
+                         "digits, ._+-/) to build through; set TMPDIR to one, or FUSEGEN_CACHE_DIR to a "
+                         "plain path")
+    farm = Path(tempfile.mkdtemp(prefix="fusegen-build-", dir=base))
+    link = farm / "build"
+    try:
+        os.symlink(tmp, link, target_is_directory=True)
+        yield link
+    finally:
+        for remove in (lambda: os.unlink(link), lambda: os.rmdir(farm)):  # the link, never its target
+            try:
+                remove()
+            except OSError:
+                pass
+
+
 def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda: bool, verbose: bool,
                    what: str, files):
+    """Compile `sources` (paths relative to the build folder `tmp`) into `tmp/<name>.so`."""
     from torch.utils import cpp_extension
-    try:
-        # cpp_extension writes the ninja file and runs it (the C++ and CUDA compilers in
-        # parallel); the library it loads from `tmp` is this process's copy (the rename keeps
-        # the same inode), so nothing loads twice.
-        cpp_extension.load(
-            name=name,
-            sources=[str(s) for s in sources],
-            extra_cflags=cflags,
-            extra_cuda_cflags=cuda_cflags,
-            extra_ldflags=ldflags,
-            build_directory=str(tmp),
-            with_cuda=cuda,
-            is_python_module=False,
-            verbose=verbose,
-        )
-    except (RuntimeError, subprocess.CalledProcessError, OSError) as err:
-        if not tmp.is_dir():  # the cache was deleted under the build: _build_in retries
-            raise BuildError(f"fusegen: building {what} failed", str(err), tuple(files)) from None
-        raise _failed_build(tmp, what, str(err), files) from None
+    with _compiler_view(tmp) as view:
+        try:
+            # cpp_extension writes the ninja file and runs it (the C++ and CUDA compilers in
+            # parallel); the library it loads from `view` is this process's copy (the rename
+            # keeps the same inode), so nothing loads twice.
+            cpp_extension.load(
+                name=name,
+                sources=[str(view / s) for s in sources],
+                extra_cflags=cflags,
+                extra_cuda_cflags=cuda_cflags,
+                extra_ldflags=ldflags,
+                build_directory=str(view),
+                with_cuda=cuda,
+                is_python_module=False,
+                verbose=verbose,
+            )
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as err:
+            log_text = str(err) if view == tmp else str(err).replace(str(view), str(tmp))
+            if not tmp.is_dir():  # the cache was deleted under the build: _build_in retries
+                raise BuildError(f"fusegen: building {what} failed", log_text, tuple(files)) from None
+            raise _failed_build(tmp, what, log_text, files) from None
     # A second build of one name in a process (a retry after a failed or deleted build) is
     # named <name>_v1.so by cpp_extension's versioner; the cache entry holds <name>.so, for
     # the runtime (libfusegen_runtime_<key>) as for an op library (fusegen_<key>).
@@ -548,10 +645,16 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Libra
     units = _units(ops, cuda)
     write(units, tmp)
     flags = build_flags(cuda)
-    libdir = runtime.path.parent
-    ldflags = [f"-L{libdir}", f"-l{runtime.path.stem[3:]}", f"-Wl,-rpath,{libdir}"] + (["-lmvec"] if libmvec() else [])
+    # The runtime by relative paths, never the cache's own: the linker runs in the build
+    # folder, beside the runtime's entry (-L../runtime-<key>), and the loader finds the
+    # runtime beside the op's entry ($ORIGIN/../runtime-<key>), wherever the cache is, even
+    # moved. In a response file (gcc and clang read it themselves), because `$ORIGIN`
+    # written among the flags would be expanded by ninja and again by the shell.
+    folder = runtime.path.parent.name
+    write_text(tmp / LINK_FLAGS, f"-L../{folder}\n-l{runtime.path.stem[3:]}\n-Wl,-rpath,$ORIGIN/../{folder}\n")
+    ldflags = [f"@{LINK_FLAGS}"] + (["-lmvec"] if libmvec() else [])
     names = ", ".join(n for n, _ in ops)
-    _cpp_extension(f"fusegen_{key}", [tmp / u for u in units], flags["cflags"], flags["cuda_cflags"], ldflags,
+    _cpp_extension(f"fusegen_{key}", list(units), flags["cflags"], flags["cuda_cflags"], ldflags,
                    tmp, cuda, verbose, f"op(s) {names}",
                    [str(tmp / n / f) for n, files in ops for f in files])
     _LOADED.add(key)
@@ -563,7 +666,9 @@ _LOADED: set[str] = set()
 
 
 def load(library: Library):
-    """Load a library from the cache, after checking that nobody else can have written it."""
+    """Load a library from the cache, after checking that nobody else can have written it
+    and that it is the library published (its size and sha256: a truncated library would
+    crash the process)."""
     if library.key in _LOADED:
         return
     # The op library and the runtime it pulls in (DT_NEEDED, through its rpath) alike.
@@ -573,6 +678,10 @@ def load(library: Library):
         except FileNotFoundError:
             raise LoadError(f"fusegen: the cache entry {path.parent} was deleted before it "
                             "could be loaded; run again to rebuild it") from None
+        why = _cache.verify(path)
+        if why is not None:
+            raise LoadError(f"fusegen: the cache entry {path.parent} is corrupt ({why}); run again "
+                            "to rebuild it")
     try:
         torch.ops.load_library(str(library.path))
     except (OSError, RuntimeError) as err:

@@ -356,7 +356,8 @@ def _cache_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fusegen cache",
                 description="List, trim or clear fusegen's build cache ($FUSEGEN_CACHE_DIR, default "
                             "~/.cache/fusegen). Every command also removes the temp folders of killed "
-                            "builds; nothing a build in progress uses is ever removed.",
+                            "builds; nothing a build in progress uses is ever removed, and nothing "
+                            "fusegen did not make: a folder without fusegen's CACHEDIR.TAG is refused.",
                 epilog='`cache` as the first word is this command; to fuse the expression `cache` '
                        '(an input named cache), write fusegen "(cache)".')
     # `fusegen cache --name c` meant an op: say how to write that
@@ -393,6 +394,14 @@ def _cache_run(args) -> int:
         print(f"fusegen: error: the cache directory {root} is not a directory; set FUSEGEN_CACHE_DIR "
               "to a directory", file=sys.stderr)
         return 2
+    # Before anything is removed, even a temp folder: only a folder fusegen made is its cache.
+    foreign = cache.foreign(root)
+    if foreign == [] and not any(root.iterdir()):
+        print(f"cache    {root}: empty")
+        return 0
+    if foreign is not None:
+        _error(FusegenError(cache.not_a_cache_message(root, foreign)))
+        return 2
     for temp in cache.clean_stale(root):
         print(f"removed  {temp.path.name} ({_size(temp.size)}): the temp folder of a killed build")
     command = args.command or "list"
@@ -404,6 +413,8 @@ def _cache_run(args) -> int:
         temps = cache.temp_folders(root)
         for t in temps:
             print(f"building {t.what or t.path.name} ({_size(t.size)} so far, {t.path.name})")
+        for other in cache.others(root):
+            print(f"other    {other.name}: not made by fusegen (or not recognised), never removed")
         index = cache.index_files(root)
         index_size = cache.size(root / cache.INDEX)
         if index:

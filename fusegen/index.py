@@ -7,32 +7,30 @@ names the library a request was built into and what a FusedOp needs to exist wit
 spec (the op's name, parameters, whether it has a backward kernel, a digest of its files).
 A cached `fuse("a*b+c")` in a new process is then a hash, a small JSON read and a dlopen.
 
-The request key hashes the request (all its fields) and everything else that decides the
-generated files or the library: fusegen's own sources and templates (so editing the
-generator never finds a stale library), fusegen's, torch's, CUDA's and Python's versions,
-and whether the CUDA kernels are built. It does not hash the compilers' versions (asking
-them means running them): after a compiler upgrade, the index keeps finding libraries the
-old compiler built, which are still valid for this torch. A miss, a corrupt entry or an
-entry whose library was trimmed from the cache falls back to the long way, which then
-rewrites the entry. The index holds keys, never paths: the library is always looked for
-under the current cache directory and goes through build.load's privacy checks.
+The request key hashes the request (all its fields), fusegen's own sources and templates
+(so editing the generator never finds a stale library) and the cache key's own list of
+what decides a library besides its sources (build.key_parts: versions, the environment
+the compilers read, the compilers), except that a compiler is named by its resolved file
+and that file's stat rather than by running it: a cached load runs no process. A compiler
+replaced or upgraded is then a miss, and the long way decides by the compiler's identity.
+A miss, a corrupt entry or an entry whose library was trimmed from the cache, or whose
+library or runtime is not the one published (cache.verify), falls back to the long way,
+which then rewrites (or rebuilds) it. The index holds keys, never paths: the library is
+always looked for under the current cache directory and goes through build.load's checks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-
 from . import build
+from . import cache as _cache
 from .autograd import Member
 from .files import templates_dir, write_text
-from .version import FUSEGEN_VERSION
 
 _FORMAT = 3  # bump when the entry's fields change
 
@@ -72,11 +70,8 @@ def files_digest(files: dict[str, str]) -> str:
 
 def request_key(request) -> str:
     """The index key of a Request (api.Request: a frozen dataclass of strings and tuples)."""
-    cuda = build.cuda_enabled()
-    parts = [f"index-{_FORMAT}", FUSEGEN_VERSION, _generator_digest(), torch.__version__,
-             str(torch.version.cuda), sys.version, sys.platform, str(cuda), repr(request)]
-    if cuda:
-        parts.append(repr(build.cuda_arch_flags()))
+    parts = [f"index-{_FORMAT}", _generator_digest(), repr(request)]
+    parts += build.key_parts(build.cuda_enabled(), probe=False)
     h = hashlib.sha256()
     for part in parts:
         h.update(part.encode() + b"\0")
@@ -98,8 +93,8 @@ def lookup(request) -> Entry | None:
         key, runtime_key = data["library"], data["runtime"]
         library = build.Library(root / key / f"fusegen_{key}.so", key, 0.0, True,
                                 root / f"runtime-{runtime_key}" / f"libfusegen_runtime_{runtime_key}.so")
-        if not (library.path.is_file() and library.runtime.is_file()):
-            return None
+        if _cache.verify(library.path) is not None or _cache.verify(library.runtime) is not None:
+            return None  # gone, or not the library published: the long way rebuilds it
         family = tuple(Member(str(n), int(t), bool(b), bool(c)) for n, t, b, c in data["family"])
         if not family or family[0].name != data["name"]:
             return None

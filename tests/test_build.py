@@ -28,8 +28,9 @@ def test_failed_build_raises_with_log_and_leaves_no_trace(tmp_path, monkeypatch)
     assert isinstance(info.value, FusegenError)
     assert "broken" in message and "this op does not compile" in message
     assert "broken.cpp" in message  # the sources are named
-    # No published entry, no temp build folder: only the (unheld) lock file and the runtime.
-    assert sorted(p.name for p in cache.iterdir()) == sorted(["locks", runtime.name])
+    # No published entry, no temp build folder: only the (unheld) lock file, the runtime
+    # and the cache's marker.
+    assert sorted(p.name for p in cache.iterdir()) == sorted(["CACHEDIR.TAG", "locks", runtime.name])
     (lock,) = (cache / "locks").iterdir()
     with open(lock) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a lock were left held
@@ -79,20 +80,23 @@ def test_two_processes_building_one_op_compile_it_once(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
     assert sorted(out.strip() for out, _ in outs) == ["False", "True"]
-    entries = [p for p in (tmp_path / "cache").iterdir() if p.name not in ("locks", "index", runtime.name)]
+    entries = [p for p in (tmp_path / "cache").iterdir()
+               if p.name not in ("locks", "index", "CACHEDIR.TAG", runtime.name)]
     assert len(entries) == 1 and not entries[0].name.startswith(".build-")
 
 
 def test_the_runtime_is_built_once_and_op_libraries_link_to_it(corpus_ops):
     """One runtime per toolchain, built once (here by the corpus fixture) and then cached;
-    the op library needs it by soname and finds it through its rpath."""
+    the op library needs it by soname and finds it through its rpath, relative to its own
+    folder (so no cache path is on the link line, and a moved cache still loads)."""
     assert build.runtime_key(cuda=False) == build.runtime_key(cuda=False)
     runtime = build.runtime_library()
     assert runtime.cached and runtime.path.name == f"libfusegen_runtime_{runtime.key}.so"
     library = next(iter(corpus_ops.values())).library
     dynamic = subprocess.run(["readelf", "-d", str(library.path)], capture_output=True, text=True).stdout
     if dynamic:  # binutils present
-        assert f"[{runtime.path.name}]" in dynamic and str(runtime.path.parent) in dynamic
+        assert f"[{runtime.path.name}]" in dynamic
+        assert f"[$ORIGIN/../{runtime.path.parent.name}]" in dynamic and str(runtime.path.parent) not in dynamic
 
 
 def test_translation_units_spread_cuda_sources_over_the_cores(monkeypatch):

@@ -78,7 +78,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def entries(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.name != "locks")
+    return sorted(p.name for p in root.iterdir() if p.name not in ("locks", "CACHEDIR.TAG"))
 
 
 def runtime_entry() -> str:
@@ -294,3 +294,57 @@ def test_cache_deleted_during_a_real_compile(tmp_path, monkeypatch):
     build.load(lib)
     x, y = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
     torch.testing.assert_close(torch.ops.fusegen.cache_deleted_mid_build(x, y), x * 2.5 + y * y)
+
+
+# -- a cache that cannot be written ---------------------------------------------------------------
+
+READ_ONLY = """
+from fusegen import build
+from fusegen.errors import BuildError
+hit = build.build([("fake", {"fake.cpp": "// fusegen test: never compiled\\n", "fake.h": "\\n"})])
+print("hit", hit.cached, hit.runtime.is_file())
+try:
+    build.build([("other", {"other.cpp": "\\n"})])
+except BuildError as err:
+    print(err)
+"""
+
+
+def _read_only_command(root: Path) -> list[str] | None:
+    """How to run READ_ONLY with `root` read-only: permission bits for a user; for root,
+    whom they do not stop, a read-only bind mount in a mount namespace of its own (None
+    where that is not allowed)."""
+    import shutil as _shutil
+    import subprocess
+    import sys
+    if os.geteuid() != 0:
+        for path in [root, *root.rglob("*")]:
+            os.chmod(path, 0o500 if path.is_dir() else 0o400)
+        return [sys.executable, "-c", READ_ONLY]
+    mount = ['unshare', '-m', 'sh', '-c', 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && '
+             'exec "$1" -c "$2"', str(root), sys.executable]
+    if _shutil.which("unshare") is None or subprocess.run(mount + ["pass"], capture_output=True).returncode:
+        return None
+    return mount + [READ_ONLY]
+
+
+def test_a_read_only_cache_loads_and_says_which_folder_it_cannot_build_in(cache):
+    """A cache that cannot be written (a read-only mount, a shared copy): a hit still works;
+    a build is one line naming the read-only folder, not a bare OSError."""
+    import subprocess
+    cache.build()  # the fake op and the runtime, published
+    command = _read_only_command(cache.root)
+    if command is None:
+        pytest.skip("running as root, and no mount namespace to make the cache read-only in")
+    try:
+        r = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, FUSEGEN_CACHE_DIR=str(cache.root)))
+    finally:
+        for path in [cache.root, *cache.root.rglob("*")]:
+            os.chmod(path, 0o700)
+    assert r.returncode == 0, r.stderr
+    hit, message = r.stdout.splitlines()
+    assert hit == "hit True True"
+    assert message.startswith(f"fusegen: cannot build op(s) other: the cache folder {cache.root / 'locks'} "
+                              "is read-only (")
+    assert "still loads the libraries it holds" in message and "FUSEGEN_CACHE_DIR" in message

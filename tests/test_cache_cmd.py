@@ -59,7 +59,10 @@ class HeldLock:
 
 
 def fake_temp(root: Path, folder: str, owner: bool = True) -> Path:
-    """A .build-* folder as _build_in makes it (optionally before its owner file exists)."""
+    """A .build-* folder as _build_in makes it (optionally before its owner file exists), in
+    a cache fusegen made."""
+    root.mkdir(mode=0o700, exist_ok=True)
+    fcache.mark_root(root)
     temp = root / f".build-{folder[:20]}-k1ll3d_x"
     (temp / "op").mkdir(parents=True)
     (temp / "op" / "op.cpp").write_text("// half-built\n")
@@ -109,14 +112,19 @@ def test_last_use_never_fails_a_load(cache, monkeypatch):
     assert cache.loaded == [(str(lib.path), True)]
 
 
-def test_an_entry_from_before_entry_json_is_listed_and_gets_one_on_a_hit(cache, capsys):
+def test_an_entry_without_its_entry_json_is_not_listed_removed_or_loaded_but_rebuilt(cache, capsys, caplog):
+    """entry.json is fusegen's mark on an entry and holds its library's size and sha256: a
+    folder without it is not fusegen's to remove, nor a library to load; a build of its key
+    replaces it."""
     lib = cache.build()
     (lib.path.parent / "entry.json").unlink()
-    (lib.path.parent / "fake").mkdir(exist_ok=True)
-    (lib.path.parent / "fake" / "fake.cpp").write_text("//\n")
-    (listed,) = [e for e in fcache.entries(cache.root) if e.kind == "op"]
-    assert listed.ops == ["fake"]  # from <name>/<name>.cpp
-    assert cache.build().cached
+    assert [e.kind for e in fcache.entries(cache.root)] == ["runtime"]
+    status, out, _ = run(capsys)
+    assert status == 0 and f"other    {lib.key}: not made by fusegen" in out
+    with caplog.at_level(logging.WARNING, logger="fusegen"):
+        again = cache.build()
+    assert not again.cached and len(cache.calls) == 2
+    assert f"the cache entry {lib.path.parent} is corrupt (its entry.json is missing" in caplog.text
     assert json.loads((lib.path.parent / "entry.json").read_text())["ops"] == ["fake"]
 
 
@@ -183,12 +191,15 @@ def test_clear_removes_every_entry(cache, capsys):
     cache.build()
     cache.build(TWO)
     (cache.root / "index").mkdir()
-    (cache.root / "index" / "k.json").write_text('{"library": "gone", "runtime": "gone"}')
+    (cache.root / "index" / f"{'1' * 32}.json").write_text('{"library": "gone", "runtime": "gone"}')
     status, out, _ = run(capsys, "clear")
     assert status == 0 and "removed 3 entries" in out and "0 left" in out
-    assert sorted(p.name for p in cache.root.iterdir()) == ["index", "locks"]  # locks stay: see cache.remove
+    assert sorted(p.name for p in cache.root.iterdir()) == ["CACHEDIR.TAG", "index", "locks"]  # locks stay: see cache.remove
     assert not list((cache.root / "index").iterdir())
     assert cache.build().cached is False  # and builds again
+
+
+KEEP = f"{'1' * 32}.json"
 
 
 def test_trim_prunes_index_entries_of_removed_libraries(cache, capsys):
@@ -196,11 +207,11 @@ def test_trim_prunes_index_entries_of_removed_libraries(cache, capsys):
     runtime = keep.runtime.parent.name.removeprefix("runtime-")
     index = cache.root / "index"
     index.mkdir()
-    (index / "keep.json").write_text(json.dumps({"library": keep.key, "runtime": runtime}))
-    (index / "old.json").write_text(json.dumps({"library": old.key, "runtime": runtime}))
+    (index / KEEP).write_text(json.dumps({"library": keep.key, "runtime": runtime}))
+    (index / f"{'2' * 32}.json").write_text(json.dumps({"library": old.key, "runtime": runtime}))
     age(old.path.parent, 9 * DAY)
     assert run(capsys, "trim", "--older-than", "7d")[0] == 0
-    assert sorted(p.name for p in index.iterdir()) == ["keep.json"]
+    assert sorted(p.name for p in index.iterdir()) == [KEEP]
 
 
 def test_an_entry_whose_lock_is_held_is_kept(cache, capsys):
@@ -286,6 +297,7 @@ time.sleep(600)
 def test_a_killed_build_leaves_a_folder_that_is_removed_only_once_it_is_dead(cache, capsys):
     """A real process holds the lock as a build does, and is then SIGKILLed mid-build."""
     cache.root.mkdir(mode=0o700)
+    fcache.mark_root(cache.root)  # as the build that created it did
     proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(cache.root), "e" * 32],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -308,7 +320,7 @@ def test_a_build_cleans_stale_temp_folders(cache):
 
 def test_leftover_trash_is_removed(cache, capsys):
     cache.build()
-    trash = cache.root / ".trash-abc-1234"
+    trash = cache.root / f".trash-{'a' * 32}-0123abcd"
     (trash / "x").mkdir(parents=True)
     assert run(capsys)[0] == 0 and not trash.exists()
 
@@ -323,7 +335,7 @@ def test_a_build_waiting_for_another_says_so(cache, caplog):
         thread = threading.Thread(target=lambda: done.append(build.build(OPS)))
         thread.start()
         deadline = time.time() + 30
-        while "waiting for another process building op(s) fake" not in caplog.text:
+        while "waiting for another process building op(s) fake (giving up after 600 s" not in caplog.text:
             assert time.time() < deadline, caplog.text
             time.sleep(0.01)
         assert not done

@@ -259,7 +259,8 @@ def test_a_failing_build_shows_the_first_error_and_its_line(tmp_path, monkeypatc
     assert Path(err.log_path).parent.parent == tmp_path / "tmp" and Path(err.log_path).parent.name.startswith(
         "fusegen-failed-")
     assert oct(os.stat(Path(err.log_path).parent).st_mode & 0o777) == "0o700"
-    assert sorted(p.name for p in root.iterdir()) == sorted(["locks", runtime.name])  # nothing left in the cache
+    # nothing left in the cache
+    assert sorted(p.name for p in root.iterdir()) == sorted(["CACHEDIR.TAG", "locks", runtime.name])
 
 
 def test_the_cli_prints_a_build_error_once_prefixed(tmp_path, capsys, monkeypatch):

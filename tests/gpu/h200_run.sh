@@ -37,8 +37,8 @@ if [[ $what == compile || $what == all ]]; then
   python3 -m fusegen.bench_compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
-# A command with extra nvcc flags, its build in a cache of its own (NVCC_APPEND_FLAGS is not
-# part of the cache key).
+# A command with extra nvcc flags (NVCC_APPEND_FLAGS is part of the cache key), its build in a
+# cache of its own, so that each variant's build starts cold.
 with_flags() {  # cache-name flags command...
   local cache=$1 flags=$2
   shift 2

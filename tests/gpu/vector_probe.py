@@ -1,7 +1,7 @@
 """fusegen's own times on `fusegen bench layouts`' cases (no peers: a few seconds), for
 comparing builds of the vector and accumulating kernels' launch shapes: run once per
-value of NVCC_APPEND_FLAGS, each with a FUSEGEN_CACHE_DIR of its own (the flags are not
-part of the cache key). Checks values against eager first, and lists each forward's and
+value of NVCC_APPEND_FLAGS, each with a FUSEGEN_CACHE_DIR of its own (the flags are part
+of the cache key; a cache of its own keeps each variant's build cold). Checks values against eager first, and lists each forward's and
 backward's kernels with their GPU time, from the profiler.
 
     NVCC_APPEND_FLAGS=-DFUSEGEN_VECTOR_UNROLL=1 FUSEGEN_CACHE_DIR=/tmp/fg-u1 \
