@@ -139,13 +139,14 @@ def call(name: str, *args):
 def _composite_kernel(member: Member):
     """The autograd kernel (AutogradCPU/CUDA/Meta, which win over the shared runtime's C++
     kernel at the Autograd alias key) of an op with no fused derivative
-    (<name>_grad2_backward, <name>_jvp_backward): when something differentiates it, its
-    composite; otherwise the kernel below autograd."""
+    (<name>_grad2_backward, <name>_jvp_backward): when something differentiates it (reverse
+    or forward mode), its composite; otherwise the kernel below autograd."""
     after = torch._C._after_autograd_keyset
 
     def kernel(keyset, *args):
         tensors = [t for t in args[:member.tensors] if isinstance(t, torch.Tensor)]
-        if len(tensors) == member.tensors and torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
+        if len(tensors) == member.tensors and (
+                (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors)) or _has_tangent(tensors)):
             from .derivatives import _composite_forward
             return _composite_forward(_info(member.name), args)
         with torch._C._AutoDispatchBelowAutograd():
@@ -175,10 +176,33 @@ def _vmap_rule(member: Member):
 
 _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
 
+# The shared runtime's autograd kernels call this op when an op of a family that has no fused
+# forward-mode derivative (<name>_backward, <name>_jvp, <name>_grad2) gets an input with a
+# tangent (hessian = jacfwd(jacrev), jacfwd(jacfwd)): the op computed as eager torch ops of
+# its expression, whose forward mode (and anything else) is PyTorch's. `__`: no user's op
+# can be named so (names.name_problem).
+COMPOSITE_SCHEMA = "__composite(str op, Tensor[] tensors, float[] scalars, bool[] mask) -> Tensor[]"
+
+
+def _composite_op(op: str, tensors, scalars, mask):
+    from .derivatives import composite_outputs
+    info = _info(op)
+    out = composite_outputs(info, (*tensors, *scalars, *([list(mask)] if info.backward else [])))
+    return list(out) if info.backward else [out]
+
+
+def _define_composite():
+    lib = torch.library.Library("fusegen", "FRAGMENT")
+    _LIBRARIES.append(lib)
+    lib.define(COMPOSITE_SCHEMA)
+    lib.impl("__composite", _composite_op, "CompositeImplicitAutograd")
+
 
 def _register(members: tuple[Member, ...]):
     """vmap rules for every op of the family, the composite autograd kernel for those with
     no fused derivative."""
+    if not _FAMILIES:
+        _define_composite()
     lib = torch.library.Library("fusegen", "IMPL")
     _LIBRARIES.append(lib)
     for m in members:
