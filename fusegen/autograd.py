@@ -185,8 +185,9 @@ COMPOSITE_SCHEMA = "__composite(str op, Tensor[] tensors, float[] scalars, bool[
 
 
 def _composite_op(op: str, tensors, scalars, mask):
-    from .derivatives import composite_outputs
+    from .derivatives import _note, composite_outputs
     info = _info(op)
+    _note(info, "its forward-mode derivative")
     out = composite_outputs(info, (*tensors, *scalars, *([list(mask)] if info.backward else [])))
     return list(out) if info.backward else [out]
 
