@@ -2,25 +2,26 @@
 
 Two paths, one set of fused kernels:
 
-- Plain reverse mode (no torch.func transform, no forward-mode tangent), through a FusedOp
-  or `torch.ops.fusegen.<name>` alike: the shared runtime's C++ autograd kernels. Their
-  backward calls <name>_backward, whose own backward (double backward) calls
-  <name>_grad2_backward; beyond that, `_composite_kernel` (registered here at the
-  AutogradCPU/CUDA/Meta keys of <name>_grad2_backward and <name>_jvp_backward, which win
-  over the runtime's kernel at the Autograd alias key) computes the op as eager torch ops
-  of its expression, which autograd differentiates to any order. Fewest host µs.
+- `torch.ops.fusegen.<name>` called directly, and a FusedOp in plain reverse mode: the
+  shared runtime's C++ autograd kernels, written as PyTorch's generated ones are (hand-written
+  nodes whose work goes through the dispatcher, which torch.func accepts as it does aten's).
+  The forward's node calls <name>_backward, whose own node (double backward) calls
+  <name>_grad2_backward; a tangent on an input (forward_ad, torch.func.jvp / jacfwd) sets
+  the output's tangent from one <name>_jvp call. Beyond that, `_composite_kernel`
+  (registered here at the AutogradCPU/CUDA/Meta keys of <name>_grad2_backward and
+  <name>_jvp_backward, which win over the runtime's kernel at the Autograd alias key)
+  computes the op as eager torch ops of its expression, and the runtime calls
+  fusegen::__composite (defined here) for the forward mode of an op with no fused one
+  (<name>_backward under hessian = jacfwd(jacrev), <name>_jvp under jacfwd(jacfwd)).
+  Fewest host µs. A standalone build (no fusegen Python) has no composite: it fuses first
+  and second reverse order and first forward order, and names the op beyond.
 - torch.func transforms and forward_ad, through a FusedOp (`call`): a Python
   `torch.autograd.Function` per op, with `setup_context`, `backward`, `jvp` and
   `generate_vmap_rule=True`, whose forward calls the op below autograd and whose backward
-  and jvp call the fused auxiliary ops through `call` again. Why Python: torch.func refuses
-  a C++ `torch::autograd::Function` in any transform ("cannot use C++
-  torch::autograd::Function with functorch transforms"), a C++ custom Function has no
-  forward-mode AD, and a Python autograd.Function applied from inside a dispatcher kernel
-  (as `torch.library.register_autograd` does) fails under torch.func too (functorch's
-  `custom_function_call` must see the transforms from above). So torch.func and forward
-  mode need the FusedOp; `torch.ops.fusegen.<name>` directly has neither.
+  and jvp call the fused auxiliary ops through `call` again. Same kernels, same results
+  (tests/test_forward_ad.py checks every path against eager).
 
-What differentiates each op of a family on the autograd.Function path:
+What differentiates each op of a family (both paths):
 
     op                      reverse mode (vjp)                    forward mode (jvp)
     <name>                  <name>_backward (fused)               <name>_jvp (fused)
