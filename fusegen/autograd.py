@@ -2,25 +2,26 @@
 
 Two paths, one set of fused kernels:
 
-- Plain reverse mode (no torch.func transform, no forward-mode tangent), through a FusedOp
-  or `torch.ops.fusegen.<name>` alike: the shared runtime's C++ autograd kernels. Their
-  backward calls <name>_backward, whose own backward (double backward) calls
-  <name>_grad2_backward; beyond that, `_composite_kernel` (registered here at the
-  AutogradCPU/CUDA/Meta keys of <name>_grad2_backward and <name>_jvp_backward, which win
-  over the runtime's kernel at the Autograd alias key) computes the op as eager torch ops
-  of its expression, which autograd differentiates to any order. Fewest host µs.
+- `torch.ops.fusegen.<name>` called directly, and a FusedOp in plain reverse mode: the
+  shared runtime's C++ autograd kernels, written as PyTorch's generated ones are (hand-written
+  nodes whose work goes through the dispatcher, which torch.func accepts as it does aten's).
+  The forward's node calls <name>_backward, whose own node (double backward) calls
+  <name>_grad2_backward; a tangent on an input (forward_ad, torch.func.jvp / jacfwd) sets
+  the output's tangent from one <name>_jvp call. Beyond that, `_composite_kernel`
+  (registered here at the AutogradCPU/CUDA/Meta keys of <name>_grad2_backward and
+  <name>_jvp_backward, which win over the runtime's kernel at the Autograd alias key)
+  computes the op as eager torch ops of its expression, and the runtime calls
+  fusegen::__composite (defined here) for the forward mode of an op with no fused one
+  (<name>_backward under hessian = jacfwd(jacrev), <name>_jvp under jacfwd(jacfwd)).
+  Fewest host µs. A standalone build (no fusegen Python) has no composite: it fuses first
+  and second reverse order and first forward order, and names the op beyond.
 - torch.func transforms and forward_ad, through a FusedOp (`call`): a Python
   `torch.autograd.Function` per op, with `setup_context`, `backward`, `jvp` and
   `generate_vmap_rule=True`, whose forward calls the op below autograd and whose backward
-  and jvp call the fused auxiliary ops through `call` again. Why Python: torch.func refuses
-  a C++ `torch::autograd::Function` in any transform ("cannot use C++
-  torch::autograd::Function with functorch transforms"), a C++ custom Function has no
-  forward-mode AD, and a Python autograd.Function applied from inside a dispatcher kernel
-  (as `torch.library.register_autograd` does) fails under torch.func too (functorch's
-  `custom_function_call` must see the transforms from above). So torch.func and forward
-  mode need the FusedOp; `torch.ops.fusegen.<name>` directly has neither.
+  and jvp call the fused auxiliary ops through `call` again. Same kernels, same results
+  (tests/test_forward_ad.py checks every path against eager).
 
-What differentiates each op of a family on the autograd.Function path:
+What differentiates each op of a family (both paths):
 
     op                      reverse mode (vjp)                    forward mode (jvp)
     <name>                  <name>_backward (fused)               <name>_jvp (fused)
@@ -143,13 +144,14 @@ def call(name: str, *args):
 def _composite_kernel(member: Member):
     """The autograd kernel (AutogradCPU/CUDA/Meta, which win over the shared runtime's C++
     kernel at the Autograd alias key) of an op with no fused derivative
-    (<name>_grad2_backward, <name>_jvp_backward): when something differentiates it, its
-    composite; otherwise the kernel below autograd."""
+    (<name>_grad2_backward, <name>_jvp_backward): when something differentiates it (reverse
+    or forward mode), its composite; otherwise the kernel below autograd."""
     after = torch._C._after_autograd_keyset
 
     def kernel(keyset, *args):
         tensors = [t for t in args[:member.tensors] if isinstance(t, torch.Tensor)]
-        if len(tensors) == member.tensors and torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
+        if len(tensors) == member.tensors and (
+                (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors)) or _has_tangent(tensors)):
             from .derivatives import _composite_forward
             return _composite_forward(_info(member.name), args)
         with torch._C._AutoDispatchBelowAutograd():
@@ -179,10 +181,34 @@ def _vmap_rule(member: Member):
 
 _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
 
+# The shared runtime's autograd kernels call this op when an op of a family that has no fused
+# forward-mode derivative (<name>_backward, <name>_jvp, <name>_grad2) gets an input with a
+# tangent (hessian = jacfwd(jacrev), jacfwd(jacfwd)): the op computed as eager torch ops of
+# its expression, whose forward mode (and anything else) is PyTorch's. `__`: no user's op
+# can be named so (names.name_problem).
+COMPOSITE_SCHEMA = "__composite(str op, Tensor[] tensors, float[] scalars, bool[] mask) -> Tensor[]"
+
+
+def _composite_op(op: str, tensors, scalars, mask):
+    from .derivatives import _note, composite_outputs
+    info = _info(op)
+    _note(info, "its forward-mode derivative")
+    out = composite_outputs(info, (*tensors, *scalars, *([list(mask)] if info.backward else [])))
+    return list(out) if info.backward else [out]
+
+
+def _define_composite():
+    lib = torch.library.Library("fusegen", "FRAGMENT")
+    _LIBRARIES.append(lib)
+    lib.define(COMPOSITE_SCHEMA)
+    lib.impl("__composite", _composite_op, "CompositeImplicitAutograd")
+
 
 def _register(members: tuple[Member, ...]):
     """vmap rules for every op of the family, the composite autograd kernel for those with
     no fused derivative."""
+    if not _FAMILIES:
+        _define_composite()
     lib = torch.library.Library("fusegen", "IMPL")
     _LIBRARIES.append(lib)
     for m in members:

@@ -32,7 +32,8 @@ LOCALS = frozenset("""
     forward_cpu backward_cpu forward_cuda backward_cuda forward_cuda_fp16 backward_cuda_fp16
     forward_cuda_bf16 backward_cuda_bf16
     forward_cuda_functor backward_cuda_functor kDef registered kInputNames
-    kScalarNames kBackwardInputs kBackwardInputNames kBackwardScalars kGrads kDoutSteps Forward Backward
+    kScalarNames kBackwardInputs kBackwardInputNames kBackwardScalars kGrads kDoutSteps kJvpArgs kJvpScalars
+    Forward Backward
     kInputs kOutputs x y zero data strides loop T
 """.split())
 

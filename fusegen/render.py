@@ -102,7 +102,20 @@ def _grad_defs(spec: OpSpec) -> tuple[list[str], list[str]]:
     return lines, defs
 
 
-def _context(spec: OpSpec, printed: PrintedOp) -> dict:
+def _jvp_args(spec: OpSpec, jvp: OpSpec | None) -> tuple[list[int], list[int]]:
+    """OpDef's jvp_args and jvp_scalars: <name>_jvp's arguments in terms of <name>'s. Its
+    tensors are the primals it reads (by name), then one tangent per input whose gradient
+    is not zero, in input order (spec.jvp_spec)."""
+    if jvp is None:
+        return [], []  # every gradient is zero: so is the tangent
+    moving = [spec.inputs.index(g.input) for g in spec.gradients if g.expr != 0]
+    primals = [x for x in jvp.inputs if x in spec.inputs][:len(jvp.inputs) - len(moving)]
+    args = [spec.inputs.index(x) for x in primals] + [len(spec.inputs) + i for i in moving]
+    assert len(args) == len(jvp.inputs), (spec.name, jvp.inputs)
+    return args, [spec.scalars.index(s) for s in jvp.scalars]
+
+
+def _context(spec: OpSpec, printed: PrintedOp, jvp=None) -> dict:
     """Names and printed math for the templates; every C spelling is in the templates."""
     _check_names(spec)
     inputs = [Name(x, index=i) for i, x in enumerate(spec.inputs)]
@@ -127,6 +140,8 @@ def _context(spec: OpSpec, printed: PrintedOp) -> dict:
         "dout_steps": steps,
         "grad_defs": grad_defs,
         "dout": names.DOUT,
+        "jvp_args": jvp[0] if jvp else None,  # None: no fused forward mode (an auxiliary op)
+        "jvp_scalars": jvp[1] if jvp else [],
         "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}
                  for t in COMPUTE_TYPES],
     }
@@ -150,8 +165,9 @@ def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
     rendered by the same templates into the same folder and built into the same library."""
     env = _environment()
     files: dict[str, str] = {}
+    jvp = next((a for a, _ in auxiliary if a.name == spec.name + names.JVP_SUFFIX), None)
     for s, p in ((spec, printed),) + tuple(auxiliary):
-        context = _context(s, p) | {"plain_kernels": s is not spec}
+        context = _context(s, p, _jvp_args(spec, jvp) if s is spec else None) | {"plain_kernels": s is not spec}
         for pattern, (template, role) in TEMPLATES.items():
             files[pattern.format(name=s.name)] = env.get_template(template).render(context, file_role=role)
     for helper in HELPERS:

@@ -7,8 +7,9 @@
 // of every call by ATen's TensorIterator (broadcasting, strides, memory format, output
 // allocation), its parallel CPU loop, the CUDA device guard and stream, and autograd: the
 // forward records a hand-written node (FusedBackward) that calls <name>_backward, whose own
-// backward (double backward, a torch::autograd::Function) calls <name>_grad2_backward.
-// Hand-written, not templated.
+// autograd kernel records another (FusedDoubleBackward) that calls <name>_grad2_backward;
+// forward-mode AD sets the output's tangent from <name>_jvp, as PyTorch's generated
+// autograd kernels do. Hand-written, not templated.
 #include "fusegen-runtime.h"
 
 #include <ATen/ATen.h>
@@ -17,8 +18,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <ATen/native/TypeProperties.h>
-#include <ATen/FuncTorchTLS.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/custom_function.h>  // (with compiled autograd's PackedArgs)
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
@@ -44,7 +44,6 @@
 namespace fusegen {
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // One tensor argument with the name it has in the schema, for error messages.
@@ -354,6 +353,7 @@ struct Op {
   std::string backward_event;  // "fusegen::<name>_backward": the profiler's name of a backward call
   std::string node_name;      // "FusedBackward(fusegen::<name>)": its autograd node's name (grad_fn.name(),
                               // the profiler's backward events; not "fusegen::...", which names ops)
+  std::string double_node_name;  // "FusedDoubleBackward(fusegen::<name>_backward)": the backward's node
   std::optional<c10::OperatorHandle> forward_op;   // fusegen::<name>, looked up once
   std::optional<c10::OperatorHandle> backward_op;  // fusegen::<name>_backward
   bool has_backward() const { return def->num_kernel_grads > 0; }
@@ -584,8 +584,8 @@ struct InputMeta {
   InputMeta(at::ScalarType type, c10::SymIntArrayRef shape) : dtype(type), sizes(shape.begin(), shape.end()) {}
 };
 
-// Each input's dtype and sizes in one list (for BackwardFunction's saved_data and compiled
-// autograd's packed state): per input, the dtype, the number of dimensions, the sizes.
+// Each input's dtype and sizes in one list (compiled autograd's packed state): per input,
+// the dtype, the number of dimensions, the sizes.
 std::vector<c10::SymInt> pack_metadata(c10::ArrayRef<InputMeta> meta) {
   std::vector<c10::SymInt> packed;
   for (const InputMeta& m : meta) {
@@ -710,8 +710,15 @@ bool is_plain(const at::Tensor& t) {
          !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
+// Whether t has a forward-mode tangent. Level 0 is the one level eager forward AD has, and
+// torch.func's jvp gives each of its levels wrapper tensors of their own, whose tangent is
+// at level 0 too: PyTorch's generated autograd kernels read the same (isFwGradDefined). A
+// tensor without autograd metadata (no requires_grad, no tangent) answers with a pointer test.
+bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
+
 // Whether a backward may run its kernel directly instead of through the dispatcher: grad
-// mode off (nothing to record for a double backward), no dispatch key forced on for the
+// mode off (nothing to record for a double backward), no forward-mode tangent (forward over
+// reverse), no dispatch key forced on for the
 // thread (a TorchDispatchMode, FakeTensorMode under torch.compile, functorch's transforms,
 // the Python dispatcher), and every tensor a plain dense CPU or CUDA tensor (no subclass
 // such as DTensor or FakeTensor, no lazy conjugate or negative view). The dispatcher would
@@ -720,9 +727,9 @@ bool is_plain(const at::Tensor& t) {
 bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved) {
   // Included beyond the defaults (BackendSelect, ADInplaceOrView), that is.
   const c10::DispatchKeySet forced = c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
-  if (at::GradMode::is_enabled() || !forced.empty() || !is_plain(dout)) return false;
+  if (at::GradMode::is_enabled() || !forced.empty() || !is_plain(dout) || has_tangent(dout)) return false;
   for (const at::Tensor& t : saved) {
-    if (!is_plain(t)) return false;
+    if (!is_plain(t) || has_tangent(t)) return false;  // a tangent: the autograd kernel computes its own
   }
   return true;
 }
@@ -938,7 +945,7 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout, const std::vect
 // create_graph nothing differentiates the backward, so its autograd kernel is skipped, and
 // for plain tensors its kernel is called directly (direct_call_ok), on CUDA summing the
 // gradients of broadcast inputs in the kernel where it can (accumulates_in_kernel); with
-// create_graph, the autograd kernel records BackwardFunction (double backward).
+// create_graph, the autograd kernel records FusedDoubleBackward (double backward).
 // With SplitHalves, both halves' gradients are computed when u's is needed (its edge is in
 // the low half's place) and joined into it (split_gradient, join_halves).
 template <typename Needs>
@@ -1092,32 +1099,23 @@ class FusedBackward final : public torch::autograd::Node {
 // <name>_grad2_backward once with incoming gradient 1. Above second order fusegen's Python
 // side registers an autograd kernel for <name>_grad2_backward that computes it as eager
 // torch ops (fusegen/autograd.py); without it (a standalone build) this fails loudly, as
-// <name>_grad2 has no <name>_grad2_grad2.
-class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
+// <name>_grad2 has no <name>_grad2_grad2. A hand-written node, as FusedBackward is, and not
+// a torch::autograd::Function: torch.func refuses those in every transform, while a node
+// whose work goes through the dispatcher is what PyTorch's own ops record.
+class FusedDoubleBackward final : public torch::autograd::Node {
  public:
-  static variable_list forward(AutogradContext* ctx, at::TensorList tensors, const Op* op,
-                               std::vector<double> scalars, std::vector<bool> mask) {
-    ctx->saved_data["op"] = reinterpret_cast<int64_t>(op);
-    ctx->save_for_backward(tensors.vec());
-    std::vector<InputMeta> meta(tensors.begin(), tensors.end());
-    ctx->saved_data["meta"] = c10::IValue(c10::SymIntArrayRef(pack_metadata(meta)));
-    ctx->saved_data["scalars"] = c10::List<double>(scalars);
-    c10::List<bool> mask_list;
-    for (bool b : mask) mask_list.push_back(b);
-    ctx->saved_data["mask"] = std::move(mask_list);
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    BackwardArgs a;
-    a.tensors.assign(tensors.begin(), tensors.end());
-    a.scalars = std::move(scalars);
-    a.mask = std::move(mask);
-    torch::jit::Stack stack;
-    a.push(stack);
-    op->backward_op->callBoxed(stack);
-    return stack.back().toTensorVector();
+  explicit FusedDoubleBackward(const Op* op) : op_(op) {}
+
+  std::string name() const override { return op_->double_node_name; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (torch::autograd::SavedVariable& s : saved_) s.reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list ggs) {
-    const Op& op = *reinterpret_cast<const Op*>(ctx->saved_data["op"].toInt());
+  variable_list apply(variable_list&& ggs) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Op& op = *op_;
     const OpDef& def = *op.def;
     const Op* grad2 = find_op(op.name + "_grad2");
     TORCH_CHECK_NOT_IMPLEMENTED(grad2 != nullptr && grad2->has_backward(), "fusegen::", op.name,
@@ -1125,32 +1123,32 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
                                 "_grad2, which is not loaded (a library built without fusegen fuses first and "
                                 "second derivatives; load the op with fusegen (fusegen.fuse / @fused) for any order)");
     const OpDef& def2 = *grad2->def;
-    const std::vector<at::Tensor> saved = ctx->get_saved_variables();  // dout, the tensors the backward read
+    std::vector<at::Tensor> saved;  // dout, the tensors the backward read
+    saved.reserve(saved_.size());
+    for (torch::autograd::SavedVariable& v : saved_) saved.push_back(v.unpack());
     const int own = 1 + def.num_backward_inputs;
-    variable_list grads(own + 3);  // one per tensor; the op, the scalars and the mask get none
+    variable_list grads(own);
     // <name>_grad2's inputs: dout, the backward's tensors, then gg_k per kernel output.
     std::vector<at::Tensor> inputs(saved.begin(), saved.end());
     const at::ScalarType dtype = check_args(op.backward_name, BackwardArgs::of(def, saved));
     const at::TensorOptions options = saved[0].options().dtype(dtype);
-    const c10::List<bool> mask = ctx->saved_data["mask"].toBoolList();
     bool any_gg = false;
     size_t next = 0;
     for (int k = 0; k < def.num_kernel_grads; ++k) {
-      at::Tensor gg = mask[k] && next < ggs.size() ? ggs[next++] : at::Tensor();
+      at::Tensor gg = mask_[k] && next < ggs.size() ? ggs[next++] : at::Tensor();
       any_gg = any_gg || gg.defined();
       inputs.push_back(gg.defined() ? gg : at::zeros({}, options));
     }
     if (!any_gg) return grads;
     const at::Tensor one = at::ones({}, options);
-    const c10::List<double> scalars = ctx->saved_data["scalars"].toDoubleList();
     // d h / d input = 1 (a passthrough of grad2) is the incoming gradient: ones.
     const at::Tensor ones = one.expand_symint(saved[0].sym_sizes());
-    gradients_of(def2, ones, unpack_metadata(ctx->saved_data["meta"].toSymIntVector()),
-                 [&](int i) { return i < own && ctx->needs_input_grad(i); }, [&](const std::vector<bool>& mask2) {
+    gradients_of(def2, ones, meta_, [&](int i) { return i < own && task_should_compute_output(i); },
+                 [&](const std::vector<bool>& mask2) {
       BackwardArgs a;
       a.tensors.push_back(one);
       for (int i = 0; i < def2.num_backward_inputs; ++i) a.tensors.push_back(inputs[def2.backward_inputs[i]]);
-      for (int i = 0; i < def2.num_backward_scalars; ++i) a.scalars.push_back(scalars[def2.backward_scalars[i]]);
+      for (int i = 0; i < def2.num_backward_scalars; ++i) a.scalars.push_back(scalars_[def2.backward_scalars[i]]);
       a.mask = mask2;
       torch::jit::Stack stack;
       a.push(stack);
@@ -1159,7 +1157,95 @@ class BackwardFunction : public torch::autograd::Function<BackwardFunction> {
     }, grads);
     return grads;
   }
+
+  const Op* op_;
+  std::vector<torch::autograd::SavedVariable> saved_;  // dout, then the tensors the backward reads
+  std::vector<double> scalars_;                        // the backward's scalars
+  std::vector<bool> mask_;                             // its output_mask
+  std::vector<InputMeta> meta_;                        // per tensor argument
 };
+
+// ---------------------------------------------------------------------------------------
+// Forward-mode AD (torch.autograd.forward_ad, torch.func.jvp / jacfwd / hessian), as
+// PyTorch's generated autograd kernels do it: when a tensor argument has a tangent, the
+// output's tangent is computed by ops that are differentiable again and set with
+// _set_fw_grad. For fusegen::<name> that is one call of fusegen::<name>_jvp on the primals
+// (_fw_primal, so that it sees no tangent of its own) and the tangents, zero where an input
+// has none. The other ops of the family have no fused forward mode: fusegen's Python side
+// registers fusegen::__composite, which computes an op of the family as eager torch ops of
+// its expression (differentiable in every mode); without it (a standalone build) an error
+// that names the op and the way out.
+
+at::Tensor forward_tangent(const Op& op, const ForwardArgs& a, const at::Tensor& out) {
+  const OpDef& def = *op.def;
+  if (def.num_jvp_args == 0) return at::zeros_like(out);  // every gradient is zero
+  const Op* jvp = find_op(op.name + "_jvp");
+  TORCH_INTERNAL_ASSERT(jvp != nullptr, "fusegen::", op.name, "_jvp is built into the op's library");
+  torch::jit::Stack stack;
+  for (int k = 0; k < def.num_jvp_args; ++k) {
+    const int j = def.jvp_args[k];
+    if (j < def.num_inputs) {
+      const at::Tensor& x = a.tensors[j];
+      stack.emplace_back(has_tangent(x) ? x._fw_primal(/*level=*/0) : x);
+    } else {
+      const at::Tensor& t = a.tensors[j - def.num_inputs]._fw_grad(/*level=*/0);
+      stack.emplace_back(t.defined() ? t : at::zeros({}, out.options()));
+    }
+  }
+  for (int k = 0; k < def.num_jvp_scalars; ++k) stack.emplace_back(a.scalars[def.jvp_scalars[k]]);
+  jvp->forward_op->callBoxed(stack);
+  at::Tensor tangent = std::move(stack.back()).toTensor();
+  // Fewer dimensions when the primals it reads broadcast to less than the output (a tangent
+  // on a broadcast input only): _set_fw_grad lays it out as the output.
+  if (tangent.sym_sizes() != out.sym_sizes()) tangent = tangent.expand_symint(out.sym_sizes());
+  return tangent.scalar_type() == out.scalar_type() ? tangent : tangent.to(out.scalar_type());
+}
+
+// An op with no fused forward mode, called with a tangent: fusegen::__composite computes it
+// (its output, tangent and graph) from the op's arguments, which it takes off the stack.
+void composite_forward_mode(const Op& op, bool backward, torch::jit::Stack* stack) {
+  const OpDef& def = *op.def;
+  const std::string& name = backward ? op.backward_name : op.name;
+  const auto hook = c10::Dispatcher::singleton().findOp({"fusegen::__composite", ""});
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      hook.has_value(), "fusegen::", name, " has no fused forward-mode derivative, and an input has a tangent "
+      "(forward-mode AD of a derivative: torch.func.hessian, jacfwd(jacrev), jacfwd(jacfwd), forward_ad through a "
+      "backward). fusegen computes it as eager torch ops of the expression once fusegen has loaded the op "
+      "(import fusegen; fusegen.load or fusegen.fuse); "
+      "a library built without fusegen has forward mode at first order (jvp, jacfwd) and reverse mode for higher "
+      "order (jacrev(jacrev) for a Hessian)");
+  std::vector<at::Tensor> tensors;
+  c10::List<double> scalars;
+  c10::List<bool> mask;
+  size_t count;
+  if (backward) {
+    const BackwardArgs a(def, *stack);
+    check_defined(name, a.named(def));
+    tensors = a.tensors;
+    for (double v : a.scalars) scalars.push_back(v);
+    for (bool b : a.mask) mask.push_back(b);
+    count = 1 + def.num_backward_inputs + def.num_backward_scalars + 1;
+  } else {
+    const ForwardArgs a(def, *stack);
+    check_defined(name, a.named(def));
+    tensors = a.tensors;
+    for (double v : a.scalars) scalars.push_back(v);
+    count = def.num_inputs + def.num_scalars;
+  }
+  torch::jit::drop(*stack, count);
+  torch::jit::Stack call;
+  call.emplace_back(name);
+  call.emplace_back(std::move(tensors));
+  call.emplace_back(std::move(scalars));
+  call.emplace_back(std::move(mask));
+  hook->callBoxed(call);
+  std::vector<at::Tensor> out = std::move(call.back()).toTensorVector();
+  if (backward) {
+    stack->emplace_back(std::move(out));
+  } else {
+    stack->emplace_back(std::move(out.at(0)));
+  }
+}
 
 // ---------------------------------------------------------------------------------------
 // Boxed kernels: one class, told which op, which of its two schemas and which dispatch key.
@@ -1172,31 +1258,32 @@ class Kernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     const OpDef& def = *op_->def;
-    if (key_ == Key::kAutograd && !records_graph(def, *stack)) {
-      // Nothing to differentiate (no_grad, or no tensor requires grad): no autograd node, no
-      // saved state; on to the next kernel (the device's), as eager's autograd kernels do.
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    if (key_ == Key::kAutograd) {
+      const bool graph = records_graph(def, *stack);
+      const bool tangents = has_tangents(def, *stack);
+      if (!graph && !tangents) {
+        // Nothing to differentiate (no_grad, or no tensor requires grad, and no tangent): no
+        // autograd node, no saved state; on to the next kernel (the device's), as eager's
+        // autograd kernels do.
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+      } else if (tangents && (backward_ || def.num_jvp_args < 0)) {
+        composite_forward_mode(*op_, backward_, stack);
+      } else if (backward_) {
+        record_backward(handle, keys, stack);
+      } else {
+        record_forward(handle, keys, stack, graph, tangents);
+      }
       return;
     }
     if (!backward_) {
-      if (key_ == Key::kAutograd) {
-        record_forward(handle, keys, stack);
-        return;
-      }
       ForwardArgs a(def, *stack);
       at::Tensor out = run_forward(*op_, device(), a);
       torch::jit::drop(*stack, def.num_inputs + def.num_scalars);
       stack->emplace_back(std::move(out));
     } else {
       BackwardArgs a(def, *stack);
-      std::vector<at::Tensor> out;
-      if (key_ == Key::kAutograd) {
-        check_defined(op_->backward_name, a.named(def));
-        out = BackwardFunction::apply(at::TensorList(a.tensors), op_, a.scalars, a.mask);
-      } else {
-        out = run_backward(*op_, device(), a);
-      }
+      std::vector<at::Tensor> out = run_backward(*op_, device(), a);
       torch::jit::drop(*stack, 1 + def.num_backward_inputs + def.num_backward_scalars + 1);
       stack->emplace_back(std::move(out));
     }
@@ -1204,19 +1291,23 @@ class Kernel final : public c10::OperatorKernel {
 
  private:
   // The forward with autograd, as PyTorch's generated autograd kernels do it: the node and
-  // its edges, the output from the kernels below autograd, the output's history, then the
-  // saved tensors (the output's after its history, so it is saved as an output).
-  void record_forward(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) const {
+  // its edges (when `graph`), the output from the kernels below autograd, the output's
+  // history, its tangent (when `tangents`), then the saved tensors (the output's after its
+  // history and tangent, so it is saved as an output, with its tangent for forward over
+  // reverse).
+  void record_forward(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack,
+                      bool graph, bool tangents) const {
     const OpDef& def = *op_->def;
     const ForwardArgs a(def, *stack);
     check_defined(op_->name, a.named(def));
-    // torch.func and forward-mode AD go through the FusedOp's Python autograd.Function
-    // (fusegen/autograd.py): refuse them here, as a C++ autograd Function would.
-    if (const auto& functorch = at::functorch::functorchTLSAccessor()) functorch->checkSupportsCppAutogradFunction();
-    for (const at::Tensor& t : a.tensors) {
-      TORCH_CHECK(!t._fw_grad(/*level=*/0).defined(), "fusegen::", op_->name,
-                  ": forward-mode AD (an input with a tangent) needs the FusedOp (fusegen.fuse or @fused); "
-                  "torch.ops.fusegen.", op_->name, " has reverse mode only");
+    if (!graph) {
+      {
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+      }
+      const at::Tensor& out = stack->back().toTensor();
+      out._set_fw_grad(forward_tangent(*op_, a, out), /*level=*/0, /*is_inplace_op=*/false);
+      return;
     }
     NodePtr node = NodeMaker<NodePtr>::make<FusedBackward>(op_);
     auto* fn = static_cast<FusedBackward*>(node.get());
@@ -1237,11 +1328,49 @@ class Kernel final : public c10::OperatorKernel {
     }
     const at::Tensor& out = stack->back().toTensor();
     torch::autograd::set_history(out, node);
+    if (tangents) out._set_fw_grad(forward_tangent(*op_, a, out), /*level=*/0, /*is_inplace_op=*/false);
     fn->saved_.reserve(def.num_backward_inputs);
     for (int i = 0; i < def.num_backward_inputs; ++i) {
       const int k = def.backward_inputs[i];
       fn->saved_.emplace_back(k == kResult ? out : a.tensors[k], /*is_output=*/k == kResult);
     }
+  }
+
+  // The backward with autograd (create_graph, or a torch.func transform): its node
+  // (FusedDoubleBackward), the gradients from the kernels below autograd, their history.
+  void record_backward(const c10::OperatorHandle& handle, c10::DispatchKeySet keys, torch::jit::Stack* stack) const {
+    const OpDef& def = *op_->def;
+    const BackwardArgs a(def, *stack);
+    check_defined(op_->backward_name, a.named(def));
+    NodePtr node = NodeMaker<NodePtr>::make<FusedDoubleBackward>(op_);
+    auto* fn = static_cast<FusedDoubleBackward*>(node.get());
+    torch::autograd::edge_list edges;
+    edges.reserve(a.tensors.size());
+    for (const at::Tensor& t : a.tensors) {
+      edges.push_back(torch::autograd::impl::gradient_edge(t));
+      fn->meta_.emplace_back(t);
+      fn->saved_.emplace_back(t, /*is_output=*/false);
+    }
+    fn->set_next_edges(std::move(edges));
+    fn->scalars_ = a.scalars;
+    fn->mask_ = a.mask;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    }
+    torch::autograd::set_history(stack->back().toTensorVector(), node);
+  }
+
+  // Whether some tensor argument has a forward-mode tangent (read off the stack).
+  bool has_tangents(const OpDef& def, const torch::jit::Stack& stack) const {
+    const int tensors = backward_ ? 1 + def.num_backward_inputs : def.num_inputs;
+    const int args = backward_ ? tensors + def.num_backward_scalars + 1 : tensors + def.num_scalars;
+    const size_t first = stack.size() - args;
+    for (int i = 0; i < tensors; ++i) {
+      const c10::IValue& v = stack[first + i];
+      if (v.isTensor() && has_tangent(v.toTensor())) return true;
+    }
+    return false;
   }
 
   // Whether this call must record an autograd node: grad mode on and some tensor argument
@@ -1297,7 +1426,8 @@ bool register_op(const OpDef& def) {
               ", but the runtime has ABI ", kAbi, "; rebuild the op");
   std::lock_guard<std::mutex> lock(registry_mutex());
   Op* op = new Op{&def, def.name, std::string(def.name) + "_backward", "fusegen::" + std::string(def.name) + "_backward",
-                  "FusedBackward(fusegen::" + std::string(def.name) + ")", std::nullopt, std::nullopt};
+                  "FusedBackward(fusegen::" + std::string(def.name) + ")",
+                  "FusedDoubleBackward(fusegen::" + std::string(def.name) + "_backward)", std::nullopt, std::nullopt};
   const char* file = "fusegen-runtime.cpp";
   auto* defs = new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
   defs->def(def.schema);

@@ -208,17 +208,17 @@ def test_forward_ad_dual_numbers(corpus_ops, case, no_composite):
     torch.testing.assert_close(results[0], results[1])
 
 
-def test_torch_ops_refuses_a_tangent_it_would_drop(corpus_ops):
-    """torch.ops.fusegen.<name> has reverse mode only: an input with a tangent that requires
-    grad is refused with the way out (the FusedOp), not an output without its tangent."""
+def test_torch_ops_keeps_a_tangent_beside_the_graph(corpus_ops):
+    """torch.ops.fusegen.<name> with an input that has a tangent and requires grad: the
+    output has the tangent (fused <name>_jvp) and the op's node, as the FusedOp's has."""
     op = corpus_ops["cp_fma"]
     a, b, c = (torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     with fwAD.dual_level():
         dual = fwAD.make_dual(a, torch.ones(4, dtype=torch.float64))
-        with pytest.raises(RuntimeError, match="forward-mode AD .* needs the FusedOp"):
-            op.op(dual, b, c)
-        tangent = fwAD.unpack_dual(op(dual, b, c)).tangent
-    torch.testing.assert_close(tangent, b.detach())
+        for f in (op.op, op):
+            out = f(dual, b, c)
+            torch.testing.assert_close(fwAD.unpack_dual(out).tangent, b.detach())
+            assert out.requires_grad
 
 
 def test_forward_mode_uses_the_jvp_kernel(corpus_ops, monkeypatch):

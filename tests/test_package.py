@@ -73,8 +73,7 @@ CHECKS = textwrap.dedent("""
     assert not any(m == "fusegen" or m.startswith("fusegen.") for m in sys.modules)
     assert importlib.util.find_spec("fusegen") is None, importlib.util.find_spec("fusegen")
     assert myops.OPS == ("fma", "silu"), myops.OPS
-    # the ops, their backward and auxiliary ops (forward-mode AD through the _jvp ops is wired
-    # by fusegen's Python side only: the C++ autograd Function has no jvp)
+    # the ops, their backward and auxiliary ops
     for name in ("fma", "fma_backward", "fma_grad2", "fma_jvp", "silu", "silu_backward", "silu_grad2", "silu_jvp"):
         assert hasattr(torch.ops.fusegen, name), name
 
@@ -101,6 +100,28 @@ CHECKS = textwrap.dedent("""
             dout = torch.randn(out.shape, generator=g, dtype=dtype)
             for got, exp in zip(torch.autograd.grad(out, args, dout), torch.autograd.grad(want, args, dout)):
                 torch.testing.assert_close(got, exp)
+    # forward mode at first order (the fused _jvp op) and torch.func's reverse mode, as eager;
+    # the forward mode of a derivative needs fusegen's composite: an error that names the op
+    import torch.autograd.forward_ad as fwAD
+    for op, n, eager in cases:
+        args, tangents = sample(n, torch.float64, False), sample(n, torch.float64, False)
+        argnums = tuple(range(n))
+        total = lambda f: (lambda *a: f(*a).sum())
+        for transform in (lambda f: torch.func.jvp(f, args, tangents),
+                          lambda f: torch.func.jacfwd(f, argnums=argnums)(*args),
+                          lambda f: torch.func.grad(total(f), argnums=argnums)(*args),
+                          lambda f: torch.func.vjp(f, *args)[1](tangents[0])):
+            torch.testing.assert_close(transform(op), transform(eager))
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(op(*[fwAD.make_dual(a, t) for a, t in zip(args, tangents)]))
+            want = fwAD.unpack_dual(eager(*[fwAD.make_dual(a, t) for a, t in zip(args, tangents)]))
+        torch.testing.assert_close(tuple(got), tuple(want))
+        try:
+            torch.func.jacfwd(torch.func.jacfwd(total(op)))(*args)
+        except NotImplementedError as err:
+            assert "_jvp has no fused forward-mode derivative" in str(err), err
+        else:
+            raise AssertionError("jacfwd(jacfwd) without fusegen's composite")
     print("wheel ok")
 """)
 

@@ -41,6 +41,7 @@ const char* const kScalarNames[] = {  };
 const int kBackwardInputs[] = {  };
 const char* const kBackwardInputNames[] = {  };
 const int kBackwardScalars[] = {  };
+const int kJvpArgs[] = { 2, 3 };
 
 // Per input: {output of the backward kernel (identical gradients share one) or -1,
 // number of eager steps on dout (0: dout itself; -1: not a function of dout alone), steps}.
@@ -66,6 +67,8 @@ const OpDef kDef = {
     nullptr,
 #endif
     true,
+    2, kJvpArgs,
+    0, nullptr,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);

@@ -55,6 +55,7 @@ const char* const kScalarNames[] = {  };
 const int kBackwardInputs[] = { 0, 1, 2 };
 const char* const kBackwardInputNames[] = { "x", "y", "w" };
 const int kBackwardScalars[] = {  };
+const int kJvpArgs[] = { 0, 1, 2, 3, 4, 5 };
 
 // Per input: {output of the backward kernel (identical gradients share one) or -1,
 // number of eager steps on dout (0: dout itself; -1: not a function of dout alone), steps}.
@@ -80,6 +81,8 @@ const OpDef kDef = {
     nullptr,
 #endif
     true,
+    6, kJvpArgs,
+    0, nullptr,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);

@@ -81,6 +81,8 @@ const OpDef kDef = {
     nullptr,
 #endif
     false,
+    -1, nullptr,
+    0, nullptr,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);

@@ -53,6 +53,7 @@ const char* const kScalarNames[] = {  };
 const int kBackwardInputs[] = { 0 };
 const char* const kBackwardInputNames[] = { "x" };
 const int kBackwardScalars[] = {  };
+const int kJvpArgs[] = { 0, 1 };
 
 // Per input: {output of the backward kernel (identical gradients share one) or -1,
 // number of eager steps on dout (0: dout itself; -1: not a function of dout alone), steps}.
@@ -78,6 +79,8 @@ const OpDef kDef = {
     nullptr,
 #endif
     true,
+    2, kJvpArgs,
+    0, nullptr,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);

@@ -142,9 +142,18 @@ struct OpDef {
   CudaKernel backward_cuda;
   bool backward_accumulates;        // backward_cuda takes accumulators (accumulates_in_kernel):
                                     // not an auxiliary op's, whose kernels are plain
+  // Forward-mode AD through fusegen::<name>_jvp (built into the same library): its tensor
+  // arguments, each an index into the inputs (that input's primal) or num_inputs + i
+  // (input i's tangent), and its scalars as indices into the scalars. num_jvp_args: -1 when
+  // the op has no fused forward mode (an auxiliary op), 0 when every gradient is zero (so
+  // is the tangent; there is no <name>_jvp).
+  int num_jvp_args;
+  const int* jvp_args;
+  int num_jvp_scalars;
+  const int* jvp_scalars;
 };
 
-constexpr int kAbi = 5;
+constexpr int kAbi = 6;
 
 // Defines fusegen::<name> (and <name>_backward) and registers the op's CPU, Meta, CUDA and
 // Autograd kernels. Called once per op from a static initializer of the op's library.

@@ -54,6 +54,7 @@ const char* const kScalarNames[] = {  };
 const int kBackwardInputs[] = { 0, 1 };
 const char* const kBackwardInputNames[] = { "x", "y" };
 const int kBackwardScalars[] = {  };
+const int kJvpArgs[] = { 0, 1, 2, 3 };
 
 // Per input: {output of the backward kernel (identical gradients share one) or -1,
 // number of eager steps on dout (0: dout itself; -1: not a function of dout alone), steps}.
@@ -79,6 +80,8 @@ const OpDef kDef = {
     nullptr,
 #endif
     true,
+    4, kJvpArgs,
+    0, nullptr,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);

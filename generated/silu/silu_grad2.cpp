@@ -79,6 +79,8 @@ const OpDef kDef = {
     nullptr,
 #endif
     false,
+    -1, nullptr,
+    0, nullptr,
 };
 
 [[maybe_unused]] const bool registered = register_op(kDef);
