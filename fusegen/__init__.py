@@ -8,15 +8,15 @@ The public names are imported on first use (PEP 562), so `fusegen cache` and the
 commands that need no torch do not import it.
 """
 
-from .errors import FusegenError
-from .version import FUSEGEN_VERSION
+from fusegen.errors import FusegenError
+from fusegen.version import FUSEGEN_VERSION
 
 __all__ = ["fuse", "fuse_many", "fused", "build_pending", "load", "ops", "FusedOp", "Request",
            "FusegenError", "onnx_translations"]
 __version__ = FUSEGEN_VERSION
 
 _LAZY = {"fuse": "api", "fuse_many": "api", "FusedOp": "api", "Request": "api", "load": "api",
-         "fused": "decorator", "build_pending": "decorator", "onnx_translations": "onnx_export"}
+         "fused": "frontend.decorator", "build_pending": "frontend.decorator", "onnx_translations": "pytorch.onnx"}
 
 
 def __getattr__(name: str):

@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import autograd as _autograd
-from . import build as _build
-from . import decompose as _decompose
-from . import index as _index
-from . import names
-from .errors import LoadError, SpecError
+from fusegen.pytorch import autograd as _autograd
+from fusegen.build import builder as _build
+from fusegen.pytorch import decompose as _decompose
+from fusegen.build import index as _index
+from fusegen.ir import names
+from fusegen.errors import LoadError, SpecError
 
 if TYPE_CHECKING:
-    from .parse import Parsed
-    from .spec import OpSpec
+    from fusegen.frontend.parse import Parsed
+    from fusegen.ir.spec import OpSpec
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Request:
                         f"Requests, got {type(item).__name__}")
 
     def parse(self) -> "Parsed":
-        from .parse import parse, parse_function
+        from fusegen.frontend.parse import parse, parse_function
         if self.params is None:
             return parse(self.expr, inputs=self.inputs, scalars=self.scalars)
         return parse_function(self.expr, list(self.params), list(self.scalars))
@@ -92,9 +92,9 @@ class Generated:
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
-    from .printer import print_op
-    from .render import render
-    from .spec import auxiliary_specs, differentiate
+    from fusegen.codegen.printer import print_op
+    from fusegen.codegen.render import render
+    from fusegen.ir.spec import auxiliary_specs, differentiate
 
     parsed = request.parse()                                                    # parse
     spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
@@ -164,7 +164,7 @@ class FusedOp:
 
     @property
     def compile_mode(self) -> str:
-        """"opaque" or "decompose": what torch.compile makes of this op (fusegen/decompose.py)."""
+        """"opaque" or "decompose": what torch.compile makes of this op (fusegen/pytorch/decompose.py)."""
         return _decompose.mode(self.name)
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 def __getattr__(name: str):
     if name.startswith("_"):  # dunders (pickle, inspect, copy ask for them) are never ops
         raise AttributeError(f"module 'fusegen.ops' has no attribute {name!r}")
-    from .api import OpNotFound, load
+    from fusegen.api import OpNotFound, load
 
     try:
         return load(name)
@@ -23,5 +23,5 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    from .index import names
+    from fusegen.build.index import names
     return names()

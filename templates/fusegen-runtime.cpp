@@ -1098,7 +1098,7 @@ class FusedBackward final : public torch::autograd::Node {
 // builds the op <name>_grad2 with forward h into the same library, so this calls
 // <name>_grad2_backward once with incoming gradient 1. Above second order fusegen's Python
 // side registers an autograd kernel for <name>_grad2_backward that computes it as eager
-// torch ops (fusegen/autograd.py); without it (a standalone build) this fails loudly, as
+// torch ops (fusegen/pytorch/autograd.py); without it (a standalone build) this fails loudly, as
 // <name>_grad2 has no <name>_grad2_grad2. A hand-written node, as FusedBackward is, and not
 // a torch::autograd::Function: torch.func refuses those in every transform, while a node
 // whose work goes through the dispatcher is what PyTorch's own ops record.

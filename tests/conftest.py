@@ -41,8 +41,7 @@ def seed_runtime(cache: Path) -> Path:
     """Copy the shared runtime (built once in the session's cache) into another cache
     folder, so a test with a fresh cache compiles only its ops, as a user's would."""
     import shutil
-    from fusegen import build
-
+    from fusegen.build import builder as build
     lib = build.runtime_library()
     target = Path(cache) / lib.path.parent.name
     if not target.exists():

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusegen import functions as fn
-from fusegen.parse import parse, symbol
-from fusegen.spec import GRAD, differentiate
+from fusegen.ir import primitives as fn
+from fusegen.frontend.parse import parse, symbol
+from fusegen.ir.spec import GRAD, differentiate
 
 from helpers import TOL
 
@@ -40,7 +40,7 @@ def test_relu_of_a_sum_reads_only_its_output():
     # dout + result read, one gradient written; the inputs would add one read
     assert saved["bytes_per_element"]["float32"] + 4 == saved["instead_of"]["bytes_per_element"]["float32"]
     # the double backward differentiates the backward as it is: in dout and result
-    from fusegen.spec import grad2_spec
+    from fusegen.ir.spec import grad2_spec
     assert grad2_spec(spec).inputs == ("dout", "result", "gg_x")
 
 
@@ -57,7 +57,7 @@ def test_a_user_input_named_result_keeps_its_name():
 
 def test_kink_table_rewrites_conditions_on_relus_argument():
     # where(x+y > 0, relu(x+y), 0): its gradient tests x+y > 0, the same test as relu(x+y) > 0
-    from fusegen.spec import _in_terms_of_output
+    from fusegen.ir.spec import _in_terms_of_output
     a = fn.Plus(symbol("x"), symbol("y"))
     out = symbol("result")
     got = _in_terms_of_output(fn.Relu(a), [fn.Where(fn.Greater(a, 0), GRAD, 0), fn.Where(fn.GreaterEqual(a, 0), GRAD, 0)], out)

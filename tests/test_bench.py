@@ -13,9 +13,11 @@ import subprocess
 
 import pytest
 
-from fusegen import bench, bench_report
+from fusegen.bench import core as bench
+
+from fusegen.bench import report as bench_report
 from fusegen.api import Request, generate
-from fusegen.bench_peers import cupy_body, jiterator_source, nvrtc_preamble
+from fusegen.bench.peers import cupy_body, jiterator_source, nvrtc_preamble
 
 
 def spec_of(text: str):
@@ -45,7 +47,7 @@ def test_moved_tensors_count_an_ideal_fused_op(text, tensors):
 
 
 def test_bad_arguments_are_one_line(capsys):
-    from fusegen.cli import main
+    from fusegen.tools.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--sizes", "2^x"])
@@ -174,8 +176,7 @@ def test_peer_sources_compile(tmp_path):
 def test_a_failing_peer_is_reported_once_and_the_run_goes_on(monkeypatch, tmp_path):
     """A peer that raises (a compile error on the GPU machine, say) is skipped with its
     reason, once per direction, not retried at every size; the others are measured."""
-    from fusegen import bench_peers
-
+    from fusegen.bench import peers as bench_peers
     def with_a_broken_peer(op, text, dtype, device, wanted, static):
         impls, skipped = bench_peers.build_impls(op, text, dtype, device, [w for w in wanted if w != "compile"],
                                                  static)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import seed_runtime
-from fusegen import build
+from fusegen.build import builder as build
 from fusegen.errors import BuildError, FusegenError
 
 TESTS = Path(__file__).resolve().parent

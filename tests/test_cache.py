@@ -24,7 +24,7 @@ import torch
 from torch.utils import cpp_extension
 
 from conftest import seed_runtime
-from fusegen import build
+from fusegen.build import builder as build
 from fusegen.errors import BuildError, LoadError
 
 OPS = [("fake", {"fake.cpp": "// fusegen test: never compiled\n", "fake.h": "\n"})]
@@ -256,7 +256,7 @@ def test_cache_deleted_during_a_real_compile(tmp_path, monkeypatch):
     """A real build (two compiles of the op): the cache, seeded with the runtime as a user's
     would be, is removed with rm -rf while the compiler runs on the op; fusegen recreates it,
     rebuilds the runtime it lost and the op, publishes both and the op works."""
-    from fusegen.cli import main
+    from fusegen.tools.cli import main
 
     name = "cache_deleted_mid_build"
     assert main(["x*2.5 + y*y", "--name", name, "--out", str(tmp_path / "src"), "--no-build"]) == 0
@@ -299,7 +299,7 @@ def test_cache_deleted_during_a_real_compile(tmp_path, monkeypatch):
 # -- a cache that cannot be written ---------------------------------------------------------------
 
 READ_ONLY = """
-from fusegen import build
+from fusegen.build import builder as build
 from fusegen.errors import BuildError
 hit = build.build([("fake", {"fake.cpp": "// fusegen test: never compiled\\n", "fake.h": "\\n"})])
 print("hit", hit.cached, hit.runtime.is_file())

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import build
-from fusegen import cache as fcache
-from fusegen.cli import main, parse_age
+from fusegen.build import builder as build
+from fusegen.build import cache as fcache
+from fusegen.tools.cli import main, parse_age
 import test_cache
 from test_cache import OPS, entries, runtime_entry
 
@@ -282,7 +282,7 @@ def test_a_build_in_progress_keeps_its_folder_and_runtime_through_clear(cache, c
 KILLED_BUILD = """
 import fcntl, os, sys, tempfile, time
 from pathlib import Path
-from fusegen import cache
+from fusegen.build import cache
 root, folder = Path(sys.argv[1]), sys.argv[2]
 (root / "locks").mkdir(parents=True, exist_ok=True)
 fh = open(root / "locks" / f"{folder}.lock", "a")

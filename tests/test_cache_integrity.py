@@ -20,8 +20,8 @@ import pytest
 
 import test_cache
 from conftest import seed_runtime
-from fusegen import build
-from fusegen import cache as fcache
+from fusegen.build import builder as build
+from fusegen.build import cache as fcache
 from fusegen.errors import LoadError
 
 cache = test_cache.cache
@@ -112,7 +112,7 @@ def test_a_corrupt_library_is_never_loaded(fake_bytes):
 
 
 def test_the_index_does_not_hand_back_a_corrupt_library(fake_bytes, monkeypatch):
-    from fusegen import index
+    from fusegen.build import index
     from fusegen.api import Request
     lib = fake_bytes.build()
     request = Request("a*b", name="fake")

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import build, index
+from fusegen.build import builder as build
+
+from fusegen.build import index
 from fusegen.api import Request
 
 OPS = [("k", {"k.cpp": "int x;\n"})]

@@ -18,19 +18,19 @@ from pathlib import Path
 import pytest
 
 import test_cache
-from fusegen import build
-from fusegen import cache as fcache
+from fusegen.build import builder as build
+from fusegen.build import cache as fcache
 from fusegen.errors import BuildError, FusegenError
 from test_cache import OPS
 
 cache = test_cache.cache
 
-# Takes the lock as a build does (fusegen.cache.build_lock: no torch import), says so, and
+# Takes the lock as a build does (fusegen.build.cache.build_lock: no torch import), says so, and
 # stops itself, as a build suspended with Ctrl-Z or `kill -STOP` is.
 HOLDER = """
 import os, signal, sys
 from pathlib import Path
-from fusegen import cache
+from fusegen.build import cache
 with cache.build_lock(Path(sys.argv[1]), "op(s) fake"):
     print("held", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)

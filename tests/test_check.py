@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusegen import check as check_mod
-from fusegen.parse import parse, parse_function
-from fusegen.reference import TextError, evaluate_text
+from fusegen.tools import check as check_mod
+from fusegen.frontend.parse import parse, parse_function
+from fusegen.tools.reference import TextError, evaluate_text
 
 INF, NAN = math.inf, math.nan
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import seed_runtime
-from fusegen import build
-from fusegen.cli import _Progress, main
+from fusegen.build import builder as build
+from fusegen.tools.cli import _Progress, main
 from fusegen.errors import BuildError, CompilerError
 
 
@@ -95,7 +95,7 @@ def test_the_cli_shows_its_own_lines_not_the_library_ones(tmp_path, capsys, monk
     seen = []
     monkeypatch.setattr(build.DEFAULT_HANDLER, "emit", seen.append)
     logger = logging.getLogger("fusegen")
-    monkeypatch.setattr("fusegen.cli._run", lambda args: (seen.append(list(logger.handlers)), 0)[1])
+    monkeypatch.setattr("fusegen.tools.cli._run", lambda args: (seen.append(list(logger.handlers)), 0)[1])
     for quiet in ([], ["--quiet"]):
         assert main(["x*2", "--no-build", "--out", str(tmp_path)] + quiet) == 0
         assert build.DEFAULT_HANDLER not in seen.pop()

@@ -1,4 +1,4 @@
-"""Fusion across a fused op under torch.compile (fusegen/decompose.py, issue 9 item 5).
+"""Fusion across a fused op under torch.compile (fusegen/pytorch/decompose.py, issue 9 item 5).
 
 In "decompose" mode torch.compile sees the op as ATen ops of its expression (no fusegen op
 in the graphs AOTAutograd hands the compiler), through a FusedOp call and through
@@ -22,7 +22,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 import fusegen
-from fusegen import decompose
+from fusegen.pytorch import decompose
 from fusegen.errors import SpecError
 
 GELU = "0.5*x*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))"
@@ -156,7 +156,7 @@ def test_an_unbuilt_fused_function_compiles_with_fullgraph():
     def scaled_tanh(x, scale: float):
         return torch.tanh(x) * scale
 
-    from fusegen import decorator
+    from fusegen.frontend import decorator
     assert scaled_tanh._op is None and scaled_tanh in decorator._PENDING
     compiled = torch.compile(lambda x: scaled_tanh(x, 2.0) + 1, backend="eager", fullgraph=True)
     x = torch.randn(5, dtype=torch.float64)
@@ -209,7 +209,7 @@ def test_cached_load_with_decompose_by_environment_imports_no_sympy(ops):
 def test_bench_compile_runs_on_the_cpu(tmp_path):
     """The benchmark's smoke run: every form, the decomposed step runs no fusegen op and
     computes what the compiled PyTorch expression computes."""
-    from fusegen import bench_compile
+    from fusegen.bench import compile as bench_compile
     out = tmp_path / "rows.json"
     bench_compile.main(["--device", "cpu", "--acts", "gelu_tanh", "--dtypes", "float32", "--tokens", "8",
                         "--width", "8", "--hidden", "16", "--reps", "2", "--json", str(out)])

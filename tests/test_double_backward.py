@@ -43,7 +43,7 @@ def test_gradgradcheck_through_torch_ops(corpus_ops, name):
 def test_third_order_matches_eager(corpus_ops, call, caplog):
     """Beyond second order the composite takes over, on both paths, and says so in the log."""
     caplog.set_level(logging.INFO, logger="fusegen")
-    from fusegen import autograd
+    from fusegen.pytorch import autograd
     derived = autograd._info("cp_silu_grad2_backward")._derived  # derived on first need
     for key in [k for k in derived if k.startswith("logged")]:
         del derived[key]  # logged once per process: forget it

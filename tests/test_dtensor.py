@@ -1,4 +1,4 @@
-"""DTensor: every op of a family has a pointwise sharding rule (fusegen/dtensor.py). Two CPU
+"""DTensor: every op of a family has a pointwise sharding rule (fusegen/pytorch/dtensor.py). Two CPU
 ranks (gloo) run tests/dtensor_ranks.py once: the ops built once into one shared cache,
 sharded/replicated/broadcast inputs without redistribution, the backward op's output mask
 and Partial gradient, a double backward, a tensor-parallel MLP and DDP against one process.
@@ -60,8 +60,8 @@ def test_import_order(order):
 def test_a_failed_registration_warns(monkeypatch):
     """A torch whose private DTensor API moved: a warning naming the op, never an error in
     `fuse` or in `import torch.distributed.tensor` (where the import hook registers)."""
-    from fusegen import dtensor
-    from fusegen.autograd import Member
+    from fusegen.pytorch import dtensor
+    from fusegen.pytorch.autograd import Member
 
     def moved(members):
         raise AttributeError("module 'torch.distributed.tensor._ops.utils' has no attribute 'register_op_strategy'")

@@ -204,7 +204,7 @@ def test_double_backward_node_is_fused(corpus_ops):
 def test_forward_mode_of_a_derivative_runs_the_composite(corpus_ops, caplog):
     """hessian = jacfwd(jacrev) needs the forward mode of <name>_backward, which has no
     kernel: fusegen::__composite computes it, logged once."""
-    from fusegen import autograd
+    from fusegen.pytorch import autograd
     autograd._info("cp_silu_backward")._derived.pop("logged its forward-mode derivative", None)  # once per process
     caplog.set_level(logging.INFO, logger="fusegen")
     x = _tensors(BY_NAME["cp_silu"])[0]

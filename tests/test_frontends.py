@@ -18,9 +18,7 @@ import torch
 
 import fusegen
 from fusegen import FusegenError
-from fusegen import build as fbuild
-
-
+from fusegen.build import builder as fbuild
 def run_cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "fusegen", *args], capture_output=True, text=True,
                           cwd=cwd, env=dict(os.environ), timeout=300)
@@ -79,7 +77,7 @@ def test_cli_default_name_and_show(tmp_path):
 def test_cli_errors_are_one_message(tmp_path, capsys, args, message):
     """In process (cli.main), to spare an interpreter start per case; the subprocess
     twin below checks the exit status and that no traceback escapes."""
-    from fusegen.cli import main
+    from fusegen.tools.cli import main
 
     status = main([*args, "--out", str(tmp_path), "--no-build"])
     out, err = capsys.readouterr()

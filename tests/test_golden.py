@@ -45,7 +45,7 @@ def test_a_folder_the_user_added_does_not_fail_the_golden_test(tmp_path, monkeyp
     """The golden tests, run on a generated/ that holds the seeds and a folder the user
     added with the CLI, pass; and they still catch a changed byte or a stray file in a
     seed folder. (The seeds are rendered here, so this holds while generated/ lags.)"""
-    from fusegen.cli import main
+    from fusegen.tools.cli import main
 
     for name, expr in SEEDS.items():
         assert main([expr, "--name", name, "--out", str(tmp_path), "--no-build"]) == 0

@@ -223,7 +223,7 @@ def test_torch_ops_keeps_a_tangent_beside_the_graph(corpus_ops):
 
 def test_forward_mode_uses_the_jvp_kernel(corpus_ops, monkeypatch):
     """jvp calls fusegen::<name>_jvp, one op, not a loop of ops."""
-    from fusegen import autograd
+    from fusegen.pytorch import autograd
     calls = []
     real = autograd.call
     monkeypatch.setattr(autograd, "call", lambda name, *a: calls.append(name) or real(name, *a))
@@ -282,9 +282,9 @@ def test_double_backward_is_fused_one_op(corpus_ops):
 # -- a real use: gradient penalty -----------------------------------------------------------------
 
 def gradient_penalty_run(silu, gelu, device="cpu", steps=4, dtype=torch.float64):
-    """The benchmark's gradient-penalty step (fusegen/bench.py), a few times: the
+    """The benchmark's gradient-penalty step (fusegen/bench/core.py), a few times: the
     parameters after each step."""
-    from fusegen.bench import GradientPenaltyMLP
+    from fusegen.bench.core import GradientPenaltyMLP
     model = GradientPenaltyMLP(silu, gelu, device=device, dtype=dtype)
     g = torch.Generator().manual_seed(1)
     history = []

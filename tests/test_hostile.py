@@ -25,9 +25,9 @@ from torch.utils import cpp_extension
 
 import test_cache
 from conftest import TESTS, seed_runtime
-from fusegen import build
-from fusegen import cache as fcache
-from fusegen.cli import main
+from fusegen.build import builder as build
+from fusegen.build import cache as fcache
+from fusegen.tools.cli import main
 from fusegen.errors import BuildError
 from test_cache import OPS
 

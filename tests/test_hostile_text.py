@@ -1,6 +1,6 @@
 """User text that tries to become code: a regenerate command or a function's qualified name
 with a line break, a backslash before the line's end, `*/`, quotes, trigraphs, non-ASCII.
-Each reaches the generated C++ only inside a comment or a string literal (fusegen/escape.py),
+Each reaches the generated C++ only inside a comment or a string literal (fusegen/codegen/escape.py),
 shown by compiling it: the text compiled as code would run `system("touch PWNED")` at start.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import escape
+from fusegen.codegen import escape
 from fusegen.api import Request, generate
 from fusegen.errors import SpecError
 
@@ -141,8 +141,7 @@ def test_request_command_stays_in_the_header_comment(tmp_path, command):
 def test_fused_qualname_stays_in_the_header_comment(tmp_path):
     """@fused writes the function's module and qualified name into the regenerate command;
     both are any string a program sets."""
-    from fusegen import decorator
-
+    from fusegen.frontend import decorator
     def hostile_qualname(x):
         return x * 3.0
 
@@ -162,8 +161,8 @@ def test_fused_qualname_stays_in_the_header_comment(tmp_path):
 def test_render_refuses_a_name_that_is_no_identifier():
     """A spec made by hand, not by the parser, cannot paste a name into the code either."""
     from fusegen.api import _with_c_names
-    from fusegen.printer import print_op
-    from fusegen.render import render
+    from fusegen.codegen.printer import print_op
+    from fusegen.codegen.render import render
 
     spec = generate(Request("a*b", name="hostile_name")).spec
     printed = print_op(_with_c_names(spec))

@@ -1,5 +1,5 @@
 """The cached path (issue 6, point 4): a request built before, in any process, is loaded
-through the request index (fusegen/index.py) without importing sympy or Jinja, and the
+through the request index (fusegen/build/index.py) without importing sympy or Jinja, and the
 index never hands back a library that is gone or that another generator made. And @fused
 functions defined together are built together, in one library."""
 
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import fusegen
-from fusegen import api, index
-from fusegen import build as fbuild
+from fusegen import api
+from fusegen.build import index
+from fusegen.build import builder as fbuild
 from fusegen.api import Request
 
 from conftest import TESTS
@@ -29,7 +30,7 @@ import fusegen
 from fusegen.api import Request
 case = next(c for c in CORPUS if c.name == "cp_fma")
 op = fusegen.fuse_many([Request(case.expr, case.name, case.inputs, case.scalars)])[0]
-light = not any(m in sys.modules for m in ("sympy", "jinja2", "fusegen.spec", "fusegen.render"))
+light = not any(m in sys.modules for m in ("sympy", "jinja2", "fusegen.ir.spec", "fusegen.codegen.render"))
 a, b, c = (torch.randn(7, dtype=torch.float64) for _ in range(3))
 torch.testing.assert_close(op(a, b, c), a * b + c)
 print(light, op.library.cached, op.library.key, op.backward_op is not None)
@@ -68,7 +69,7 @@ def derivatives(f, order):
 for got, want in zip(derivatives(op, 2), derivatives(eager, 2)):
     torch.testing.assert_close(got, want)
 # second order: the C++ kernels, nothing derived (torch.testing itself imports sympy)
-light = not any(m in sys.modules for m in ("fusegen.derivatives", "fusegen.spec"))
+light = not any(m in sys.modules for m in ("fusegen.pytorch.derivatives", "fusegen.ir.spec"))
 torch.testing.assert_close(derivatives(op, 3)[2], derivatives(eager, 3)[2])   # composite
 t = torch.randn(6, dtype=torch.float64)
 torch.testing.assert_close(torch.func.jvp(op, (x.detach(),), (t,))[1], torch.func.jvp(eager, (x.detach(),), (t,))[1])

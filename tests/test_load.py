@@ -16,7 +16,7 @@ import pytest
 import fusegen
 from conftest import seed_runtime
 from fusegen import api
-from fusegen.cli import main
+from fusegen.tools.cli import main
 from fusegen.errors import BuildError, LoadError
 
 AFTER_THE_CLI = """
@@ -27,7 +27,7 @@ from fusegen.ops import {name} as again
 assert fusegen.ops.{name} is op and again is op
 assert fusegen.fuse("a*b+c", name=name) is op       # the CLI's request, from the index
 assert fusegen.load(folder) is op
-print(op.library.cached, not any(m in sys.modules for m in ("sympy", "jinja2", "fusegen.spec")))
+print(op.library.cached, not any(m in sys.modules for m in ("sympy", "jinja2", "fusegen.ir.spec")))
 a, b, c = (torch.randn(5, dtype=torch.float64) for _ in range(3))
 assert torch.equal(op(a, b, c), a * b + c)
 print(name in dir(fusegen.ops))

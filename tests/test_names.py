@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from fusegen import names
+from fusegen.ir import names
 from fusegen.api import Request, fuse_many, generate
 from fusegen.errors import FusegenError
-from fusegen.parse import parse
+from fusegen.frontend.parse import parse
 
 # (op name, expression, scalars, eager oracle over (*tensors, *scalars))
 CASES = [

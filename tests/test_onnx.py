@@ -1,4 +1,4 @@
-"""ONNX export (fusegen/onnx_export.py): torch.onnx.export(..., dynamo=True) of models that
+"""ONNX export (fusegen/pytorch/onnx.py): torch.onnx.export(..., dynamo=True) of models that
 call fused ops gives graphs of standard ONNX operators only, and onnxruntime's results
 match eager PyTorch for every op of the test corpus (the seeds included), at random values
 and at the special values (0 and -0 at the kinks of relu/abs/sign, ties, inf, -inf, NaN),

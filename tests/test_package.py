@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import package
-
+from fusegen.tools import package
 ROOT = Path(__file__).resolve().parent.parent
 
 def _clean_env() -> dict[str, str]:
@@ -428,7 +427,7 @@ def test_links_in_the_project_are_not_followed(tmp_path):
 
 
 def test_cli_package_refuses_a_foreign_folder_without_force(tmp_path, capsys):
-    from fusegen.cli import main
+    from fusegen.tools.cli import main
 
     project = tmp_path / "myops"
     project.mkdir()

@@ -29,7 +29,7 @@ def test_plain_install_finds_templates(tmp_path):
     rendered = (work / "generated" / "fma" / "fma.cu").read_text()
     assert rendered == (ROOT / "generated" / "fma" / "fma.cu").read_text()
     # and it really came from the installed copy, not the checkout
-    probe = subprocess.run([sys.executable, "-c", "import fusegen.render as r; print(r.templates_dir())"],
+    probe = subprocess.run([sys.executable, "-c", "import fusegen.codegen.render as r; print(r.templates_dir())"],
                            cwd=work, env=env, capture_output=True, text=True, check=True)
     assert str(target) in probe.stdout
 

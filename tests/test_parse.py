@@ -9,8 +9,8 @@ import pytest
 
 import fusegen
 from fusegen.errors import FusegenError, ParseError, SpecError
-from fusegen.notation import text as as_text
-from fusegen.parse import MAX_DEPTH, MAX_LENGTH, parse, parse_function, symbol
+from fusegen.frontend.notation import text as as_text
+from fusegen.frontend.parse import MAX_DEPTH, MAX_LENGTH, parse, parse_function, symbol
 
 x, y = symbol("x"), symbol("y")
 
@@ -95,14 +95,14 @@ def test_unsupported_and_unknown_functions(text, message, hint):
 
 def test_no_far_fetched_suggestion():
     """A suggestion is at most one edit away (an adjacent swap is one): softmax is not max."""
-    from fusegen.functions import suggestions
+    from fusegen.ir.primitives import suggestions
     assert suggestions("softmax") == [] and suggestions("maxx") == ["max"]
     assert suggestions("sigmiod") == ["sigmoid"] and suggestions("epx") == ["exp"]
     assert suggestions("cleamp") == ["clamp"] and suggestions("lgo") == ["log"]
 
 
 def test_every_formula_in_a_hint_parses():
-    from fusegen.functions import UNSUPPORTED, unsupported_hint
+    from fusegen.ir.primitives import UNSUPPORTED, unsupported_hint
     formulas = [unsupported_hint(f).split("write it")[1].split(": ", 1)[1] for f in UNSUPPORTED
                 if "write it" in UNSUPPORTED[f]]
     assert len(formulas) >= 10

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from fusegen import functions as fn
-from fusegen.parse import parse, symbol
-from fusegen.printer import CPrinter, print_op, print_program
-from fusegen.spec import differentiate
+from fusegen.ir import primitives as fn
+from fusegen.frontend.parse import parse, symbol
+from fusegen.codegen.printer import CPrinter, print_op, print_program
+from fusegen.ir.spec import differentiate
 
 x, y = symbol("x"), symbol("y")
 F, D = CPrinter("float"), CPrinter("double")

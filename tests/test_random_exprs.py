@@ -2,9 +2,9 @@
 
 A fixed batch of expressions over inputs a, b, c is drawn with hypothesis, derandomized
 (the same batch in every session and on every machine), from the function table the
-parser uses (fusegen.functions.FUNCTIONS) and the language's operators. The whole batch
+parser uses (fusegen.ir.primitives.FUNCTIONS) and the language's operators. The whole batch
 builds into one library, once per session. Each expression is then compared in float64
-with the expression as written, evaluated by eager PyTorch (fusegen.reference.evaluate_text,
+with the expression as written, evaluated by eager PyTorch (fusegen.tools.reference.evaluate_text,
 the `--check` oracle, which never sees fusegen's simplified sympy form), at ordinary random
 inputs and at a few special values (±0, ±1, ±inf, NaN, 1e-300, 1e300, and all three inputs
 equal, for ties).
@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from fusegen.api import Request, fuse_many, generate
-from fusegen.functions import FUNCTIONS
-from fusegen.reference import evaluate_text
+from fusegen.ir.primitives import FUNCTIONS
+from fusegen.tools.reference import evaluate_text
 
 N_EXPRESSIONS = 16
 MAX_DEPTH = 3

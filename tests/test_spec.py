@@ -11,13 +11,13 @@ import sympy
 import torch
 
 from corpus import BY_NAME
-from fusegen import functions as fn
-from fusegen import names
+from fusegen.ir import primitives as fn
+from fusegen.ir import names
 from fusegen.api import Request, fuse_many
 from fusegen.errors import FusegenError, SpecError
-from fusegen.parse import parse, symbol
-from fusegen.printer import print_program
-from fusegen.spec import GRAD, default_name, differentiate
+from fusegen.frontend.parse import parse, symbol
+from fusegen.codegen.printer import print_program
+from fusegen.ir.spec import GRAD, default_name, differentiate
 
 
 def grads_both(name, ops, *columns, dtype=torch.float64):

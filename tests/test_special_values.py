@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from fusegen.api import Request, fuse_many, generate
-from fusegen.reference import evaluate_text
+from fusegen.tools.reference import evaluate_text
 
 INF, NAN = math.inf, math.nan
 

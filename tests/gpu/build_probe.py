@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from fusegen import build
+from fusegen.build import builder as build
 from fusegen.api import Request, _build_and_load, generate
 
 EXPR = "x*sigmoid(x)*alpha + y"

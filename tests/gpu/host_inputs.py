@@ -8,7 +8,7 @@ against PyTorch's floor (x*2). Runs on the GPU or the CPU.
 import torch
 
 import fusegen
-from fusegen.bench import host_median_us
+from fusegen.bench.core import host_median_us
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.set_num_threads(1)

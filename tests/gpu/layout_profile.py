@@ -6,7 +6,7 @@ per-channel and transposed cases, from torch.profiler, total µs per kernel name
 """
 import torch
 
-from fusegen.bench_layouts import _layout_cases
+from fusegen.bench.layouts import _layout_cases
 from fusegen.api import fuse_many
 
 N = 1 << 26

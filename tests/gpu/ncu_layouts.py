@@ -15,7 +15,7 @@ import argparse
 import torch
 
 from fusegen.api import fuse_many
-from fusegen.bench_layouts import _layout_cases
+from fusegen.bench.layouts import _layout_cases
 
 parser = argparse.ArgumentParser()
 parser.add_argument("cases", nargs="*", help="substrings of the case names (all cases if none)")

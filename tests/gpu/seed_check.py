@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from fusegen.api import Request, fuse_many
-from fusegen.check import check, rel_error
-from fusegen.reference import evaluate_text
+from fusegen.tools.check import check, rel_error
+from fusegen.tools.reference import evaluate_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

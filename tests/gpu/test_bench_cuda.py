@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from fusegen import bench
-from fusegen.bench_peers import build_impls, optional_module
+from fusegen.bench import core as bench
+from fusegen.bench.peers import build_impls, optional_module
 
 pytestmark = [
     pytest.mark.cuda,

@@ -3,7 +3,7 @@
     PYTHONPATH=. python -m pytest -m cuda tests/gpu
 
 The session's corpus library (tests/conftest.py) includes the CUDA impls when torch sees
-a GPU and nvcc is installed (fusegen.build.cuda_enabled)."""
+a GPU and nvcc is installed (fusegen.build.builder.cuda_enabled)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SIZES = [0, 1, 3, 4097, 2 ** 20 + 3]
 
 @pytest.fixture(scope="module")
 def cuda_ops(corpus_ops):
-    from fusegen.build import cuda_enabled
+    from fusegen.build.builder import cuda_enabled
 
     if not cuda_enabled():
         pytest.fail("torch sees a GPU but fusegen built without CUDA (nvcc missing? FUSEGEN_CPU_ONLY=1?)")
@@ -531,7 +531,7 @@ def test_forward_ad_and_torch_func_cuda(cuda_ops, case):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_gradient_penalty_step_cuda(cuda_ops, dtype):
     """The benchmark's gradient-penalty training step on the GPU matches eager step for step."""
-    from fusegen.bench import GradientPenaltyMLP
+    from fusegen.bench.core import GradientPenaltyMLP
 
     runs = []
     for silu, gelu in ((cuda_ops["cp_silu"], cuda_ops["cp_gelu_tanh"]),

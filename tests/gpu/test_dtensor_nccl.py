@@ -24,7 +24,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def failures(tmp_path_factory):
-    from fusegen.build import cuda_enabled
+    from fusegen.build.builder import cuda_enabled
 
     if not cuda_enabled():
         pytest.fail("torch sees GPUs but fusegen builds without CUDA (nvcc missing? FUSEGEN_CPU_ONLY=1?)")

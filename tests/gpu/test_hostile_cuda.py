@@ -24,7 +24,7 @@ pytestmark = [
 
 SCRIPT = r"""
 import sys, torch, fusegen
-from fusegen import build
+from fusegen.build import builder as build
 assert build.cuda_enabled(), "fusegen builds without CUDA here"
 op = fusegen.fuse("x*sigmoid(x)*alpha + y", scalars=["alpha"], name="hostile_cuda")
 x = torch.randn(4097, device="cuda", requires_grad=True)

@@ -12,8 +12,8 @@ import os
 import torch
 
 from fusegen.api import fuse_many
-from fusegen.bench import timed_ms
-from fusegen.bench_layouts import _layout_cases, _fwd_bwd
+from fusegen.bench.core import timed_ms
+from fusegen.bench.layouts import _layout_cases, _fwd_bwd
 
 N = int(os.environ.get("FUSEGEN_PROBE_N", 1 << 26))
 print("flags:", os.environ.get("NVCC_APPEND_FLAGS", "(defaults)"))

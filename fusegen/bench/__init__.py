@@ -1,0 +1,1 @@
+"""Benchmarks: `fusegen bench` and its subcommands."""

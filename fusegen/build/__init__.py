@@ -1,0 +1,1 @@
+"""Build: cache keys, compilation into the private cache, loading; the request index."""

@@ -1,0 +1,758 @@
+"""The only place that touches the compiler and the cache.
+
+Two kinds of library live in the cache. The shared runtime (templates/fusegen-runtime.cpp:
+argument checks, promotion, broadcasting, allocation, the CPU loop, CUDA guard, Meta impl,
+autograd, torch registration) includes the heavy torch headers; it is compiled once per
+torch/CUDA/compiler version into `runtime-<key>/libfusegen_runtime_<key>.so`. An op library
+holds one or more ops (tests build a whole corpus into one); its sources include no torch
+header, so it compiles in about a second, and it links against the runtime (-l and an
+rpath relative to its own folder, `$ORIGIN/../runtime-<key>`), whose key is part of the
+op's key. The cache key names everything that changes the binary (key_parts): the sources,
+the flags, torch, CUDA, the compilers' real identities, the GPU architectures, fusegen's
+version and the environment variables the compilers read. A build runs in a private temp
+directory under an flock (released by the kernel if the process dies, so no stale locks;
+a stuck holder is waited for a bounded time) and is published with one atomic rename; a
+failed build leaves nothing behind. The entry records its library's size and sha256, and
+every load checks them first: a corrupt entry is rebuilt, with a warning, never loaded.
+No path from the cache reaches a command line as it is (_compiler_view): the cache may
+live in a folder whose name holds spaces, quotes, `;` or `$`.
+
+The cache holds shared libraries that are loaded into the process, so it must be private:
+fusegen creates it 0700 and refuses to build in, or load from, a cache directory, entry or
+library that another user owns or that group or others can write (the runtime's entry
+as well as the op's). A cache deleted while a build runs is recreated and the build runs
+again, once; both kinds of library are built by the one function that does this, `_cached`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import itertools
+import logging
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from fusegen.build import cache as _cache
+from fusegen.build.cache import cache_dir
+from fusegen.errors import BuildError, CompilerError, FusegenError, LoadError
+from fusegen.files import template_text, write, write_text
+from fusegen.version import FUSEGEN_VERSION
+
+# Build messages (INFO: building, built, waiting for another process's build) go to the
+# "fusegen" logger. A first build takes seconds to a minute, so they show by default: the
+# logger is at INFO and DEFAULT_HANDLER prints the build lines on stderr. Silence them with
+# logging.getLogger("fusegen").setLevel(logging.WARNING) or FUSEGEN_QUIET=1; an application
+# that configures logging (a handler on the root logger) gets them through its own
+# handlers instead, once. The CLI replaces the handler with its progress line (or nothing,
+# with --quiet).
+QUIET_ENV = "FUSEGEN_QUIET"
+
+
+class _BuildLines(logging.Handler):
+    """`fusegen: building op(s) fma for CPU...` when a build starts, `fusegen: built op(s) fma
+    in 21.3 s` when it ends (and why nothing happens while another process builds it), on
+    the stderr of the moment. Cached loads log nothing, so they print nothing. Other INFO
+    records of the logger (which derivative runs unfused) are left to logging's users."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+
+    def emit(self, record: logging.LogRecord):
+        event = getattr(record, "fusegen_build", None)
+        if event is None and record.levelno < logging.WARNING:
+            return
+        if logging.getLogger().handlers or os.environ.get(QUIET_ENV, "") not in ("", "0"):
+            return  # the application's logging shows it (propagation), or it asked for quiet
+        try:
+            text = record.getMessage().removeprefix("fusegen: ")
+            sys.stderr.write(f"fusegen: {text}{'...' if event == 'start' else ''}\n")
+            sys.stderr.flush()
+        except Exception:  # a closed stderr must not fail the build
+            self.handleError(record)
+
+
+log = logging.getLogger("fusegen")
+DEFAULT_HANDLER = _BuildLines()
+log.addHandler(DEFAULT_HANDLER)
+if log.level == logging.NOTSET:  # a level the application set before importing fusegen stays
+    log.setLevel(logging.INFO)
+
+# -fno-math-errno: C math functions that never set errno, so the CPU loop vectorizes them
+# (libmvec below) and sqrt is one instruction; values are unchanged.
+CXX_FLAGS = ["-O3", "-Wall", "-fno-math-errno"]
+# Accurate math by default: no --use_fast_math, so results match eager PyTorch.
+NVCC_FLAGS = ["-O3"]  # cpp_extension adds the -std= that matches torch
+# The macros that compile only the forward or only the backward launchers of an op's .cu
+# (templates/op_kernels.cu.j2), one nvcc run each, when a build has cores to spare.
+SPLIT_MACROS = ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY")
+# And, with four cores per .cu, each of those as two: fp32/fp64 and fp16/bf16 kernels; an
+# op's own .cu as three where the cores allow six for it: fp32/fp64, fp16 and bf16 (its
+# fp16/bf16 backward unit was a cold op's longest, 2.5 s on the CPU machine). An auxiliary
+# op's .cu (`<name>_grad2`, `<name>_jvp`) has the contiguous and strided kernels only
+# (Kernels::kPlain), and stays at two dtype units.
+DTYPE_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY",))
+HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY"),
+               ("FUSEGEN_16BIT_ONLY", "FUSEGEN_BF16_ONLY"))
+# C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
+# a few share one unit (a new op and its two auxiliary ops: one unit).
+CPP_PER_UNIT = 6
+RUNTIME_SOURCES = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h")
+LINK_FLAGS = "fusegen-link.rsp"  # an op library's link flags for the runtime (see _compile)
+
+
+@dataclass(frozen=True)
+class Library:
+    path: Path          # the shared library in the cache
+    key: str
+    seconds: float      # time spent building (0.0 on a cache hit)
+    cached: bool
+    runtime: Path | None = None  # an op library: the runtime library it links against
+
+
+def _check_private(path: Path, what: str, fix: str, error: type[FusegenError]):
+    """Raise `error` unless `path` is owned by this user and not writable by group or others:
+    whoever can write there can put code into every process that loads from the cache."""
+    st = os.stat(path)
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise error(f"fusegen: refusing to use the {what} {path}: it is owned by uid {st.st_uid}, "
+                    f"not by you (uid {me}), and fusegen loads the libraries in it into this "
+                    f"process. Set FUSEGEN_CACHE_DIR to a directory you own.")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise error(f"fusegen: refusing to use the {what} {path}: group or others can write to it "
+                    f"(mode {stat.S_IMODE(st.st_mode):o}), and fusegen loads the libraries in it "
+                    f"into this process. Fix: {fix}, or set FUSEGEN_CACHE_DIR to a directory "
+                    f"only you can write.")
+
+
+def _cache_root(error: type[FusegenError]) -> Path:
+    """The cache directory, created 0700 when missing, checked private and fusegen's own
+    (its marker, see cache.adopt) when it exists."""
+    root = cache_dir()
+    try:
+        root.mkdir(mode=0o700, parents=True)
+        os.chmod(root, 0o700)  # exactly 0700, whatever the umask
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise error(f"fusegen: cannot create the cache directory {root}: {err.strerror}. "
+                    "Set FUSEGEN_CACHE_DIR to a directory you can write.") from None
+    if not root.is_dir():
+        raise error(f"fusegen: the cache directory {root} is not a directory. Set "
+                    "FUSEGEN_CACHE_DIR to a directory you own.")
+    _check_private(root, "cache directory", f"chmod 700 {root}", error)
+    _cache.adopt(root, error)
+    return root
+
+
+def _check_entry(library: Path, error: type[FusegenError]):
+    """The cache directory, the entry and the library itself, before loading the library."""
+    entry = library.parent
+    _check_private(entry.parent, "cache directory", f"chmod 700 {entry.parent}", error)
+    _check_private(entry, "cache entry", f"chmod 700 {entry} (or delete it: it is rebuilt)", error)
+    _check_private(library, "cached library", f"chmod go-w {library} (or delete {entry}: it is "
+                   "rebuilt)", error)
+
+
+def cuda_enabled() -> bool:
+    """Build the CUDA impls when torch sees a GPU and nvcc is there. FUSEGEN_CPU_ONLY=1
+    forces the CPU-only build (the same generated files, without FUSEGEN_WITH_CUDA)."""
+    if os.environ.get("FUSEGEN_CPU_ONLY") == "1" or torch.version.cuda is None or not torch.cuda.is_available():
+        return False
+    return _cuda_home() is not None
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit, found as torch.utils.cpp_extension finds CUDA_HOME ($CUDA_HOME or
+    $CUDA_PATH, then the nvcc on the PATH, then /usr/local/cuda), without importing it: it
+    imports setuptools, 0.13 s that a cached load on the GPU machine must not pay (measured
+    there with cProfile)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home is None:
+        nvcc = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+    return home if os.path.exists(home) else None
+
+
+# The environment variables that change what the compilers make (read by gcc/clang, nvcc or
+# torch.utils.cpp_extension): part of every cache key, and of the request index's key.
+KEY_ENV = ("CXX", "CC", "NVCC_CCBIN", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS",
+           "TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "CUDA_PATH", "CPATH", "C_INCLUDE_PATH",
+           "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH", "LD_RUN_PATH",
+           "FUSEGEN_CPU_ONLY")
+
+
+def _compilers(cuda: bool) -> list[tuple[str, str]]:
+    """(role, command) of each compiler a build runs, as cpp_extension picks them: $CXX or
+    c++; for CUDA, $PYTORCH_NVCC or $CUDA_HOME/bin/nvcc and nvcc's host compiler ($CC,
+    which cpp_extension passes as -ccbin, else $NVCC_CCBIN, else gcc)."""
+    tools = [("c++", os.environ.get("CXX") or "c++")]
+    if cuda:
+        nvcc = os.environ.get("PYTORCH_NVCC") or os.path.join(_cuda_home() or "/usr/local/cuda", "bin", "nvcc")
+        tools += [("nvcc", nvcc), ("host", os.environ.get("CC") or os.environ.get("NVCC_CCBIN") or "gcc")]
+    return tools
+
+
+def _binary(command: str) -> tuple[str, tuple]:
+    """A compiler command's binary, resolved (PATH, symlinks: `c++` -> /usr/bin/x86_64-linux-gnu-g++-12),
+    and its stat (size, mtime, inode): what changes when it is replaced or upgraded."""
+    words = shlex.split(command) or [command]
+    found = shutil.which(words[0])
+    path = os.path.realpath(found) if found else words[0]
+    try:
+        st = os.stat(path)
+        return path, (st.st_size, st.st_mtime_ns, st.st_ino)
+    except OSError:
+        return path, ()
+
+
+def _run(command: str, *args: str) -> str:
+    try:
+        words = shlex.split(command) or [command]
+        out = subprocess.run(words + list(args), capture_output=True, text=True, timeout=60).stdout
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return "unavailable"
+    return out.strip()
+
+
+@lru_cache(maxsize=None)
+def _identity(role: str, command: str, binary: str, stamp: tuple) -> str:
+    """What a compiler is, asked once per process and binary (`stamp` is in the memo's key:
+    a compiler replaced in place is asked again). Not the last line of `--version`, which
+    for g++ is its warranty notice, the same for every version: for gcc/clang the first line
+    (name and version) and the target (-dumpmachine); for nvcc the whole `--version` (its
+    release and build lines); always the resolved binary."""
+    if role == "nvcc":
+        return f"{binary}\n{_run(command, '--version')}"
+    first = (_run(command, "--version").splitlines() or ["unknown"])[0]
+    return f"{binary}\n{first}\n{_run(command, '-dumpmachine')}"
+
+
+def key_parts(cuda: bool, probe: bool = True) -> list[str]:
+    """Everything besides the sources that decides a library's bytes, in one list for both
+    keys. The cache key (probe=True) names each compiler by its identity (running it, once
+    per process); the request index's key (probe=False) by its resolved binary and that
+    file's stat, since a cached load must run no process: a compiler replaced in place then
+    misses the index, and the cache key, which asks it, decides whether to rebuild."""
+    parts = [FUSEGEN_VERSION, torch.__version__, str(torch.version.cuda), sys.version, sys.platform, str(cuda)]
+    parts += [f"{name}={os.environ.get(name)!r}" for name in KEY_ENV]  # unset and "" differ
+    if cuda:
+        parts.append(repr(cuda_arch_flags()))
+    for role, command in _compilers(cuda):
+        binary, stamp = _binary(command)
+        parts.append(f"{role}: {_identity(role, command, binary, stamp) if probe else (binary, stamp)}")
+    if probe:
+        parts.append(repr(build_flags(cuda)))  # libmvec's presence: asks ldconfig
+    return parts
+
+
+def cuda_arch_flags() -> list[str]:
+    """-gencode for every visible GPU's architecture (e.g. sm_90 on an H200), or for
+    TORCH_CUDA_ARCH_LIST when set ("9.0;8.0")."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if env:
+        archs = sorted({a.replace("+PTX", "").strip() for a in env.replace(",", ";").split(";") if a.strip()})
+    else:
+        archs = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    flags = []
+    for arch in archs:
+        num = arch.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+    return flags
+
+
+@lru_cache(maxsize=None)
+def libmvec() -> bool:
+    """glibc's vector math library (x86-64 Linux): the CPU loop's exp, tanh, ... run 4
+    (float) or 2 (double) at a time through it (fusegen-runtime.h, FUSEGEN_LIBMVEC)."""
+    import ctypes.util
+    import platform
+    return sys.platform == "linux" and platform.machine() == "x86_64" and ctypes.util.find_library("mvec") is not None
+
+
+def build_flags(cuda: bool) -> dict[str, list[str]]:
+    cflags = list(CXX_FLAGS) + (["-DFUSEGEN_WITH_CUDA"] if cuda else []) + (["-DFUSEGEN_LIBMVEC"] if libmvec() else [])
+    return {"cflags": cflags, "cuda_cflags": (NVCC_FLAGS + cuda_arch_flags()) if cuda else []}
+
+
+def runtime_sources() -> dict[str, str]:
+    """The shared runtime's sources, as shipped beside every op."""
+    return {f: template_text(f) for f in RUNTIME_SOURCES}
+
+
+def runtime_key(cuda: bool) -> str:
+    h = hashlib.sha256()
+    for part in ["runtime"] + key_parts(cuda):
+        h.update(part.encode() + b"\0")
+    for fname, text in sorted(runtime_sources().items()):
+        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
+    h = hashlib.sha256()
+    parts = key_parts(cuda) + [runtime_key(cuda)]
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    for name, files in sorted(ops):
+        h.update(name.encode() + b"\0")
+        for fname in sorted(files):
+            h.update(fname.encode() + b"\0" + files[fname].encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+_locked = _cache.build_lock  # taken by builds; `fusegen cache` takes it without waiting
+
+
+def _own(files: dict[str, str], suffix: str) -> list[str]:
+    """An op's own translation units of one kind: `<name>.cpp` and its auxiliary ops'
+    (`<name>_grad2.cpp`, `<name>_jvp.cpp`), not the shared runtime's."""
+    return [f for f in files if f.endswith(suffix) and f not in RUNTIME_SOURCES]
+
+
+def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
+    """Translation units that #include the ops' sources: CPP_PER_UNIT .cpp files each, and
+    the .cu files spread over as many units as there are cores (nvcc is the long pole of a
+    CUDA build: a new op's own .cu and its auxiliary ops' then compile in parallel, so the
+    auxiliary ops cost no wall time on a machine with a few cores); with at least two cores
+    per .cu, each .cu's forward and backward kernels are two units (SPLIT_MACROS), with
+    four, each of those two again, by dtype (DTYPE_MACROS), and an op's own .cu by three
+    dtype groups where that leaves a core per unit (HALF_MACROS)."""
+    def chunks(paths: list[str], size: int) -> list[list[str]]:
+        return [paths[i:i + size] for i in range(0, len(paths), size)]
+
+    def include(paths: list[str]) -> str:
+        return "".join(f'#include "{p}"\n' for p in paths)
+
+    units = {}
+    cpp = [f"{n}/{f}" for n, files in ops for f in _own(files, ".cpp")]
+    for index, chunk in enumerate(chunks(cpp, CPP_PER_UNIT)):
+        units[f"unit{index}.cpp"] = include(chunk)
+    if cuda:
+        cu = [(f"{n}/{f}", files[f]) for n, files in ops for f in _own(files, ".cu")]
+        cores = os.cpu_count() or 1
+        if 2 * len(cu) <= cores:
+            # Cores to spare (a new op on the GPU machine): each .cu that has a backward is
+            # compiled twice, forward kernels and backward kernels, in parallel, which cuts
+            # the longest nvcc run by about a third (op_kernels.cu.j2).
+            # With four cores per .cu each of those is two again, by dtype (DTYPE_MACROS):
+            # the longest unit of a cold op went from 2.9 to 1.9 s of nvcc (2-core CPU machine).
+            own = {f"{n}/{n}.cu" for n, _ in ops}  # an op's own .cu, beside its auxiliary ops
+            by_dtype = 4 * len(cu) <= cores
+            by_half = by_dtype and 2 * len(own) + 4 * len(cu) <= cores
+            index = 0
+            for path, text in cu:
+                directions = SPLIT_MACROS if f"#ifndef {SPLIT_MACROS[0]}" in text else (None,)
+                groups = ((),)
+                if by_dtype and DTYPE_MACROS[1][0] in text:
+                    groups = HALF_MACROS if by_half and path in own and HALF_MACROS[1][1] in text else DTYPE_MACROS
+                for direction, group in itertools.product(directions, groups):
+                    part = "".join(f"#define {m}\n" for m in ((direction,) if direction else ()) + group)
+                    units[f"unit{index}_kernels.cu"] = part + include([path])
+                    index += 1
+        else:
+            paths = [path for path, _ in cu]
+            per_unit = -(-len(paths) // max(1, min(len(paths), cores)))
+            for index, chunk in enumerate(chunks(paths, per_unit)):
+                units[f"unit{index}_kernels.cu"] = include(chunk)
+    return units
+
+
+@contextmanager
+def _pinned(entry: Path):
+    """A shared flock on an entry's folder while a build depends on its files (an op build
+    links against the runtime's library): `fusegen cache` takes it exclusively, without
+    waiting, before it removes the entry, and keeps the entry while it is pinned. The folder
+    itself, not its lock file, so that pinning creates nothing. A folder already gone
+    pins nothing: the caller checks the file it needs after pinning."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
+class _CacheDeleted(Exception):
+    """The cache directory, or the build's temp folder in it, vanished during the build."""
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """What entry.json records of a library, and what the progress line says."""
+    kind: str                  # "op" or "runtime"
+    ops: tuple[str, ...]
+    cuda: bool
+
+    def targets(self) -> str:
+        return "CPU+CUDA" if self.cuda else "CPU"
+
+
+def _cached(key: str, folder: str, filename: str, compile_into, what: str, meta: _Meta) -> Library:
+    """The library `folder/filename` of the cache, built by `compile_into(tmp)` under an
+    flock in a private temp folder and published by one atomic rename when missing (the
+    runtime and op libraries alike). A cache deleted during the build is recreated and the
+    build runs again. Three attempts, not two: an `rm -rf` of the cache is not atomic, so the
+    build that lost its folder can retry while the removal is still under way and lose the
+    new folder as well; a third loss means something keeps deleting it."""
+    for attempt in (1, 2, 3):
+        root = _cache_root(BuildError)
+        try:
+            return _build_in(root, key, folder, filename, compile_into, what, meta)
+        except _CacheDeleted:
+            if attempt == 3:
+                raise BuildError(f"fusegen: the cache directory {root} was deleted three times while "
+                                 f"building {what}; stop whatever removes it, or set "
+                                 "FUSEGEN_CACHE_DIR to another directory") from None
+            log.info("the cache %s was deleted while building %s; building again", root, what)
+    raise AssertionError("unreachable")
+
+
+def _build_in(root: Path, key: str, folder: str, filename: str, compile_into, what: str,
+              meta: _Meta) -> Library:
+    final = root / folder
+    lib = final / filename
+    if _intact(lib):
+        _cache.mark_used(final)
+        return Library(lib, key, 0.0, True)
+    start = time.perf_counter()
+    try:
+        with _locked(_cache.lock_path(root, folder), what):
+            if _intact(lib, warn=True):  # another process built it while we waited
+                _cache.mark_used(final)
+                return Library(lib, key, 0.0, True)
+            _clean_stale(root)
+            log.info("building %s for %s", what, meta.targets(), extra={"fusegen_build": "start"})
+            start = time.perf_counter()  # the build, not the wait
+            tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{folder[:20]}-"))
+            try:
+                # First thing in the folder: the lock that guards it, for `fusegen cache`'s
+                # stale-folder cleanup (a SIGKILLed build leaves the folder; its lock is freed).
+                _cache.write_owner(tmp, folder, what)
+                compile_into(tmp)
+                _seal(tmp / filename)
+                os.unlink(tmp / _cache.OWNER_FILE)
+                _cache.write_entry_json(tmp, meta.kind, list(meta.ops), meta.cuda, FUSEGEN_VERSION,
+                                        torch.__version__, filename)
+                _cache.publish(root, tmp, final)  # replaces a corrupt entry, or a crash's leftover
+            except BaseException as err:
+                vanished = not tmp.is_dir()
+                shutil.rmtree(tmp, ignore_errors=True)
+                outcome = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+                log.info("building %s %s after %.1f s", what, outcome, time.perf_counter() - start,
+                         extra={"fusegen_build": outcome})
+                if vanished and isinstance(err, (OSError, BuildError)):
+                    raise _CacheDeleted from err
+                raise
+    except OSError as err:
+        if not root.is_dir():
+            raise _CacheDeleted from err
+        raise _unwritable(root, what, err) from None
+    except _CacheDeleted:
+        if key in _LOADED:
+            # An op library built and loaded into this process; only publishing it failed.
+            # The ops work here; the next process builds again. (The runtime is never in
+            # _LOADED: op libraries link against its file, so a lost runtime is rebuilt.)
+            return Library(lib, key, time.perf_counter() - start, False)
+        raise
+    seconds = time.perf_counter() - start
+    log.info("built %s in %.1f s", what, seconds, extra={"fusegen_build": "done"})
+    return Library(lib, key, seconds, False)
+
+
+def _intact(lib: Path, warn: bool = False) -> bool:
+    """A cache hit: the library is there and is the one published (cache.verify). A
+    corrupt one (truncated, overwritten, patched) is reported once, under the lock, and
+    rebuilt; an entry without the record (from before it) is rebuilt as well."""
+    if not lib.is_file():
+        return False
+    why = _cache.verify(lib)
+    if why is None:
+        return True
+    if warn:
+        log.warning("fusegen: warning: the cache entry %s is corrupt (%s); rebuilding it", lib.parent, why)
+    return False
+
+
+def _unwritable(root: Path, what: str, err: OSError) -> BuildError:
+    """A build that cannot write in the cache: which folder, and what still works."""
+    where = Path(err.filename) if err.filename else root
+    folder = where if where.is_dir() else where.parent
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return BuildError(f"fusegen: cannot build {what}: the cache folder {folder} is read-only "
+                          f"({err.strerror}: {where}). A read-only cache still loads the libraries it "
+                          "holds; to build, make it writable or set FUSEGEN_CACHE_DIR to a directory "
+                          "you can write")
+    return BuildError(f"fusegen: cannot build {what} in the cache {root}: {err.strerror or err}: {where}")
+
+
+def _clean_stale(root: Path):
+    """Opportunistic, before a build: remove temp folders of killed builds (one listdir when
+    there are none). Their locks are taken without waiting, so a live build's folder stays."""
+    try:
+        for temp in _cache.clean_stale(root):
+            log.info("removed the temp folder of a killed build: %s", temp.path)
+    except OSError:
+        pass  # cleanup is a courtesy; the build does not depend on it
+
+
+def _seal(library: Path):
+    """The linker honours the umask (0o775 under umask 002): make the library writable by
+    its owner only, as the checks before loading require."""
+    mode = stat.S_IMODE(os.stat(library).st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.chmod(library, mode & ~(stat.S_IWGRP | stat.S_IWOTH))
+
+
+def runtime_library(verbose: bool = False) -> Library:
+    """The shared runtime for this torch/CUDA/compiler, built once and cached."""
+    cuda = cuda_enabled()
+    key = runtime_key(cuda)
+    name = f"libfusegen_runtime_{key}"
+
+    def compile_into(tmp: Path):
+        write(runtime_sources(), tmp)
+        flags = build_flags(cuda)
+        # The soname is what op libraries record (DT_NEEDED): the dynamic loader then finds
+        # the copy already loaded, and the runtime is loaded once per process.
+        _cpp_extension(name, ["fusegen-runtime.cpp"], flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
+                       tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in RUNTIME_SOURCES])
+
+    return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)",
+                   _Meta("runtime", (), cuda))
+
+
+def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
+    """Compile the ops into one shared library in the cache (or find it there). A cache
+    deleted during the build is recreated and the build runs again, once."""
+    cuda = cuda_enabled()
+    key = cache_key(ops, cuda)
+    # Also for a cached op: its library needs the runtime's (found through its rpath), which
+    # a trimmed cache may have lost. A cache hit costs one stat.
+    runtime = [runtime_library(verbose)]
+
+    def compile_into(tmp: Path):
+        # Again inside the op's build: a cache deleted since (and recreated for this retry)
+        # has lost the runtime too, and the op links against its file. Pinned while the op
+        # compiles and links, so that `fusegen cache trim/clear` in another process cannot
+        # remove it under the linker; removed between the check and the pin: build it again.
+        for _ in range(3):
+            runtime[0] = runtime_library(verbose)
+            with _pinned(runtime[0].path.parent):
+                if runtime[0].path.is_file():
+                    _compile(ops, cuda, tmp, key, verbose, runtime[0])
+                    return
+        raise BuildError(f"fusegen: the shared runtime {runtime[0].path.parent} was removed three times "
+                         "while an op was being built; stop whatever removes it")
+
+    lib = _cached(key, key, f"fusegen_{key}.so", compile_into, "op(s) " + ", ".join(n for n, _ in ops),
+                  _Meta("op", tuple(n for n, _ in ops), cuda))
+    return Library(lib.path, lib.key, lib.seconds, lib.cached, runtime[0].path)
+
+
+# What a path handed to the compiler may hold. cpp_extension writes the sources' paths into
+# build.ninja as they are, where `$`, `:` and spaces are ninja's syntax, and ninja runs each
+# command through /bin/sh, where quotes, `;`, `$` and spaces are the shell's.
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
+
+
+@contextmanager
+def _compiler_view(tmp: Path):
+    """The path under which the compilers see the build folder `tmp`: `tmp` itself when its
+    path is plain, else a symlink to it, `fusegen-build-XXXX/build` in a plain temp folder
+    (private: mkdtemp makes it 0700, so nobody else can change where the link points). So
+    no path from the cache reaches a command line, whatever FUSEGEN_CACHE_DIR holds. The
+    link-time paths are relative (see _compile), so the library does not depend on it."""
+    if _PLAIN_PATH.fullmatch(str(tmp)):
+        yield tmp
+        return
+    for base in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+        if _PLAIN_PATH.fullmatch(base) and os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            break
+    else:
+        raise BuildError(f"fusegen: the cache path {tmp.parent} holds characters a build command cannot "
+                         "take as they are, and there is no temp folder with a plain path (letters, "
+                         "digits, ._+-/) to build through; set TMPDIR to one, or FUSEGEN_CACHE_DIR to a "
+                         "plain path")
+    farm = Path(tempfile.mkdtemp(prefix="fusegen-build-", dir=base))
+    link = farm / "build"
+    try:
+        os.symlink(tmp, link, target_is_directory=True)
+        yield link
+    finally:
+        for remove in (lambda: os.unlink(link), lambda: os.rmdir(farm)):  # the link, never its target
+            try:
+                remove()
+            except OSError:
+                pass
+
+
+def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda: bool, verbose: bool,
+                   what: str, files):
+    """Compile `sources` (paths relative to the build folder `tmp`) into `tmp/<name>.so`."""
+    from torch.utils import cpp_extension
+    with _compiler_view(tmp) as view:
+        try:
+            # cpp_extension writes the ninja file and runs it (the C++ and CUDA compilers in
+            # parallel); the library it loads from `view` is this process's copy (the rename
+            # keeps the same inode), so nothing loads twice.
+            cpp_extension.load(
+                name=name,
+                sources=[str(view / s) for s in sources],
+                extra_cflags=cflags,
+                extra_cuda_cflags=cuda_cflags,
+                extra_ldflags=ldflags,
+                build_directory=str(view),
+                with_cuda=cuda,
+                is_python_module=False,
+                verbose=verbose,
+            )
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as err:
+            log_text = str(err) if view == tmp else str(err).replace(str(view), str(tmp))
+            if not tmp.is_dir():  # the cache was deleted under the build: _build_in retries
+                raise BuildError(f"fusegen: building {what} failed", log_text, tuple(files)) from None
+            raise _failed_build(tmp, what, log_text, files) from None
+    # A second build of one name in a process (a retry after a failed or deleted build) is
+    # named <name>_v1.so by cpp_extension's versioner; the cache entry holds <name>.so, for
+    # the runtime (libfusegen_runtime_<key>) as for an op library (fusegen_<key>).
+    if not (tmp / f"{name}.so").exists():
+        for built in tmp.glob(f"{name}_v*.so"):
+            os.rename(built, tmp / f"{name}.so")
+
+
+def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Library):
+    for name, files in ops:
+        write(files, tmp / name)
+    units = _units(ops, cuda)
+    write(units, tmp)
+    flags = build_flags(cuda)
+    # The runtime by relative paths, never the cache's own: the linker runs in the build
+    # folder, beside the runtime's entry (-L../runtime-<key>), and the loader finds the
+    # runtime beside the op's entry ($ORIGIN/../runtime-<key>), wherever the cache is, even
+    # moved. In a response file (gcc and clang read it themselves), because `$ORIGIN`
+    # written among the flags would be expanded by ninja and again by the shell.
+    folder = runtime.path.parent.name
+    write_text(tmp / LINK_FLAGS, f"-L../{folder}\n-l{runtime.path.stem[3:]}\n-Wl,-rpath,$ORIGIN/../{folder}\n")
+    ldflags = [f"@{LINK_FLAGS}"] + (["-lmvec"] if libmvec() else [])
+    names = ", ".join(n for n, _ in ops)
+    _cpp_extension(f"fusegen_{key}", list(units), flags["cflags"], flags["cuda_cflags"], ldflags,
+                   tmp, cuda, verbose, f"op(s) {names}",
+                   [str(tmp / n / f) for n, files in ops for f in files])
+    _LOADED.add(key)
+
+
+# Libraries this process has loaded, by key: a library must never be loaded twice
+# (its static initializers would call fusegen::register_op and define the same ops again).
+_LOADED: set[str] = set()
+
+
+def load(library: Library):
+    """Load a library from the cache, after checking that nobody else can have written it
+    and that it is the library published (its size and sha256: a truncated library would
+    crash the process)."""
+    if library.key in _LOADED:
+        return
+    # The op library and the runtime it pulls in (DT_NEEDED, through its rpath) alike.
+    for path in (library.path,) + ((library.runtime,) if library.runtime else ()):
+        try:
+            _check_entry(path, LoadError)
+        except FileNotFoundError:
+            raise LoadError(f"fusegen: the cache entry {path.parent} was deleted before it "
+                            "could be loaded; run again to rebuild it") from None
+        why = _cache.verify(path)
+        if why is not None:
+            raise LoadError(f"fusegen: the cache entry {path.parent} is corrupt ({why}); run again "
+                            "to rebuild it")
+    try:
+        torch.ops.load_library(str(library.path))
+    except (OSError, RuntimeError) as err:
+        raise LoadError(f"fusegen: could not load {library.path}: {err}") from None
+    _LOADED.add(library.key)
+    # Last use, for `fusegen cache trim`: the runtime is used by every op library loaded, so
+    # it is never older than the ops that need it. One utime each; never fails the load.
+    for path in (library.path,) + ((library.runtime,) if library.runtime else ()):
+        _cache.mark_used(path.parent)
+
+
+# The first error in a compiler log: g++/clang `file:line:col: error: msg` (also `fatal
+# error:`), nvcc `file(line): error: msg` (also `catastrophic error`, `error #20-D:`).
+_GCC_ERROR = re.compile(r"^(?P<file>[^\s:(][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal )?error:\s*(?P<msg>.*)$")
+_NVCC_ERROR = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\):\s*(?:catastrophic )?error(?: #[\w-]+)?:\s*(?P<msg>.*)$")
+# Without a file and line: the linker (`undefined reference to`, `ld: cannot find -l...`).
+_OTHER_ERROR = re.compile(r"undefined reference|cannot find -l|\berror:")
+
+
+def first_compiler_error(log_text: str) -> tuple[str | None, int | None, int | None, str] | None:
+    """(file, line, column, message) of the first error in a compiler log, or None."""
+    lines = log_text.splitlines()
+    for line in lines:
+        m = _GCC_ERROR.match(line) or _NVCC_ERROR.match(line)
+        if m:
+            col = m.groupdict().get("col")
+            return m["file"], int(m["line"]), int(col) if col else None, m["msg"].strip()
+    for line in lines:
+        # cpp_extension's own first line ("Error building extension 'x': [1/2] c++ ...") is
+        # not an error message.
+        if _OTHER_ERROR.search(line) and not line.startswith("Error building extension"):
+            return None, None, None, line.strip()
+    return None
+
+
+def _failed_build(tmp: Path, what: str, log_text: str, files) -> BuildError:
+    """A BuildError naming the first compiler error and its source line, with the full log
+    and the failed build's sources kept in a private temp folder (the build folder itself is
+    deleted: a failed build leaves nothing in the cache)."""
+    ninja = tmp / "build.ninja"
+    full = log_text
+    if ninja.is_file():
+        full += "\n--- build.ninja ---\n" + ninja.read_text(errors="replace")
+    try:
+        kept = Path(tempfile.mkdtemp(prefix="fusegen-failed-"))  # 0700, in $TMPDIR
+        # The sources, so that the file:line of the message can be opened (and the build
+        # rerun with ninja once the paths in build.ninja are adjusted).
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file() and path.suffix in (".cpp", ".cu", ".h", ".cuh", ".ninja"):
+                rel = path.relative_to(tmp)
+                write({rel.name: path.read_text(errors="replace")}, kept / rel.parent)
+        log_path = str(write_text(kept / "build.log", full))
+    except OSError:  # no room to keep it: the message still has the first error
+        kept, log_path = tmp, None
+    first = None
+    found = first_compiler_error(log_text)
+    if found:
+        file, line, col, message = found
+        shown, source_line = file, None
+        if file is not None:
+            where = Path(file) if Path(file).is_absolute() else tmp / file
+            try:
+                shown = str(kept / where.relative_to(tmp))  # the copy that outlives the build
+            except ValueError:
+                shown = str(where)  # a header outside the build folder (torch's, the system's)
+            try:
+                text = where.read_text(errors="replace").splitlines()
+                source_line = text[line - 1] if 0 < line <= len(text) else None
+            except OSError:
+                pass
+        first = CompilerError(shown, line, col, message, source_line)
+    kept_sources = tuple(str(kept / Path(f).relative_to(tmp)) if Path(f).is_relative_to(tmp) else str(f)
+                         for f in files)
+    return BuildError(f"fusegen: building {what} failed", log_text, kept_sources, first, log_path)

@@ -1,0 +1,1 @@
+"""Code generation: the OpSpec printed as C strings and rendered into files."""

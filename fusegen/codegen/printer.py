@@ -1,0 +1,242 @@
+"""The only place that knows C spellings.
+
+`CPrinter` prints functions.py's nodes for one compute type ("float" or "double"), one
+eager PyTorch operation each, as that operation computes its element: `expf` vs `exp`,
+`2.0f` vs `2.0`, true division as `/`, torch.pow's special exponents (`x*x`, `sqrtf`,
+`1.0f/x`, ...), NaN-propagating maximum/minimum, clamp with std::max/std::min's ties. C's
+left-to-right evaluation of `a + b + c` and `a*b*c` is the order eager uses, so operands
+are parenthesised only where the tree nests the other way. The helpers it calls
+(`fusegen::maximum`, ...) live in templates/fusegen.h.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sympy.codegen.ast import float32, float64, real
+from sympy.printing.c import C99CodePrinter
+
+from fusegen.ir import primitives as fn
+from fusegen.ir.spec import OpSpec, Program
+
+COMPUTE_TYPES = {"float": float32, "double": float64}
+LITERAL_SUFFIX = {"float": "f", "double": ""}
+
+# C precedence levels (higher binds tighter).
+_ATOM, _UNARY, _MUL, _ADD, _REL, _EQ, _AND, _OR = 100, 90, 50, 40, 30, 25, 15, 10
+
+_INFIX = {fn.Plus: ("+", _ADD), fn.Minus: ("-", _ADD), fn.Times: ("*", _MUL), fn.Divide: ("/", _MUL),
+          fn.Less: ("<", _REL), fn.LessEqual: ("<=", _REL), fn.Greater: (">", _REL),
+          fn.GreaterEqual: (">=", _REL), fn.Equal: ("==", _EQ), fn.NotEqual: ("!=", _EQ)}
+
+# Nodes that are one C math function of the same name (`expf` in float).
+_MATH = {fn.Abs: "fabs", fn.Exp: "exp", fn.Expm1: "expm1", fn.Log: "log", fn.Log1p: "log1p",
+         fn.Sqrt: "sqrt", fn.Sin: "sin", fn.Cos: "cos", fn.Tan: "tan", fn.Tanh: "tanh",
+         fn.Atan: "atan", fn.Erf: "erf", fn.Erfc: "erfc"}
+
+# Nodes that are a helper of fusegen.h.
+_HELPERS = {fn.Sigmoid: "sigmoid", fn.Sign: "sign", fn.Relu: "relu",
+            fn.Maximum: "maximum", fn.Minimum: "minimum"}
+
+
+class CPrinter(C99CodePrinter):
+    """functions.py's nodes -> C for one compute type."""
+
+    def __init__(self, compute_type: str):
+        super().__init__({"type_aliases": {real: COMPUTE_TYPES[compute_type]}})
+        self.ctype = compute_type
+        self.suffix = LITERAL_SUFFIX[compute_type]
+
+    @property
+    def _fsuffix(self):
+        return "f" if self.ctype == "float" else ""
+
+    # -- literals --------------------------------------------------------------
+    def literal(self, value: float) -> str:
+        if math.isnan(value):
+            return "NAN"
+        if math.isinf(value):
+            return "INFINITY" if value > 0 else "-INFINITY"
+        text = repr(float(value))
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return text + self.suffix
+
+    def _print_Float(self, expr):
+        return self.literal(float(expr))
+
+    def _print_Integer(self, expr):
+        return self.literal(int(expr))
+
+    _print_One = _print_Integer
+    _print_Zero = _print_Integer
+    _print_NegativeOne = _print_Integer
+
+    def _print_Rational(self, expr):
+        return self.literal(float(expr))
+
+    _print_Half = _print_Rational
+
+    def _print_Infinity(self, expr):
+        return "INFINITY"
+
+    def _print_NegativeInfinity(self, expr):
+        return "-INFINITY"
+
+    def _print_NaN(self, expr):
+        return "NAN"
+
+    # -- structure ---------------------------------------------------------------
+    def precedence_of(self, expr) -> int:
+        t = type(expr)
+        if t in _INFIX:
+            return _INFIX[t][1]
+        if t is fn.Negative or (fn.is_number(expr) and expr.is_extended_negative):
+            return _UNARY
+        if t is fn.Reciprocal or t is fn.Rsqrt:
+            return _MUL
+        if t is fn.Power and fn.is_number(expr.args[1]) and expr.args[1] in (2, 3, -2, -1, -0.5):
+            return _MUL
+        if t is fn.LogicalAnd:
+            return _AND
+        if t is fn.LogicalOr:
+            return _OR
+        return _ATOM
+
+    def operand(self, expr, level: int, right: bool = False) -> str:
+        """`expr` as an operand of an operator of precedence `level`. A right operand of the
+        same level needs parentheses (C groups a - b - c as (a - b) - c); so does a negative
+        one, and a product that stands for one operation (x*x, 1.0f/x), for the reader."""
+        p = self.precedence_of(expr)
+        text = self._print(expr)
+        if p < level or (right and p == level) or (right and p == _UNARY):
+            return f"({text})"
+        if p == _MUL and type(expr) in (fn.Reciprocal, fn.Rsqrt, fn.Power) and level >= _MUL:
+            return f"({text})"
+        return text
+
+    def _infix(self, expr):
+        op, level = _INFIX[type(expr)]
+        left, right = expr.args
+        joiner = op if level == _MUL else f" {op} "
+        return f"{self.operand(left, level)}{joiner}{self.operand(right, level, right=True)}"
+
+    _print_Plus = _print_Minus = _print_Times = _print_Divide = _infix
+    _print_Less = _print_LessEqual = _print_Greater = _print_GreaterEqual = _infix
+    _print_Equal = _print_NotEqual = _infix
+
+    def _print_Negative(self, expr):
+        (x,) = expr.args
+        inner = self._print(x)
+        if self.precedence_of(x) <= _UNARY:
+            return f"-({inner})"
+        return f"-{inner}"
+
+    def _print_LogicalAnd(self, expr):
+        return " && ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_LogicalOr(self, expr):
+        return " || ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_Where(self, expr):
+        c, a, b = expr.args
+        return f"({self._print(c)} ? {self._print(a)} : {self._print(b)})"
+
+    # -- operations ----------------------------------------------------------------
+    def _call(self, name, *args):
+        return f"{name}({', '.join(self._print(a) for a in args)})"
+
+    def _print_Node(self, expr):
+        t = type(expr)
+        if t in _MATH:
+            return self._call(_MATH[t] + self._fsuffix, *expr.args)
+        if t in _HELPERS:
+            return self._call("fusegen::" + _HELPERS[t], *expr.args)
+        raise ValueError(f"fusegen's C printer has no spelling for {t.__name__}")
+
+    def _print_Function(self, expr):
+        if isinstance(expr, fn.Node):
+            return self._print_Node(expr)
+        raise ValueError(f"fusegen's C printer has no spelling for {type(expr).__name__}")
+
+
+    def _print_Reciprocal(self, expr):                    # torch.reciprocal: 1 / x
+        return f"{self.literal(1)}/{self.operand(expr.args[0], _MUL, right=True)}"
+
+    def _print_Rsqrt(self, expr):                         # torch.rsqrt: 1 / sqrt(x)
+        return f"{self.literal(1)}/{self._call('sqrt' + self._fsuffix, expr.args[0])}"
+
+    def _print_Power(self, expr):
+        """torch.pow. A number exponent follows pow_tensor_scalar: 2, 3 and -2 multiply,
+        0.5 is sqrt, -0.5 rsqrt, -1 reciprocal, others std::pow (0 and 1 never get here)."""
+        base, exp = expr.args
+        if fn.is_number(exp) and exp.is_finite:
+            e = float(exp)
+            if e in (2, 3, -2):
+                b = self.operand(base, _MUL, right=True)
+                product = "*".join([b] * abs(int(e)))
+                return product if e > 0 else f"{self.literal(1)}/({product})"
+            if e == 0.5:
+                return self._call("sqrt" + self._fsuffix, base)
+            if e == -0.5:
+                return f"{self.literal(1)}/{self._call('sqrt' + self._fsuffix, base)}"
+            if e == -1:
+                return f"{self.literal(1)}/{self.operand(base, _MUL, right=True)}"
+        return self._call("pow" + self._fsuffix, base, exp)
+
+    def _print_Clamp(self, expr):
+        """torch.clamp. Number bounds: std::min(std::max(x, lo), hi), whose ties keep x;
+        tensor bounds: NaN-propagating maximum/minimum, as clamp.Tensor computes."""
+        x, lo, hi = expr.args
+        numbers = fn.clamp_bounds_are_numbers(lo, hi)
+        low, high = ("clamp_min", "clamp_max") if numbers else ("maximum", "minimum")
+        out = self._print(x)
+        if fn.has_bound(lo):
+            out = f"fusegen::{low}({out}, {self._print(lo)})"
+        if fn.has_bound(hi):
+            out = f"fusegen::{high}({out}, {self._print(hi)})"
+        return out
+
+
+# sympy's C printer has its own `_print_Exp`, `_print_Sqrt`, ... for classes of those names:
+# route every one of our calls to _print_Node instead.
+for _cls in list(_MATH) + list(_HELPERS):
+    setattr(CPrinter, f"_print_{_cls.__name__}", CPrinter._print_Node)
+
+
+@dataclass(frozen=True)
+class Statements:
+    """A program printed for one compute type: `const T t0 = ...;` lines and results.
+
+    temps are (C type, name, code): a comparison shared by cse is a `bool`."""
+
+    temps: tuple[tuple[str, str, str], ...]
+    results: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class PrintedOp:
+    """C strings for every program of an op, per compute type."""
+
+    forward: dict[str, Statements]
+    backward: dict[str, Statements]
+
+
+def _ctype_of(expr, ctype):
+    return "bool" if fn.is_condition(expr) else ctype
+
+
+def print_program(program: Program, ctype: str) -> Statements:
+    p = CPrinter(ctype)
+    return Statements(
+        temps=tuple((_ctype_of(e, ctype), s.name, p.doprint(e)) for s, e in program.temps),
+        results=tuple((n, p.doprint(e)) for n, e in program.results),
+    )
+
+
+def print_op(spec: OpSpec) -> PrintedOp:
+    return PrintedOp(
+        forward={t: print_program(spec.forward_program, t) for t in COMPUTE_TYPES},
+        backward={t: print_program(spec.backward_program, t) for t in COMPUTE_TYPES},
+    )

@@ -1,0 +1,185 @@
+"""The only place that touches Jinja.
+
+`render(spec, printed)` turns an OpSpec and its printed C strings into the files of one
+op: `<name>.h` (the math, host and device), `<name>.cu` (CUDA kernels and launchers, no
+torch headers), `<name>.cpp` (schemas, CPU/Meta/CUDA impls, autograd), the hand-written
+helper headers they include, and `spec.json`. Templates only paste strings built here;
+the output is a pure function of the spec, so it is byte-identical from run to run.
+
+User text reaches the files in two ways only (escape.py): names, checked here to be
+identifiers (names.name_problem), go in bare; every other string (the expression, the
+gradients' notation, the regenerate command, a @fused function's qualified name in it)
+goes into a comment through `c_comment`, and every string literal (op name, schemas,
+input names) through the `c_string` filter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import jinja2
+
+from fusegen.ir import names
+from fusegen.errors import SpecError
+from fusegen.codegen.escape import c_comment, c_string
+from fusegen.files import template_text, templates_dir
+from fusegen.codegen.printer import PrintedOp
+from fusegen.ir.spec import OpSpec
+from fusegen.version import FUSEGEN_VERSION
+
+# Hand-written headers copied beside every op, so `--out DIR` builds without fusegen.
+# fusegen-runtime.{h,cpp} is the shared runtime: fusegen compiles it once into its own cached
+# library; a standalone build of the folder compiles it together with <name>.cpp.
+HELPERS = ("fusegen-math.h", "fusegen-cuda.cuh", "fusegen-runtime.h", "fusegen-runtime.cpp")
+
+# Output file -> (template, what the file is, for its header comment).
+TEMPLATES = {
+    "{name}.h": ("op_math.h.j2", "the elementwise math, shared by the CPU and CUDA kernels"),
+    "{name}.cu": ("op_kernels.cu.j2", "CUDA kernels and their launchers (no torch headers)"),
+    "{name}.cpp": ("op.cpp.j2", "CPU kernels and the descriptor the shared runtime registers"),
+}
+
+COMPUTE_TYPES = ("float", "double")
+
+
+@lru_cache(maxsize=None)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        extensions=["jinja2.ext.do"],
+    )
+    # `fmt` fills a pattern written in the template: "to_acc({}[i])" | fmt on a name.
+    env.filters["fmt"] = lambda value, pattern: pattern.format(value)
+    env.filters["c_string"] = c_string
+    env.filters["c_comment"] = c_comment
+    env.globals["values"] = lambda items: [x.c for x in items]
+    env.globals["grads"] = lambda items: [x.grad for x in items]
+    return env
+
+
+@dataclass(frozen=True)
+class Name:
+    """One of the user's names and every C identifier derived from it (names.py)."""
+
+    name: str                     # as the user wrote it: forward schema, error messages
+    index: int = -1               # position among the forward's arguments
+    kernel_index: int = -1        # position among the gradients the backward kernel writes
+
+    def __getattr__(self, role):  # x.grad -> "grad_x"
+        if role in names.ROLES:
+            return names.role(role, self.name)
+        raise AttributeError(role)
+
+    @property
+    def c(self) -> str:
+        return names.value(self.name)
+
+
+def _step(op: str, value: float) -> str:
+    """One DoutStep initializer: the value printed exactly (repr round-trips a double)."""
+    return f"{{'{op}', {names.c_double(value)}}}"
+
+
+def _grad_defs(spec: OpSpec) -> tuple[list[str], list[str]]:
+    """The DoutStep arrays (one per distinct list of steps) and one GradDef per input."""
+    arrays: dict[tuple, str] = {}
+    defs = []
+    for g in spec.gradients:
+        output = -1 if g.output is None else g.output
+        if not g.dout_steps:
+            defs.append(f"{{{output}, {0 if g.dout_steps == () else -1}, nullptr}}")
+            continue
+        array = arrays.setdefault(g.dout_steps, f"kDoutSteps{len(arrays)}")
+        defs.append(f"{{{output}, {len(g.dout_steps)}, {array}}}")
+    lines = [f"const DoutStep {a}[] = {{{', '.join(_step(*st) for st in steps)}}};" for steps, a in arrays.items()]
+    return lines, defs
+
+
+def _jvp_args(spec: OpSpec, jvp: OpSpec | None) -> tuple[list[int], list[int]]:
+    """OpDef's jvp_args and jvp_scalars: <name>_jvp's arguments in terms of <name>'s. Its
+    tensors are the primals it reads (by name), then one tangent per input whose gradient
+    is not zero, in input order (spec.jvp_spec)."""
+    if jvp is None:
+        return [], []  # every gradient is zero: so is the tangent
+    moving = [spec.inputs.index(g.input) for g in spec.gradients if g.expr != 0]
+    primals = [x for x in jvp.inputs if x in spec.inputs][:len(jvp.inputs) - len(moving)]
+    args = [spec.inputs.index(x) for x in primals] + [len(spec.inputs) + i for i in moving]
+    assert len(args) == len(jvp.inputs), (spec.name, jvp.inputs)
+    return args, [spec.scalars.index(s) for s in jvp.scalars]
+
+
+def _context(spec: OpSpec, printed: PrintedOp, jvp=None) -> dict:
+    """Names and printed math for the templates; every C spelling is in the templates."""
+    _check_names(spec)
+    inputs = [Name(x, index=i) for i, x in enumerate(spec.inputs)]
+    by_name = {x.name: x for x in inputs}
+    if spec.saved_output:
+        by_name[spec.saved_output] = Name(spec.saved_output, index=-1)  # kResult
+    kernel_grads = [Name(g.input, index=by_name[g.input].index, kernel_index=g.output)
+                    for g in spec.kernel_gradients]
+    steps, grad_defs = _grad_defs(spec)
+    return {
+        "name": spec.name,
+        "ns": names.op_namespace(spec.name),
+        "text": c_comment(spec.text),
+        "gradient_lines": [c_comment(line) for line in spec.summary() + spec.saved_lines()],
+        "version": FUSEGEN_VERSION,
+        "command": c_comment(spec.command),
+        "inputs": inputs,
+        "scalars": [Name(s) for s in spec.scalars],
+        "backward_inputs": [by_name[x] for x in spec.backward_inputs],
+        "backward_scalars": [Name(s, index=spec.scalars.index(s)) for s in spec.backward_scalars],
+        "kernel_grads": kernel_grads,
+        "dout_steps": steps,
+        "grad_defs": grad_defs,
+        "dout": names.DOUT,
+        "jvp_args": jvp[0] if jvp else None,  # None: no fused forward mode (an auxiliary op)
+        "jvp_scalars": jvp[1] if jvp else [],
+        "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}
+                 for t in COMPUTE_TYPES],
+    }
+
+
+def _check_names(spec: OpSpec):
+    """Every name the templates paste bare (identifiers, namespaces, #include file names)
+    is an identifier: an OpSpec made by hand, not by differentiate, is held to it too."""
+    for what, values in (("op name", (spec.name,)), ("input", spec.inputs), ("scalar", spec.scalars),
+                         ("backward input", spec.backward_inputs)):
+        for value in values:
+            problem = names.name_problem(value)
+            if problem:
+                raise SpecError(f"{what} {value!r} {problem}")
+
+
+def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
+    """All files of one op, name -> text, in a fixed order. spec.json carries the hash.
+
+    `auxiliary`: (spec, printed) of the ops derived from it (`<name>_grad2`, `<name>_jvp`),
+    rendered by the same templates into the same folder and built into the same library."""
+    env = _environment()
+    files: dict[str, str] = {}
+    jvp = next((a for a, _ in auxiliary if a.name == spec.name + names.JVP_SUFFIX), None)
+    for s, p in ((spec, printed),) + tuple(auxiliary):
+        context = _context(s, p, _jvp_args(spec, jvp) if s is spec else None) | {"plain_kernels": s is not spec}
+        for pattern, (template, role) in TEMPLATES.items():
+            files[pattern.format(name=s.name)] = env.get_template(template).render(context, file_role=role)
+    for helper in HELPERS:
+        files[helper] = template_text(helper)
+    files["spec.json"] = spec.to_json(content_hash(files), [s for s, _ in auxiliary])
+    return files
+
+
+def content_hash(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        if name == "spec.json":
+            continue
+        h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return h.hexdigest()

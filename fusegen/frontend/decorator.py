@@ -1,0 +1,143 @@
+"""@fused: a PyTorch function whose body is one expression becomes a fused op.
+
+    @fusegen.fused
+    def silu(x):
+        return x * torch.sigmoid(x)
+
+The function is read as source (never run) by the same parser as the CLI, so the
+undecorated function stays valid eager PyTorch and serves as the reference.
+A parameter is a runtime scalar when it is annotated `float` or `int`, or when its
+default is a number; defaults work as in Python.
+
+Functions decorated together are built together. The decorator checks the function at once
+(a bad body fails at the `def`), and an op built before in any process is loaded at once;
+a new one waits, and the first call of any waiting function (or `fusegen.build_pending()`)
+builds every waiting one into one library in one compiler run. So a module with three
+@fused functions costs one build at its first use, not three at import.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import numbers
+import textwrap
+import threading
+
+import torch
+
+from fusegen import api
+from fusegen.pytorch import decompose as _decompose
+from fusegen.api import Request
+from fusegen.errors import ParseError, SpecError
+
+_SCALAR_ANNOTATIONS = (float, int, "float", "int")
+
+
+def _is_scalar(param: inspect.Parameter) -> bool:
+    default = param.default
+    number_default = isinstance(default, numbers.Real) and not isinstance(default, bool)
+    return param.annotation in _SCALAR_ANNOTATIONS or number_default
+
+
+def fused(fn=None, *, name: str | None = None, compile: str | None = None):
+    """Decorate a function; usable bare (`@fused`) or with a name (`@fused(name="silu")`).
+    `compile`: what torch.compile makes of the op, as for `fusegen.fuse`."""
+    if fn is None:
+        return lambda f: fused(f, name=name, compile=compile)
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError) as err:
+        raise ParseError(f"@fused needs the source of '{getattr(fn, '__name__', fn)}' ({err})",
+                         repr(fn)) from None
+    signature = inspect.signature(fn)
+    for p in signature.parameters.values():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise SpecError(f"@fused function '{fn.__name__}': parameter '{p.name}' is *args or "
+                            "**kwargs; expected named parameters only")
+        if p.default is not p.empty and not _is_scalar(p):
+            raise SpecError(f"@fused function '{fn.__name__}': parameter '{p.name}' has default "
+                            f"{p.default!r}; expected a number (a runtime scalar) or no default")
+    params = tuple(signature.parameters)
+    scalars = tuple(p for p, v in signature.parameters.items() if _is_scalar(v))
+    request = Request(source, name=name or fn.__name__, scalars=scalars, params=params,
+                      command=f"@fusegen.fused on {fn.__module__}.{fn.__qualname__}")
+    _decompose.set_mode(request.name, compile)  # applied when the op is loaded
+    return FusedFunction(fn, signature, request)
+
+
+class FusedFunction:
+    """What @fused returns: call it like the function. `.op` is the FusedOp (building it and
+    every other waiting @fused function, if not built yet); `.eager` is the undecorated
+    function, the reference."""
+
+    def __init__(self, fn, signature: inspect.Signature, request: Request):
+        functools.update_wrapper(self, fn)
+        self.eager = fn
+        self._signature = signature
+        self._request = request
+        self._op = api.cached(request)
+        if self._op is None:
+            # Checked now, so a bad body fails at its `def`, not at first use.
+            self._generated = api.generate(request)
+            with _PENDING_LOCK:
+                _PENDING.append(self)
+            _build_before_compiling()
+
+    @property
+    def op(self) -> api.FusedOp:
+        if self._op is None:
+            build_pending()
+        return self._op
+
+    def __call__(self, *args, **kwargs):
+        values = dict(zip(self._signature.parameters, api.bind(
+            self._signature, args, kwargs, f"@fused function '{self.__name__}'", self.__name__)))
+        op = self._op
+        if op is None:
+            if torch.compiler.is_compiling():  # a build cannot be traced; torch.compile builds first
+                raise RuntimeError(f"@fused function {self._request.name!r} is not built yet and torch.compile "
+                                   "is tracing it; call "
+                                   "fusegen.build_pending() before compiling")
+            op = self.op
+        return op(*(values[p] for p in op.params))  # FusedOp: numbers, autograd, torch.func
+
+    def __repr__(self):
+        return f"<@fused {self.eager.__module__}.{self.eager.__qualname__}>"
+
+
+_PENDING: list[FusedFunction] = []
+_PENDING_LOCK = threading.Lock()
+
+
+def _build_before_compiling():
+    """torch.compile traces a function's bytecode, and a build (locks, a compiler run, a
+    dlopen) cannot be traced: dynamo would stop at the first lock. So when a @fused function
+    waits, dynamo's compile-start callback builds the waiting ones before it traces anything.
+    Only a process with a build to do imports torch._dynamo for it (a second, next to the
+    build's seconds)."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:  # a torch without the callback: __call__ names build_pending() instead
+        return
+    if _on_compile_start not in callback_handler.start_callbacks:  # torch._dynamo.reset() clears them
+        callback_handler.register_start_callback(_on_compile_start)
+
+
+def _on_compile_start(_args):
+    if _PENDING:
+        build_pending()
+
+
+def build_pending():
+    """Build every @fused function not built yet, all into one library, in one compiler run."""
+    with _PENDING_LOCK:
+        waiting, _PENDING[:] = list(_PENDING), []
+    try:
+        api.load_requests([(f._request, f._generated) for f in waiting])
+    except BaseException:
+        with _PENDING_LOCK:  # nothing built: they wait for the next try
+            _PENDING[:0] = waiting
+        raise
+    for function in waiting:
+        function._op = api.cached(function._request)

@@ -1,0 +1,462 @@
+"""The only reader of user text.
+
+An expression is parsed with `ast.parse(mode="eval")` and walked against an allowlist
+of node types and function names (see functions.py). Nothing the user wrote is ever
+evaluated: no eval, exec, sympify or parse_expr. Names become real sympy symbols.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from dataclasses import dataclass
+
+import sympy
+
+from fusegen.ir import primitives as fn
+from fusegen.ir import names
+from fusegen.errors import ParseError, SpecError
+
+MAX_LENGTH = 4000      # characters of expression text
+MAX_DEPTH = 48         # nesting depth of the syntax tree
+MAX_NODES = 2000       # syntax nodes in one expression
+MAX_INT = 2 ** 53      # integer literals beyond this are not exact in double anyway
+
+# Python's operators on tensors, one eager op each (functions.py keeps them as written).
+_BINOPS = {
+    ast.Add: fn.add,
+    ast.Sub: fn.sub,
+    ast.Mult: fn.mul,
+    ast.Div: fn.div,
+    ast.Pow: None,  # handled by _pow: constant folding needs a guard
+}
+_BINOP_SPELLING = {ast.Mod: "%", ast.FloorDiv: "//", ast.MatMult: "@", ast.LShift: "<<",
+                   ast.RShift: ">>", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
+_COMPARE = {ast.Lt: fn.Less, ast.LtE: fn.LessEqual, ast.Gt: fn.Greater, ast.GtE: fn.GreaterEqual,
+            ast.Eq: fn.Equal, ast.NotEq: fn.NotEqual}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What the parser hands on: the sympy tree and the ordered names it uses."""
+
+    text: str
+    tree: sympy.Expr
+    inputs: tuple[str, ...]
+    scalars: tuple[str, ...]
+
+
+def symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, real=True)
+
+
+def name_problem(name: object) -> str | None:
+    """Why `name` cannot name an input, scalar or op, or None when it can (names.py)."""
+    return names.name_problem(name)
+
+
+def check_identifier(name: object, what: str) -> str:
+    problem = name_problem(name)
+    if problem:
+        raise SpecError(f"{what} {name!r} {problem}")
+    return name
+
+
+def check_op_name(name: object) -> str:
+    check_identifier(name, "op name")
+    for suffix in names.RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "
+                            f"got {name!r}")
+    return name
+
+
+class _Converter:
+    """Walks an allowlisted ast and builds sympy. `source` is the text columns refer to."""
+
+    def __init__(self, source: str, bindings: dict[str, sympy.Expr] | None = None,
+                 line_offset: int = 0):
+        self.lines = source.splitlines() or [source]
+        self.bindings = dict(bindings or {})
+        self.line_offset = line_offset
+        self.seen: list[str] = []  # input names in order of first appearance
+
+    # -- errors ---------------------------------------------------------------
+    def fail(self, node: ast.AST | None, message: str, hint: str | None = None, col: int | None = None):
+        if node is None or not hasattr(node, "lineno"):
+            raise ParseError(message, self.lines[0], None, hint)
+        line = self.lines[min(node.lineno - 1 - self.line_offset, len(self.lines) - 1)]
+        raise ParseError(message, line, _char_col(line, node.col_offset) if col is None else col, hint)
+
+    # -- dispatch ---------------------------------------------------------------
+    def convert(self, node: ast.AST) -> sympy.Expr:
+        method = getattr(self, "_" + type(node).__name__, None)
+        if method is None:
+            self.fail(node, f"unsupported syntax: {type(node).__name__}",
+                      "expected numbers, names, + - * / **, comparisons and function calls")
+        return method(node)
+
+    def _Expression(self, node):
+        return self.convert(node.body)
+
+    def _Constant(self, node):
+        value = node.value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(node, f"unsupported constant {value!r}", "expected an int or float literal")
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            self.fail(node, f"integer literal too large (limit 2**53), got {value}")
+        if not fn.literal_ok(float(value)):
+            self.fail(node, f"literal {value!r} is outside the float32 range")
+        return _number(float(value))
+
+    def _Name(self, node):
+        # A bare name is an input (or a local of a @fused function), as in Python: `e`,
+        # `pi` or `exp` without a call are names the user chose, not constants or functions.
+        name = node.id
+        if name in self.bindings:
+            return self.bindings[name]
+        problem = name_problem(name)
+        if problem:
+            self.fail(node, f"input name '{name}' {problem}")
+        if name not in self.seen:
+            self.seen.append(name)
+        return symbol(name)
+
+    def _Attribute(self, node):
+        dotted = _dotted(node)
+        if dotted in fn.CONSTANTS:
+            return fn.CONSTANTS[dotted]
+        self.fail(node, f"unknown name '{dotted}'",
+                  "expected an input name, math.pi or math.e")
+
+    def _UnaryOp(self, node):
+        operand = self.convert(node.operand)
+        if isinstance(node.op, ast.USub):
+            return fn.neg(operand)
+        if isinstance(node.op, ast.UAdd):
+            return operand
+        self.fail(node, f"unsupported unary operator {type(node.op).__name__}", "expected - or +")
+
+    def _BinOp(self, node):
+        op = type(node.op)
+        if op not in _BINOPS:
+            spelled = _BINOP_SPELLING.get(op, op.__name__)
+            self.fail(node, f"unsupported operator '{spelled}'", "expected + - * / or **",
+                      col=self._operator_col(node, spelled))
+        left, right = self.convert(node.left), self.convert(node.right)
+        if op is ast.Pow:
+            return self._pow(node, left, right)
+        try:
+            return _BINOPS[op](left, right)
+        except ValueError as err:  # 1/0 between constants
+            self.fail(node, str(err))
+
+    def _operator_col(self, node, spelled):
+        """The caret goes under the operator, not under the start of its left operand
+        (ast gives a BinOp only the position of its first character)."""
+        left = node.left
+        if getattr(left, "end_lineno", None) == node.lineno == getattr(node.right, "lineno", None):
+            line = self.lines[min(node.lineno - 1 - self.line_offset, len(self.lines) - 1)]
+            col = line.find(spelled, left.end_col_offset, node.right.col_offset)
+            if col >= 0:
+                return col
+        return None
+
+    def _pow(self, node, base, exponent):
+        if base.is_Number and exponent.is_Number:
+            # Fold in float with an overflow guard: sympy would compute 9**9**9 exactly.
+            try:
+                value = float(base) ** float(exponent)
+            except (OverflowError, ZeroDivisionError):
+                value = float("inf")
+            if isinstance(value, complex) or not fn.literal_ok(value):
+                self.fail(node, "constant power is not a finite real float32 value")
+            return _number(value)
+        return fn.power(base, exponent)
+
+    def _Compare(self, node):
+        return fn.indicator(self.relation(node))
+
+    def relation(self, node):
+        if len(node.ops) != 1:
+            self.fail(node, "chained comparisons are not supported",
+                      "write (a < b) * (b < c), as torch tensors need too")
+        op = type(node.ops[0])
+        if op not in _COMPARE:
+            self.fail(node, f"unsupported comparison {op.__name__}", "expected < <= > >= == !=")
+        return _COMPARE[op](self.convert(node.left), self.convert(node.comparators[0]))
+
+    def _Call(self, node):
+        dotted = _dotted(node.func)
+        if dotted is None:
+            self.fail(node, "only named functions can be called", "e.g. exp(x) or torch.exp(x)")
+        name = fn.resolve(dotted)
+        if name is None:
+            self._unknown_function(node, dotted)
+        spec = fn.FUNCTIONS[name]
+        args = self._bind(node, name, spec)
+        return spec.build(*args)
+
+    def _unknown_function(self, node, dotted: str):
+        prefix, _, base = dotted.rpartition(".")
+        known = fn.resolve(base)
+        unsupported = fn.unsupported_hint(base)
+        if prefix and known is not None:
+            self.fail(node, f"unknown function '{dotted}'",
+                      f"'{prefix}' is not a module fusegen reads; write {base}(...) or torch.{base}(...)")
+        if unsupported is not None:
+            self.fail(node, f"unsupported function '{dotted}'", unsupported)
+        near = fn.suggestions(base)
+        hint = ("did you mean " + " or ".join(f"'{n}'" for n in near) + "?") if near \
+            else "known: " + ", ".join(fn.known_names())
+        self.fail(node, f"unknown function '{dotted}'", hint)
+
+    def _bind(self, node, name, spec):
+        """Positional and keyword arguments in torch's parameter names, converted to sympy."""
+        params = spec.params
+        required = len(params) - spec.optional
+        if len(node.args) > len(params):
+            self.fail(node, f"{name}() takes at most {len(params)} arguments, got {len(node.args)}")
+        slots: dict[str, ast.AST] = dict(zip(params, node.args))
+        for kw in node.keywords:
+            if kw.arg is None or kw.arg not in params:
+                self.fail(node, f"{name}() got an unexpected keyword argument {kw.arg!r}",
+                          f"parameters: {', '.join(params)}")
+            if kw.arg in slots:
+                self.fail(node, f"{name}() got multiple values for argument '{kw.arg}'")
+            slots[kw.arg] = kw.value
+        missing = [p for p in params[:required] if p not in slots]
+        if missing:
+            self.fail(node, f"{name}() is missing argument '{missing[0]}'",
+                      f"expected {name}({', '.join(params)})")
+        out = []
+        for p in params:
+            arg = slots.get(p)
+            if arg is None:
+                out.append(None)
+            elif name == "where" and p == "condition" and isinstance(arg, ast.Compare):
+                out.append(self.relation(arg))  # a comparison is the condition itself, not 0/1
+            else:
+                out.append(self.convert(arg))
+        return out
+
+
+def _number(value: float) -> sympy.Expr:
+    """Integral literals become exact integers so x**2.0 prints like x**2."""
+    return fn.number(value)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+# Binary operators that chain without nesting: a+b+c+d is one level, as a reader sees it.
+_CHAINS = ({ast.Add, ast.Sub}, {ast.Mult, ast.Div})
+
+
+def _chain(node: ast.AST):
+    return next((c for c in _CHAINS if isinstance(node, ast.BinOp) and type(node.op) in c), None)
+
+
+def _check_limits(text: str, tree: ast.AST):
+    """Size and nesting limits. Nesting counts parentheses and calls, not the length of a
+    flat chain (a 200-term sum is depth 1). Iterative: no recursion on long input."""
+    nodes = list(ast.walk(tree))
+    if len(nodes) > MAX_NODES:
+        raise ParseError(f"expression too large ({len(nodes)} syntax nodes, limit {MAX_NODES})",
+                         text[:80] + "...")
+    stack = [(tree, 0)]
+    while stack:
+        node, d = stack.pop()
+        if d > MAX_DEPTH:
+            raise ParseError(f"expression nested too deeply (limit {MAX_DEPTH})", text[:80] + "...")
+        for child in ast.iter_child_nodes(node):
+            same_chain = _chain(node) is not None and child is getattr(node, "left", None) \
+                and _chain(child) is _chain(node)
+            stack.append((child, d if same_chain else d + 1))
+
+
+def _check_ascii(text: str):
+    """Refuse non-ASCII before Python's parser sees it: it would read the identifier
+    `𝐞𝐱𝐩` as `exp` (NFKC), and its columns are UTF-8 bytes, not characters."""
+    for lineno, line in enumerate(text.splitlines() or [text]):
+        for col, ch in enumerate(line):
+            if ord(ch) > 127:
+                raise ParseError(f"non-ASCII character {ch!r} (U+{ord(ch):04X}) at line {lineno + 1}, "
+                                 f"column {col + 1}", line, col,
+                                 "expected ASCII names, numbers and operators")
+
+
+def _check_ascii_code(source: str):
+    """A function's source may have non-ASCII in its docstring and comments, not in code."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return  # ast.parse reports it
+    for tok in tokens:
+        if tok.type not in (tokenize.STRING, tokenize.COMMENT) and not tok.string.isascii():
+            _check_ascii(tok.line.rstrip("\n"))
+
+
+def _char_col(line: str, byte_col: int) -> int:
+    """ast's col_offset counts UTF-8 bytes; a caret needs characters."""
+    return len(line.encode("utf-8")[:byte_col].decode("utf-8", errors="ignore"))
+
+
+def _check_literals(text: str, tree: sympy.Expr):
+    """sympy folds constants (1e30 * 1e30); what it folds must still fit in float."""
+    for atom in tree.atoms(sympy.Number):
+        if atom.is_finite is not False and not fn.literal_ok(float(atom)):
+            raise ParseError(f"constant {atom} is outside the float32 range", text)
+
+
+def _order_names(text: str, seen: list[str], inputs, scalars) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if isinstance(scalars, str):  # scalars="beta" is one name, as inputs="a,b" is a list
+        scalars = [p.strip() for p in scalars.split(",")]
+    scalars = tuple(scalars or ())
+    for s in scalars:
+        check_identifier(s, "scalar")
+    if len(set(scalars)) != len(scalars):
+        raise SpecError(f"scalars must be distinct, got {list(scalars)}")
+    for s in scalars:
+        if s not in seen:
+            raise SpecError(f"scalar '{s}' is not used by the expression {text!r}")
+    if inputs is None:
+        ordered = tuple(n for n in seen if n not in scalars)
+    else:
+        if isinstance(inputs, str):
+            inputs = [p.strip() for p in inputs.split(",") if p.strip()]
+        ordered = tuple(inputs)
+        for name in ordered:
+            check_identifier(name, "input")
+        if len(set(ordered)) != len(ordered):
+            raise SpecError(f"inputs must be distinct, got {list(ordered)}")
+        clash = set(ordered) & set(scalars)
+        if clash:
+            raise SpecError(f"'{sorted(clash)[0]}' is listed both as an input and as a scalar")
+        unknown = [n for n in seen if n not in ordered and n not in scalars]
+        if unknown:
+            raise SpecError(f"expression uses '{unknown[0]}', which is not among inputs={list(ordered)}")
+        unused = [n for n in ordered if n not in seen]
+        if unused:
+            raise SpecError(f"input '{unused[0]}' is not used by the expression {text!r}")
+    if not ordered:
+        raise SpecError(f"expression {text!r} has no tensor input; expected at least one name")
+    return ordered, scalars
+
+
+def parse(text: str, inputs=None, scalars=()) -> Parsed:
+    """Parse one expression. `inputs` fixes the tensor order; `scalars` are runtime floats."""
+    if not isinstance(text, str):
+        raise ParseError(f"expression must be a string, got {type(text).__name__}", repr(text))
+    if not text.strip():
+        raise ParseError("expression is empty", text)
+    if len(text) > MAX_LENGTH:
+        raise ParseError(f"expression too long ({len(text)} characters, limit {MAX_LENGTH})",
+                         text[:80] + "...")
+    _check_ascii(text)
+    if "\n" in text or "\r" in text:
+        raise ParseError("expression must be one line", text.splitlines()[0] if text.splitlines() else text)
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as err:
+        stripped = text.strip()
+        # offset 0 means "at the end of the input" (e.g. a dangling operator).
+        col = min(err.offset - 1, len(stripped)) if err.offset else len(stripped)
+        detail = "" if err.msg == "invalid syntax" else f" ({err.msg})"
+        raise ParseError(f"invalid syntax{detail}", stripped, col,
+                         "expected one Python expression, e.g. a*b+c") from None
+    except (RecursionError, MemoryError, ValueError) as err:
+        raise ParseError(f"expression could not be parsed ({type(err).__name__})", text[:80]) from None
+    _check_limits(text, tree)
+    conv = _Converter(text.strip())
+    expr = conv.convert(tree)
+    _check_literals(text, expr)
+    ordered, scalars = _order_names(text, conv.seen, inputs, scalars)
+    return Parsed(text.strip(), expr, ordered, scalars)
+
+
+def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed:
+    """Parse a function body: optional docstring, `name = expr` lines, then `return expr`.
+
+    Locals are substituted as sympy trees, so the result is one expression in the params."""
+    _check_ascii_code(source)
+    try:
+        module = ast.parse(source)
+    except SyntaxError as err:
+        raise ParseError(f"invalid syntax: {err.msg}", source.splitlines()[0]) from None
+    func = module.body[0] if module.body else None
+    if not isinstance(func, (ast.FunctionDef,)):
+        raise ParseError("@fused expects a plain function definition", source.splitlines()[0])
+    _check_limits(source, func)
+    conv = _Converter(source)
+    body = list(func.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # docstring
+    if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+        conv.fail(func, f"@fused function '{func.name}' must end with 'return <expression>'")
+    for stmt in body[:-1]:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)):
+            conv.fail(stmt, "only 'name = expression' lines may precede the return",
+                      "the body of a @fused function is one expression, with local names allowed")
+        target = stmt.targets[0].id
+        if target in params:
+            conv.fail(stmt, f"assignment to parameter '{target}' is not supported", "use a new name")
+        check_identifier(target, "local name")
+        conv.bindings[target] = conv.convert(stmt.value)
+    expr = conv.convert(body[-1].value)
+    text = ast.unparse(body[-1].value)
+    _check_literals(text, expr)
+    tensors = [p for p in params if p not in scalars]
+    seen = [p for p in params if p in conv.seen]
+    unknown = [n for n in conv.seen if n not in params]
+    if unknown:
+        raise SpecError(f"@fused function '{func.name}' uses '{unknown[0]}', which is not a parameter")
+    ordered, scalars = _order_names(text, seen, tensors, scalars)
+    return Parsed(_flatten_text(body, text), expr, ordered, scalars)
+
+
+def _flatten_text(body, text):
+    """The function body as one line of text, for headers and spec.json."""
+    if len(body) == 1:
+        return text
+    parts = [f"{s.targets[0].id} = {ast.unparse(s.value)}" for s in body[:-1]]
+    return "; ".join(parts + [text])
+
+
+def reparse(text: object, inputs, scalars) -> Parsed:
+    """An expression as spec.json records it, read back through this parser (`fusegen
+    package` checks a generated folder with it): one expression, or a @fused function's
+    body flattened to `name = expr; ...; expr` (_flatten_text), which is read as the body
+    of a function of `inputs` and `scalars`. The names must come back as recorded."""
+    if not isinstance(text, str):
+        raise ParseError(f"expression must be a string, got {type(text).__name__}", repr(text)[:80])
+    if len(text) > MAX_LENGTH:
+        raise ParseError(f"expression too long ({len(text)} characters, limit {MAX_LENGTH})", text[:80] + "...")
+    inputs, scalars = list(inputs), list(scalars)
+    for n in inputs + scalars:
+        check_identifier(n, "input" if n in inputs else "scalar")
+    if ";" not in text:
+        parsed = parse(text, inputs=inputs, scalars=scalars)
+    else:
+        _check_ascii(text)
+        if "\n" in text or "\r" in text:
+            raise ParseError("expression must be one line", text.splitlines()[0])
+        *lines, result = (part.strip() for part in text.split(";"))
+        source = f"def f({', '.join(inputs + scalars)}):\n" + "".join(f"    {line}\n" for line in lines) \
+            + f"    return {result}\n"
+        parsed = parse_function(source, inputs + scalars, scalars)
+    if parsed.inputs != tuple(inputs) or parsed.scalars != tuple(scalars):
+        raise SpecError(f"expression {text!r} reads inputs {list(parsed.inputs)} and scalars "
+                        f"{list(parsed.scalars)}, not the recorded {inputs} and {scalars}")
+    return parsed

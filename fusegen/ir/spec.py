@@ -1,0 +1,612 @@
+"""The OpSpec: the one IR object that flows from the parser to the renderer.
+
+`differentiate` turns a parsed expression into an OpSpec by a reverse pass that mirrors
+autograd: it walks the tree (functions.py's nodes, one per eager operation) from the
+output, carries the incoming gradient as an expression in the symbol GRAD, applies each
+node's own PyTorch backward formula (tools/autograd/derivatives.yaml and
+FunctionsManual.cpp: `exp` uses its result, `maximum` splits ties with where(), `clamp`
+selects, never multiplies by a 0/1 mask) and sums what reaches each input. Then one
+sympy.cse over the forward and every gradient, so the backward reuses what the forward
+computes.
+
+One deliberate difference from eager (README, "Unchosen branches"): the gradient that
+`where(c, a, b)` sends into `a` is selected *after* it has flowed through `a`'s subtree
+(`where(c, d a, 0)`), not before (`d a` of `where(c, grad, 0)`), so a branch that is not
+chosen never turns the gradient into NaN (0 * inf), and contributes +0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import dataclasses
+import json
+import math
+import textwrap
+from dataclasses import dataclass
+
+import sympy
+
+from fusegen.ir import primitives as fn
+from fusegen.ir import names
+from fusegen.errors import SpecError
+from fusegen.frontend.notation import text
+from fusegen.frontend.parse import Parsed, check_op_name, symbol
+from fusegen.version import FUSEGEN_VERSION
+
+GRAD = fn.GRAD  # the incoming gradient, d loss / d out (functions.py defines it)
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """d(loss)/d(input) for one tensor input, as an expression in GRAD and the inputs."""
+
+    input: str
+    expr: sympy.Expr          # the whole gradient: contains GRAD
+    passthrough: bool         # exactly GRAD: it flows through, no kernel work
+    output: int | None = None           # the backward kernel's output that holds it (shared
+                                        # by identical gradients), None: no kernel output
+    dout_steps: tuple | None = None     # a function of GRAD alone: eager's ops on dout,
+                                        # (("-", 0.0) | ("*", c) | ("/", c), ...); () is GRAD
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the backward reads, chosen by the bytes forward + backward move (`_plan`)."""
+
+    saved_output: str | None        # the name the forward's output has in the backward, or None
+    reads: tuple[str, ...]          # tensors the backward reads besides dout (output first)
+    bytes: dict                     # dtype size -> forward + backward bytes per element
+    alternative: dict | None        # the plan not taken: {"reads": [...], "bytes": {...}}
+    why: str
+
+
+@dataclass(frozen=True)
+class Program:
+    """Straight-line code: temporaries (name, expr) then named results.
+
+    Temporaries are renumbered t0, t1, ... per program so each kernel reads on its own."""
+
+    temps: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
+    results: tuple[tuple[str, sympy.Expr], ...]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    text: str                              # the expression as the user wrote it
+    inputs: tuple[str, ...]                # tensor inputs, in schema order
+    scalars: tuple[str, ...]               # runtime float arguments, after the tensors
+    forward: sympy.Expr
+    gradients: tuple[Gradient, ...]        # one per tensor input, schema order
+    forward_program: Program
+    backward_program: Program              # computes every non-passthrough gradient
+    backward_inputs: tuple[str, ...]       # tensors the backward reads: the saved output
+                                           # (plan.saved_output) first, then inputs
+    backward_scalars: tuple[str, ...]      # scalars the backward reads
+    command: str                           # the CLI line that regenerates the files
+    backward_exprs: tuple[sympy.Expr, ...] = ()   # per kernel output, in the backward's tensors
+    plan: Plan | None = None
+
+    @property
+    def kernel_gradients(self) -> tuple[Gradient, ...]:
+        """One gradient per output of the backward kernel (the first input that has it), in
+        output order; identical gradients share an output, the others pass grad through or
+        are eager ops on dout alone."""
+        owners = {}
+        for g in self.gradients:
+            if g.output is not None:
+                owners.setdefault(g.output, g)
+        return tuple(owners[k] for k in sorted(owners))
+
+    @property
+    def saved_output(self) -> str | None:
+        return self.plan.saved_output if self.plan else None
+
+    def to_json(self, content_hash: str, auxiliary=()) -> str:
+        doc = {
+            "name": self.name,
+            "expression": self.text,
+            "inputs": list(self.inputs),
+            "scalars": list(self.scalars),
+            "forward": text(self.forward),
+            "gradients": {g.input: text(g.expr) for g in self.gradients},
+            "passthrough": [g.input for g in self.gradients if g.passthrough],
+            "from_dout": {g.input: text(g.expr) for g in self.gradients
+                          if g.dout_steps and g.output is None},
+            "kernel_outputs": {names.grad(g.input): [h.input for h in self.gradients if h.output == g.output]
+                               for g in self.kernel_gradients},
+            "backward_reads": list(self.backward_inputs) + list(self.backward_scalars),
+            "saved": self._saved_doc(),
+            "auxiliary_ops": {a.name: {"inputs": list(a.inputs) + list(a.scalars), "forward": text(a.forward)}
+                              for a in auxiliary},
+            "fusegen_version": FUSEGEN_VERSION,
+            "content_hash": content_hash,
+        }
+        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+    def _saved_doc(self) -> dict:
+        p = self.plan
+        if p is None:
+            return {"tensors": list(self.backward_inputs), "why": "no backward kernel"}
+        doc = {"tensors": list(p.reads), "output": p.saved_output,
+               "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.bytes.items()}}
+        if p.alternative is not None:
+            doc["instead_of"] = {"tensors": p.alternative["reads"],
+                                 "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.alternative["bytes"].items()}}
+        doc["why"] = p.why
+        return doc
+
+    def summary(self) -> list[str]:
+        """One line per gradient, for the CLI and the file headers."""
+        lines = []
+        first = {}
+        for g in self.gradients:
+            note = ""
+            if g.output is not None and first.setdefault(g.output, g.input) != g.input:
+                note = f"  (= d/d{first[g.output]}: computed and written once)"
+            elif g.dout_steps and g.output is None:
+                note = "  (eager ops on grad: no kernel)"
+            lines.append(f"d/d{g.input} = {text(g.expr)}{note}")
+        return lines
+
+    def saved_lines(self) -> list[str]:
+        """What the backward reads and why, for the file headers."""
+        p = self.plan
+        if p is None:
+            return []
+        reads = ", ".join(["grad"] + list(p.reads))
+        fp32 = p.bytes[4]
+        why = textwrap.wrap(f"({p.why})", 86)
+        return [f"backward reads: {reads}; forward+backward move {fp32} bytes per element in float32"] + \
+            [f"  {line}" for line in why]
+
+
+def differentiate(parsed: Parsed, name: str | None = None, command: str | None = None,
+                  auxiliary: bool = False) -> OpSpec:
+    """Derive every tensor input's gradient and share subexpressions across all of them.
+    `auxiliary`: an op fusegen derives itself (`<name>_grad2`, `<name>_jvp`), whose name
+    ends in a suffix a user's op may not have."""
+    if auxiliary:
+        pass
+    elif name is not None:
+        name = check_op_name(name)
+    else:
+        name = default_name(parsed)
+    forward = parsed.tree
+    _check_printable(name, "the expression", forward)
+    wanted = [symbol(i) for i in parsed.inputs]
+    derived = backward(forward, wanted)
+    exprs = []
+    for inp, sym in zip(parsed.inputs, wanted):
+        _check_printable(name, f"the gradient for '{inp}'", derived[sym])
+        exprs.append(derived[sym])
+
+    # What the backward reads (`_plan`): the inputs, or the forward's output when that
+    # lets it read fewer tensors. The auxiliary ops keep their inputs: the double backward
+    # calls <name>_grad2_backward without running <name>_grad2, so there is no output.
+    taken = set(parsed.inputs) | set(parsed.scalars)
+    out_name = names.fresh(names.SAVED_OUTPUT, taken)
+    plan, kernel_exprs = _plan(forward, exprs, parsed.inputs, None if auxiliary else out_name)
+
+    # Identical gradients (the same tree, after the plan's rewriting) are one kernel output;
+    # a gradient of GRAD alone (`a - b`: -grad) needs the kernel only when another one does.
+    dout_only = [_dout_steps(e) if not auxiliary or e == GRAD else None for e in exprs]
+    needs_kernel = any(e != GRAD and steps is None for e, steps in zip(exprs, dout_only))
+    outputs: dict[sympy.Expr, int] = {}
+    gradients = []
+    for inp, e, ke, steps in zip(parsed.inputs, exprs, kernel_exprs, dout_only):
+        output = None
+        if e != GRAD and needs_kernel:
+            output = outputs.setdefault(ke, len(outputs))
+        gradients.append(Gradient(inp, e, e == GRAD, output, steps))
+    backward_exprs = tuple(outputs)  # insertion order is output order
+    if not backward_exprs:
+        plan = None
+
+    # One cse over forward + backward: shared subterms (sigmoid(x) in silu) are found once,
+    # then each program keeps only the temporaries its own results reach.
+    temps, reduced = sympy.cse([forward] + list(backward_exprs),
+                               symbols=sympy.numbered_symbols("__cse"), order="none")
+    forward_program = _program(temps, [("out", reduced[0])])
+    owners = [next(g for g in gradients if g.output == k) for k in range(len(backward_exprs))]
+    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])])
+
+    used = set()
+    for e in backward_exprs:
+        used |= {s.name for s in e.free_symbols if s != GRAD}
+    reads = tuple(_reads_of(backward_exprs, parsed.inputs, plan.saved_output if plan else None))
+    if plan is not None:
+        plan = dataclasses.replace(plan, reads=reads)
+    if command is None:
+        command = default_command(parsed, name)
+    return OpSpec(
+        name=name,
+        text=parsed.text,
+        inputs=parsed.inputs,
+        scalars=parsed.scalars,
+        forward=forward,
+        gradients=tuple(gradients),
+        forward_program=forward_program,
+        backward_program=backward_program,
+        backward_inputs=reads,
+        backward_scalars=tuple(s for s in parsed.scalars if s in used),
+        command=command,
+        backward_exprs=backward_exprs,
+        plan=plan,
+    )
+
+
+# -- what the backward reads ----------------------------------------------------------------
+#
+# Per element, with dtype size s: the forward reads its inputs and writes its output; the
+# backward reads dout and what it needs, and writes its kernel outputs. Reading the
+# forward's output instead of inputs costs nothing in the forward (it is written anyway),
+# so it wins exactly when it lets the backward read fewer tensors. A gradient is rewritten
+# in terms of the output by literal substitution of the forward's tree (eager's formulas
+# for exp, sigmoid, tanh, relu, sqrt, ... use `result`) and by _KINKS, conditions on a
+# function's argument that are the same condition on its value, for every input, NaN and
+# signed zero included.
+_SIZES = (4, 2)                     # float32, then float16/bfloat16: the training dtypes
+_DTYPE_OF_SIZE = {8: "float64", 4: "float32", 2: "bfloat16/float16"}
+
+# forward node -> {condition on its argument: the same condition on its result}.
+# relu(a) = clamp_min(a, 0): a > 0 <=> relu(a) > 0 and a <= 0 <=> relu(a) <= 0 (a = NaN:
+# both false; a = -0.0: relu gives -0.0, both <= 0). Not a >= 0: relu(-1) = 0 >= 0.
+_KINKS = {
+    fn.Relu: lambda a, r: {fn.Greater(a, _ZERO): fn.Greater(r, _ZERO),
+                           fn.LessEqual(a, _ZERO): fn.LessEqual(r, _ZERO),
+                           fn.Less(_ZERO, a): fn.Less(_ZERO, r),
+                           fn.GreaterEqual(_ZERO, a): fn.GreaterEqual(_ZERO, r)},
+}
+
+
+def _in_terms_of_output(forward, exprs, out):
+    rules = {forward: out}
+    kink = _KINKS.get(type(forward))
+    if kink is not None:
+        rules.update(kink(forward.args[0], out))
+    return [e.xreplace(rules) for e in exprs]
+
+
+def _bytes(num_inputs: int, reads: int, outputs: int) -> dict:
+    """Forward (inputs + output) plus backward (dout + what it reads + its outputs) bytes
+    per element, per dtype size."""
+    return {s: s * ((num_inputs + 1) + (1 + reads + outputs)) for s in _SIZES}
+
+
+def _reads_of(exprs, inputs, out=None) -> list[str]:
+    used = set().union(*(e.free_symbols for e in exprs)) if exprs else set()
+    names_used = {s.name for s in used if s != GRAD}
+    return ([out] if out is not None and out in names_used else []) + [i for i in inputs if i in names_used]
+
+
+def _plan(forward, exprs, inputs, out_name):
+    """(Plan, the gradients as the backward computes them)."""
+    kernel = [e for e in exprs if e != GRAD]
+    if all(_dout_steps(e) is not None for e in kernel):
+        kernel = []  # eager ops on dout alone: no kernel
+    distinct = len(set(kernel))
+    by_inputs = _reads_of(kernel, inputs)
+    cost_inputs = _bytes(len(inputs), len(by_inputs), distinct)
+    if out_name is None or not kernel:
+        why = "the inputs (an auxiliary op: the double backward runs it without its forward)" if kernel else \
+            "no backward kernel"
+        return Plan(None, tuple(by_inputs), cost_inputs, None, why), list(exprs)
+    rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
+    by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in kernel], inputs, out_name)
+    cost_output = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in kernel}))
+    if len(by_output) < len(by_inputs):
+        why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of the output, "
+               f"{cost_inputs[4] - cost_output[4]} bytes per element less than reading {', '.join(by_inputs)} "
+               "(float32); saved with save_for_backward, so modifying the output in place before backward "
+               "raises, as for eager's relu")
+        return (Plan(out_name, tuple(by_output), cost_output, {"reads": by_inputs, "bytes": cost_inputs}, why),
+                rewritten)
+    why = (f"the inputs: in terms of the output the gradients would read {', '.join(by_output)}, no fewer "
+           "tensors, and the output would have to stay unmodified until backward")
+    return Plan(None, tuple(by_inputs), cost_inputs, {"reads": by_output, "bytes": cost_output}, why), list(exprs)
+
+
+def _dout_steps(expr):
+    """`expr` as eager ops applied to GRAD alone, innermost first (neg, mul or div by a
+    number), or None when it reads anything else."""
+    steps = []
+    while expr != GRAD:
+        t, args = type(expr), expr.args
+        if t is fn.Negative:
+            steps.append(("-", 0.0))
+            expr = args[0]
+        elif t is fn.Times and fn.is_number(args[1]):
+            steps.append(("*", float(args[1])))
+            expr = args[0]
+        elif t is fn.Times and fn.is_number(args[0]):
+            steps.append(("*", float(args[0])))
+            expr = args[1]
+        elif t is fn.Divide and fn.is_number(args[1]):
+            steps.append(("/", float(args[1])))
+            expr = args[0]
+        else:
+            return None
+    return tuple(reversed(steps))
+
+
+# -- the auxiliary ops: higher order from the same pipeline ----------------------------------
+#
+# <name>_backward computes grad_k = dout * f_k(x) for each kernel gradient k. Given the
+# gradients gg_k arriving at grad_k, the double backward needs d/d(dout) = sum_k gg_k f_k and
+# d/dx_j = dout sum_k gg_k df_k/dx_j: the gradients of the scalar function
+# h(dout, x, gg) = sum_k gg_k * grad_k(dout, x), an ordinary elementwise expression. So the
+# op <name>_grad2 with forward h has, as its own <name>_grad2_backward called with incoming
+# gradient 1, exactly the double backward, fused, with PyTorch's formula at each node (the
+# reverse pass runs over the backward's tree, whose nodes are the same eager operations).
+# Forward mode: every gradient is linear in GRAD, and eager's forward derivative of an
+# elementwise op is its backward formula with grad replaced by the tangent, so
+# jvp = sum_i grad_i[GRAD := t_i] is <name>_jvp's forward.
+
+def grad2_spec(spec: OpSpec) -> OpSpec | None:
+    """<name>_grad2: h(dout, <inputs the backward reads>, gg_<x>...) = sum_k gg_<x_k> * grad_<x_k>,
+    with the backward's scalars. None when every gradient passes dout through."""
+    kernel = spec.kernel_gradients
+    if not kernel:
+        return None
+    taken = set(spec.inputs) | set(spec.scalars) | set(spec.backward_inputs)
+    dout = names.fresh(names.GRAD2_DOUT, taken)
+    taken.add(dout)
+    gg = []
+    for g in kernel:
+        gg.append(names.fresh(names.GRAD2_GG.format(g.input), taken))
+        taken.add(gg[-1])
+    tree = None
+    for e, gname in zip(spec.backward_exprs, gg):
+        term = fn.mul(symbol(gname), e.xreplace({GRAD: symbol(dout)}))
+        tree = term if tree is None else fn.add(tree, term)
+    inputs = (dout,) + spec.backward_inputs + tuple(gg)
+    parsed = Parsed(text(tree), tree, inputs, spec.backward_scalars)
+    return differentiate(parsed, name=spec.name + names.GRAD2_SUFFIX, command=spec.command, auxiliary=True)
+
+
+def jvp_spec(spec: OpSpec) -> OpSpec | None:
+    """<name>_jvp(<inputs it reads>, t_<x> for every input with a gradient, <scalars it
+    reads>) = sum_i grad_i with the tangent t_i in place of the incoming gradient."""
+    taken = set(spec.inputs) | set(spec.scalars)
+    tree, tangents = None, []
+    for g in spec.gradients:
+        if g.expr == 0:
+            continue  # sign(x), a comparison: no tangent flows
+        t = names.fresh(names.JVP_TANGENT.format(g.input), taken)
+        taken.add(t)
+        tangents.append(t)
+        term = g.expr.xreplace({GRAD: symbol(t)})
+        tree = term if tree is None else fn.add(tree, term)
+    if tree is None:
+        return None  # every gradient is zero (sign(x)): nothing moves, no op
+    used = {s.name for s in tree.free_symbols}
+    inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents)
+    scalars = tuple(s for s in spec.scalars if s in used)
+    parsed = Parsed(text(tree), tree, inputs, scalars)
+    return differentiate(parsed, name=spec.name + names.JVP_SUFFIX, command=spec.command, auxiliary=True)
+
+
+def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
+    """The ops built beside `spec` into its library: <name>_grad2 (when it has a backward
+    kernel) and <name>_jvp (when some gradient is not zero)."""
+    return tuple(s for s in (grad2_spec(spec), jvp_spec(spec)) if s is not None)
+
+
+# -- the reverse pass ---------------------------------------------------------------------------
+#
+# A gradient flows as a dict guard -> expression. The guard is a tuple of (condition, taken)
+# pairs, one per `where` branch the gradient came through; it is applied (as nested where)
+# only when the gradient reaches an input. Everything else is eager's formula, verbatim.
+
+def backward(forward: sympy.Expr, wanted: list[sympy.Symbol]) -> dict[sympy.Symbol, sympy.Expr]:
+    """d(GRAD . forward)/d(symbol) for each wanted symbol, by PyTorch's backward formulas."""
+    order = _postorder(forward)
+    flowing: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {forward: {(): GRAD}}
+    for node in reversed(order):
+        if not isinstance(node, fn.Node):
+            continue  # an input or scalar: what reached it stays in `flowing`
+        terms = flowing.pop(node, None)
+        for guard, g in (terms or {}).items():
+            for arg, contribution, branch in _vjp(node, g):
+                if _differentiable(arg):
+                    _accumulate(flowing.setdefault(arg, {}), guard + branch, contribution)
+    result = {}
+    for s in wanted:
+        total = None
+        for guard, g in flowing.get(s, {}).items():
+            total = _guarded(guard, g) if total is None else fn.add(total, _guarded(guard, g))
+        result[s] = sympy.Integer(0) if total is None else total
+    return result
+
+
+def _postorder(root) -> list:
+    """Every distinct subexpression, children before parents (iterative: no recursion limit)."""
+    seen, order, stack = set(), [], [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        if isinstance(node, fn.Node):
+            stack.extend((a, False) for a in reversed(node.args) if a not in seen)
+    return order
+
+
+def _differentiable(arg) -> bool:
+    return not fn.is_number(arg) and not fn.is_condition(arg)
+
+
+def _accumulate(terms: dict, guard: tuple, g):
+    terms[guard] = fn.add(terms[guard], g) if guard in terms else g
+
+
+def _guarded(guard, g):
+    for condition, taken in reversed(guard):
+        g = fn.Where(condition, g, _ZERO) if taken else fn.Where(condition, _ZERO, g)
+    return g
+
+
+_ZERO, _ONE, _TWO = sympy.Integer(0), sympy.Integer(1), sympy.Integer(2)
+_TWO_OVER_SQRT_PI = sympy.Float(1.1283791670955126)  # 2.0 / sqrt(M_PI), in double as torch has it
+
+
+def _vjp(node, g):
+    """[(argument, its gradient contribution, where-branch guard)] for one node, given the
+    gradient g of its result: derivatives.yaml's formula for that op (_FORMULAS)."""
+    if type(node) is fn.Where:
+        c, x, y = node.args
+        return [(x, g, ((c, True),)), (y, g, ((c, False),))]
+    formula = _FORMULAS.get(type(node))
+    if formula is None:
+        raise SpecError(f"no backward formula for {type(node).__name__}")
+    # `r` is `result` in derivatives.yaml: the node's own value.
+    return [(arg, d, ()) for arg, d in formula(node.args, node, g)]
+
+
+def _erf_backward(c):
+    """(+-2/sqrt(pi)) * exp(-(self.pow(2))) * grad."""
+    return lambda a, r, g: [(a[0], fn.mul(fn.mul(c, fn.Exp(fn.neg(fn.power(a[0], _TWO)))), g))]
+
+
+def _min_max_backward(t):
+    """where(self == other, grad / 2, grad).masked_fill_(self < other, 0) for maximum's self."""
+    def formula(a, r, g):
+        x, y = a
+        split = fn.Where(fn.Equal(x, y), fn.div(g, _TWO), g)
+        lose_x = fn.Less(x, y) if t is fn.Maximum else fn.Greater(x, y)
+        lose_y = fn.Greater(x, y) if t is fn.Maximum else fn.Less(x, y)
+        return [(x, fn.Where(lose_x, _ZERO, split)), (y, fn.Where(lose_y, _ZERO, split))]
+    return formula
+
+
+# node class -> formula(args, result, grad) -> [(argument, gradient contribution)].
+_FORMULAS = {
+    fn.Plus: lambda a, r, g: [(a[0], g), (a[1], g)],
+    fn.Minus: lambda a, r, g: [(a[0], g), (a[1], fn.neg(g))],
+    fn.Times: lambda a, r, g: [(a[0], fn.mul(g, a[1])), (a[1], fn.mul(g, a[0]))],  # grad * other
+    # grad / other, -grad * ((self / other) / other)
+    fn.Divide: lambda a, r, g: [(a[0], fn.div(g, a[1])), (a[1], fn.mul(fn.neg(g), fn.div(r, a[1])))],
+    fn.Negative: lambda a, r, g: [(a[0], fn.neg(g))],
+    fn.Reciprocal: lambda a, r, g: [(a[0], fn.mul(fn.neg(g), fn.mul(r, r)))],  # -grad * (result * result)
+    fn.Power: lambda a, r, g: _pow_backward(r, a[0], a[1], g),
+    fn.Exp: lambda a, r, g: [(a[0], fn.mul(g, r))],
+    fn.Expm1: lambda a, r, g: [(a[0], fn.mul(g, fn.add(r, _ONE)))],
+    fn.Log: lambda a, r, g: [(a[0], fn.div(g, a[0]))],
+    fn.Log1p: lambda a, r, g: [(a[0], fn.div(g, fn.add(a[0], _ONE)))],
+    fn.Sqrt: lambda a, r, g: [(a[0], fn.div(g, fn.mul(_TWO, r)))],  # grad / (2 * result)
+    # -0.5 * grad * result.pow(3)
+    fn.Rsqrt: lambda a, r, g: [(a[0], fn.mul(fn.mul(fn.number(-0.5), g), fn.power(r, sympy.Integer(3))))],
+    fn.Sin: lambda a, r, g: [(a[0], fn.mul(g, fn.Cos(a[0])))],
+    fn.Cos: lambda a, r, g: [(a[0], fn.mul(g, fn.neg(fn.Sin(a[0]))))],
+    fn.Tan: lambda a, r, g: [(a[0], fn.mul(g, fn.add(_ONE, fn.power(r, _TWO))))],  # grad * (1 + result.pow(2))
+    fn.Tanh: lambda a, r, g: [(a[0], fn.mul(g, fn.sub(_ONE, fn.mul(r, r))))],  # tanh_backward
+    fn.Atan: lambda a, r, g: [(a[0], fn.div(g, fn.add(fn.mul(a[0], a[0]), _ONE)))],  # grad / (self*self + 1)
+    fn.Sigmoid: lambda a, r, g: [(a[0], fn.mul(fn.mul(g, fn.sub(_ONE, r)), r))],  # grad * (1 - y) * y
+    fn.Erf: _erf_backward(_TWO_OVER_SQRT_PI),
+    fn.Erfc: _erf_backward(-_TWO_OVER_SQRT_PI),
+    fn.Abs: lambda a, r, g: [(a[0], fn.mul(g, fn.Sign(a[0])))],  # grad * self.sgn()
+    fn.Sign: lambda a, r, g: [(a[0], _ZERO)],  # zeros_like(grad)
+    # threshold_backward(grad, result, 0)
+    fn.Relu: lambda a, r, g: [(a[0], fn.Where(fn.LessEqual(r, _ZERO), _ZERO, g))],
+    fn.Maximum: _min_max_backward(fn.Maximum),
+    fn.Minimum: _min_max_backward(fn.Minimum),
+    fn.Clamp: lambda a, r, g: _clamp_backward(*a, g),
+}
+
+
+def _pow_backward(r, base, exponent, g):
+    """pow_backward, pow_backward_self and pow_backward_exponent (FunctionsManual.cpp)."""
+    if fn.is_number(exponent):                          # tensor ** number
+        if exponent == 0:
+            return [(base, _ZERO)]                      # zeros_like(self)
+        e = fn.number(float(exponent))
+        return [(base, fn.mul(g, fn.mul(e, fn.power(base, fn.sub(e, _ONE)))))]
+    out = []
+    if not fn.is_number(base):                          # tensor ** tensor: d/dself
+        d = fn.mul(g, fn.mul(exponent, fn.power(base, fn.sub(exponent, _ONE))))
+        out.append((base, fn.Where(fn.Equal(exponent, _ZERO), _ZERO, d)))
+        zero_base = fn.LogicalAnd(fn.Equal(base, _ZERO), fn.GreaterEqual(exponent, _ZERO))
+        out.append((exponent, fn.mul(g, fn.Where(zero_base, _ZERO, fn.mul(r, fn.Log(base))))))
+        return out
+    # number ** tensor: grad * (result * log(base)), masked where base == 0 and exponent >= 0
+    log_base = fn.number(_log(float(base)))
+    if base == 0:
+        return [(exponent, fn.mul(g, fn.Where(fn.GreaterEqual(exponent, _ZERO), _ZERO, fn.Times(r, log_base))))]
+    return [(exponent, fn.mul(g, fn.Times(r, log_base)))]
+
+
+def _log(x: float) -> float:
+    """c10::Scalar::log of a real base: std::log in double."""
+    if x == 0:
+        return -math.inf
+    return math.log(x) if x > 0 else math.nan
+
+
+def _clamp_backward(x, lo, hi, g):
+    """clamp_backward and clamp_backward_min_max: x gets grad inside [lo, hi] (bounds
+    included); lo where x < lo < hi; hi where x > hi or hi < lo (torch returns hi then)."""
+    has_lo, has_hi = fn.has_bound(lo), fn.has_bound(hi)
+    if has_lo and has_hi:
+        inside = fn.LogicalAnd(fn.GreaterEqual(x, lo), fn.LessEqual(x, hi))
+    elif has_lo:
+        inside = fn.GreaterEqual(x, lo)
+    elif has_hi:
+        inside = fn.LessEqual(x, hi)
+    else:
+        return [(x, g)]
+    out = [(x, fn.Where(inside, g, _ZERO))]
+    if has_lo:
+        below = fn.LogicalAnd(fn.Less(x, lo), fn.Less(lo, hi)) if has_hi else fn.Less(x, lo)
+        out.append((lo, fn.Where(below, g, _ZERO)))
+    if has_hi:
+        above = fn.LogicalOr(fn.Greater(x, hi), fn.Less(hi, lo)) if has_lo else fn.Greater(x, hi)
+        out.append((hi, fn.Where(above, g, _ZERO)))
+    return out
+
+
+def _check_printable(name: str, what: str, expr: sympy.Expr):
+    """Every function must be one of functions.py's nodes (the printer knows no other)."""
+    bad = [a for a in sympy.preorder_traversal(expr)
+           if a == sympy.zoo or (isinstance(a, sympy.Function) and not isinstance(a, fn.Node))]
+    if bad:
+        raise SpecError(f"fusegen op '{name}': {what} contains {bad[0]}, which has no finite value in C; "
+                        "expected an expression defined for real inputs")
+
+
+def _program(temps, results) -> Program:
+    """Keep the temporaries `results` depend on, in order, renamed t0, t1, ..."""
+    needed: set[sympy.Symbol] = set()
+    frontier = set().union(*(e.free_symbols for _, e in results)) if results else set()
+    defs = dict(temps)
+    while frontier:
+        s = frontier.pop()
+        if s in defs and s not in needed:
+            needed.add(s)
+            frontier |= defs[s].free_symbols
+    kept = [(s, e) for s, e in temps if s in needed]
+    # No assumptions: a temporary never equals a user's name (real=True), even `t0`.
+    rename = {s: sympy.Symbol(f"{names.TEMP_PREFIX}{i}") for i, (s, _) in enumerate(kept)}
+    return Program(
+        temps=tuple((rename[s], e.xreplace(rename)) for s, e in kept),
+        results=tuple((n, e.xreplace(rename)) for n, e in results),
+    )
+
+
+def default_name(parsed: Parsed) -> str:
+    """Unnamed ops get a stable name from their content: fused_<8 hex>."""
+    key = json.dumps([parsed.text, parsed.inputs, parsed.scalars])
+    return "fused_" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def default_command(parsed: Parsed, name: str) -> str:
+    parts = ["fusegen", json.dumps(parsed.text), "--name", name]
+    if parsed.inputs:
+        parts += ["--inputs", ",".join(parsed.inputs)]
+    for s in parsed.scalars:
+        parts += ["--scalar", s]
+    return " ".join(parts)

@@ -1,0 +1,1 @@
+"""PyTorch integration: autograd, torch.func, torch.compile, DTensor, ONNX."""

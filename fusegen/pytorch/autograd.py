@@ -1,0 +1,242 @@
+"""Autograd beyond first order, forward-mode AD and torch.func for fusegen ops.
+
+Two paths, one set of fused kernels:
+
+- `torch.ops.fusegen.<name>` called directly, and a FusedOp in plain reverse mode: the
+  shared runtime's C++ autograd kernels, written as PyTorch's generated ones are (hand-written
+  nodes whose work goes through the dispatcher, which torch.func accepts as it does aten's).
+  The forward's node calls <name>_backward, whose own node (double backward) calls
+  <name>_grad2_backward; a tangent on an input (forward_ad, torch.func.jvp / jacfwd) sets
+  the output's tangent from one <name>_jvp call. Beyond that, `_composite_kernel`
+  (registered here at the AutogradCPU/CUDA/Meta keys of <name>_grad2_backward and
+  <name>_jvp_backward, which win over the runtime's kernel at the Autograd alias key)
+  computes the op as eager torch ops of its expression, and the runtime calls
+  fusegen::__composite (defined here) for the forward mode of an op with no fused one
+  (<name>_backward under hessian = jacfwd(jacrev), <name>_jvp under jacfwd(jacfwd)).
+  Fewest host µs. A standalone build (no fusegen Python) has no composite: it fuses first
+  and second reverse order and first forward order, and names the op beyond.
+- torch.func transforms and forward_ad, through a FusedOp (`call`): a Python
+  `torch.autograd.Function` per op, with `setup_context`, `backward`, `jvp` and
+  `generate_vmap_rule=True`, whose forward calls the op below autograd and whose backward
+  and jvp call the fused auxiliary ops through `call` again. Same kernels, same results
+  (tests/test_forward_ad.py checks every path against eager).
+
+What differentiates each op of a family (both paths):
+
+    op                      reverse mode (vjp)                    forward mode (jvp)
+    <name>                  <name>_backward (fused)               <name>_jvp (fused)
+    <name>_backward         <name>_grad2_backward (fused)         eager composite
+    <name>_jvp              <name>_jvp_backward (fused)           eager composite
+    <name>_grad2_backward   eager composite                       eager composite
+    <name>_jvp_backward     eager composite                       eager composite
+
+So first and second reverse-mode derivatives, first-order forward mode and reverse over
+forward are fused kernels; anything beyond runs the op's sympy tree as eager torch ops
+(composite.py), differentiated by autograd and torch.func to any order. That path logs
+once per op and mode (logger "fusegen", INFO); it never compiles.
+
+vmap (both paths): every op is elementwise with broadcasting, so a batched call is one
+call with the batch dimension moved to the front and the ranks aligned
+(`torch.library.register_vmap` for every op; no per-sample loop, no fallback warning).
+
+The registration itself is light: a `Member` describes each op of a family by its name, its
+number of tensor arguments, whether it is a backward op and whether it has a fused
+derivative, which is all torch.library needs. A cached load (index.py) registers from that
+description without sympy; the derivatives (derivatives.py) are derived on first need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.autograd import forward_ad
+
+from fusegen.pytorch import dtensor as _dtensor
+@dataclass(frozen=True)
+class Member:
+    """One op of a family, as torch.library sees it."""
+
+    name: str
+    tensors: int              # tensor arguments, first in its schema
+    backward: bool            # a `<x>_backward` op: Tensor[] result, trailing output_mask
+    composite: bool           # no fused derivative: the composite autograd kernel is registered
+
+
+_LIBRARIES: list = []                   # torch.library.Library objects: alive for the process
+_MEMBERS: dict[str, Member] = {}        # op name -> Member, every op of every loaded family
+_INFOS: dict = {}                       # op name -> derivatives.OpInfo, once derived
+_PROVIDERS: dict[str, Callable] = {}    # op name -> () -> (spec, auxiliary), for a cached load
+_OPS: dict = {}                         # op name -> torch.ops.fusegen.<name>.default
+_FAMILIES: dict[str, tuple[Member, ...]] = {}  # op name -> its family, the op first
+_unpack_dual = torch._C._VariableFunctions._unpack_dual
+_is_compiling = torch.compiler.is_compiling
+_functorch_active = torch._C._are_functorch_transforms_active
+_Tensor = torch.Tensor
+
+
+def _op(name: str):
+    op = _OPS.get(name)
+    if op is None:
+        op = _OPS[name] = getattr(torch.ops.fusegen, name).default
+    return op
+
+
+def _info(name: str):
+    """The op's derivatives, derived on first need (sympy; once per family)."""
+    info = _INFOS.get(name)
+    if info is None:
+        from fusegen.pytorch import derivatives
+        spec, auxiliary = _PROVIDERS[name]()
+        for i in derivatives.infos(spec, auxiliary):
+            _INFOS.setdefault(i.name, i)
+        info = _INFOS[name]
+    return info
+
+
+def _has_tangent(tensors) -> bool:
+    """A forward-mode tangent on any tensor (only possible inside `forward_ad.dual_level()`,
+    which torch.func.jvp enters too)."""
+    return (forward_ad._current_level >= 0 and torch._C._is_fwd_grad_enabled()
+            and any(_unpack_dual(t, 0).tangent is not None for t in tensors))
+
+
+def eager() -> bool:
+    """Whether a FusedOp call may go straight to the op (api.FusedOp.__call__'s fast path):
+    not traced by torch.compile, no torch.func transform, no forward-mode level. Then `call`
+    would call the op as it is, whatever its arguments (a number among the tensors, which
+    the op refuses, takes the full path of `as_tensors` and `call`)."""
+    return not (_is_compiling() or _functorch_active() or forward_ad._current_level >= 0)
+
+
+def call(name: str, *args):
+    """Call fusegen::<name> with autograd, forward-mode AD and torch.func support. Plain
+    reverse mode (no torch.func transform, no forward-mode tangent) calls the op itself:
+    its C++ autograd kernel fuses first and second order, and the composite kernel
+    (`_composite_kernel`) of <name>_grad2_backward takes any order beyond. Under torch.func
+    or forward_ad it applies the op's autograd.Function (fused derivatives where the family
+    has them, the composite beyond)."""
+    # Every call comes through here: plain loops and names bound once (a generator or an
+    # attribute chain per call costs a few hundred ns, at n = 4096 a tenth of the op).
+    op = _OPS.get(name) or _op(name)
+    if _is_compiling():
+        from fusegen.pytorch.decompose import onnx_composite
+        if onnx_composite(name):  # torch.onnx.export without fusegen's translation table
+            from fusegen.pytorch.derivatives import composite_outputs
+            return composite_outputs(_info(name), args)
+        return op(*args)  # traced as the op (C++ autograd kernel, Meta impl) or decomposed (decompose.py)
+    tensors = args[:_MEMBERS[name].tensors]
+    for t in tensors:
+        if not isinstance(t, _Tensor):
+            return op(*args)  # the op's own checks name the argument
+    if not (_functorch_active() or _has_tangent(tensors)):
+        return op(*args)
+    info = _info(name)
+    if info.backward:
+        from fusegen.pytorch.derivatives import _Mask
+        return list(info.function.apply(*args[:-1], _Mask(args[-1])))
+    return info.function.apply(*args)
+
+
+def _composite_kernel(member: Member):
+    """The autograd kernel (AutogradCPU/CUDA/Meta, which win over the shared runtime's C++
+    kernel at the Autograd alias key) of an op with no fused derivative
+    (<name>_grad2_backward, <name>_jvp_backward): when something differentiates it (reverse
+    or forward mode), its composite; otherwise the kernel below autograd."""
+    after = torch._C._after_autograd_keyset
+
+    def kernel(keyset, *args):
+        tensors = [t for t in args[:member.tensors] if isinstance(t, torch.Tensor)]
+        if len(tensors) == member.tensors and (
+                (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors)) or _has_tangent(tensors)):
+            from fusegen.pytorch.derivatives import _composite_forward
+            return _composite_forward(_info(member.name), args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return _op(member.name).redispatch(keyset & after, *args)
+    return kernel
+
+
+# -- vmap: broadcasting, no loop --------------------------------------------------------------
+
+def _vmap_rule(member: Member):
+    n = member.tensors
+
+    def rule(vinfo, in_dims, *args):
+        dims = in_dims[:n]
+        tensors = list(args[:n])
+        rank = max(t.dim() - (d is not None) for t, d in zip(tensors, dims))
+        for i, (t, d) in enumerate(zip(tensors, dims)):
+            if d is not None:
+                t = t.movedim(d, 0)
+                for _ in range(rank - (t.dim() - 1)):
+                    t = t.unsqueeze(1)
+                tensors[i] = t
+        out = _op(member.name)(*tensors, *args[n:])
+        return out, ([0] * len(out) if member.backward else 0)
+    return rule
+
+
+_AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
+
+# The shared runtime's autograd kernels call this op when an op of a family that has no fused
+# forward-mode derivative (<name>_backward, <name>_jvp, <name>_grad2) gets an input with a
+# tangent (hessian = jacfwd(jacrev), jacfwd(jacfwd)): the op computed as eager torch ops of
+# its expression, whose forward mode (and anything else) is PyTorch's. `__`: no user's op
+# can be named so (names.name_problem).
+COMPOSITE_SCHEMA = "__composite(str op, Tensor[] tensors, float[] scalars, bool[] mask) -> Tensor[]"
+
+
+def _composite_op(op: str, tensors, scalars, mask):
+    from fusegen.pytorch.derivatives import _note, composite_outputs
+    info = _info(op)
+    _note(info, "its forward-mode derivative")
+    out = composite_outputs(info, (*tensors, *scalars, *([list(mask)] if info.backward else [])))
+    return list(out) if info.backward else [out]
+
+
+def _define_composite():
+    lib = torch.library.Library("fusegen", "FRAGMENT")
+    _LIBRARIES.append(lib)
+    lib.define(COMPOSITE_SCHEMA)
+    lib.impl("__composite", _composite_op, "CompositeImplicitAutograd")
+
+
+def _register(members: tuple[Member, ...]):
+    """vmap rules for every op of the family, the composite autograd kernel for those with
+    no fused derivative."""
+    if not _FAMILIES:
+        _define_composite()
+    lib = torch.library.Library("fusegen", "IMPL")
+    _LIBRARIES.append(lib)
+    for m in members:
+        _MEMBERS[m.name] = m
+        torch.library.register_vmap(f"fusegen::{m.name}", _vmap_rule(m), lib=lib)
+        if m.composite:
+            kernel = _composite_kernel(m)
+            for key in _AUTOGRAD_KEYS:
+                lib.impl(m.name, kernel, key, with_keyset=True)
+    _FAMILIES[members[0].name] = members
+    _dtensor.register(members)  # DTensor's pointwise sharding rule, when DTensor is in use
+
+
+def register(spec, auxiliary) -> tuple[Member, ...]:
+    """A built op: derive its family's derivatives and register them. Returns the family's
+    description, which the index keeps for a cached load (`register_cached`)."""
+    if spec.name not in _FAMILIES:
+        from fusegen.pytorch import derivatives
+        infos = derivatives.infos(spec, auxiliary)
+        for info in infos:
+            _INFOS[info.name] = info
+        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None) for i in infos))
+    return _FAMILIES[spec.name]
+
+
+def register_cached(members: tuple[Member, ...], provider: Callable):
+    """A cached op: register from the family's description; `provider()` returns (spec,
+    auxiliary) when a derivative is first needed."""
+    if members[0].name in _FAMILIES:
+        return
+    for m in members:
+        _PROVIDERS[m.name] = provider
+    _register(members)

@@ -1,0 +1,1 @@
+"""Tools: the command line, --check, packaging, the eager reference."""

@@ -1,0 +1,479 @@
+"""The command line.
+
+    fusegen EXPR [--name N] [--inputs a,b,c] [--scalar NAME ...] [--out DIR]
+                 [--no-build] [--check] [--bench] [--show] [--quiet]
+    fusegen cache [list | clear | trim --older-than AGE]
+    fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build] [--force]
+    fusegen bench [EXPR ...] [--dtypes ..] [--sizes ..] [--quick] [--json F] [--plot F.png]
+
+`cache` as the first word is the cache command, `package` the wheel command, `bench` the
+benchmark (fusegen/bench/core.py; an op whose expression is the bare name `cache` is written
+`fusegen "(cache)"`). Errors print one line, `fusegen: error: ...`, and
+exit non-zero: 2 for bad arguments, a bad expression or name, 1 for a failed build (or a
+cache that cannot be changed), 3 for a failed --check.
+
+Build progress comes from the "fusegen" logger (build.py): while compiling, one line
+redrawn with the elapsed seconds when stderr is a terminal; plain lines on stdout
+otherwise (stderr stays for errors, so a script can treat any stderr output as failure).
+--quiet installs no handler: only errors and the --check/--bench results are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fusegen.errors import BuildError, FusegenError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line, `fusegen: error: <what>`, exit status 2 (argparse
+    prints the whole usage first, which buries the message)."""
+
+    hint = ""
+
+    def error(self, message):
+        self.exit(2, f"fusegen: error: {message} (see `{self.prog} --help`{self.hint})\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="fusegen",
+        description="Turn one elementwise expression into a fused, differentiable PyTorch op "
+                    "(torch.ops.fusegen.<name>). `fusegen cache` lists and trims the build cache; "
+                    "`fusegen bench` races fused ops against eager, torch.compile, jiterator and CuPy.",
+        epilog='example: fusegen "a*b+c" --name fma --check')
+    p.add_argument("expr", help='the expression, Python syntax: "a*b+c", "x*sigmoid(x)"')
+    p.add_argument("--name", help="op name (default: fused_<hash of the expression>)")
+    p.add_argument("--inputs", help="tensor inputs in schema order, comma-separated "
+                                    "(default: order of first appearance)")
+    p.add_argument("--scalar", action="append", default=[], metavar="NAME",
+                   help="a name that is a runtime float argument (repeatable)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write sources to DIR/<name>/ (default: generated; a temporary folder for a "
+                        "--check or --bench run without --name)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite DIR/<name>/ even when it holds another expression")
+    p.add_argument("--no-build", action="store_true", help="write the sources only")
+    p.add_argument("--check", action="store_true", help="compare with eager PyTorch, forward and backward")
+    p.add_argument("--bench", action="store_true", help="time the op against eager PyTorch")
+    p.add_argument("--show", action="store_true", help="print the generated sources")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only errors (and the --check/--bench results): no summary, no progress")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cache"]:
+        return _cache_main(argv[1:])
+    if argv[:1] == ["package"]:
+        return _package_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from fusegen.bench.core import main as bench_main
+        return bench_main(argv[1:])
+    args = _parser().parse_args(argv)
+    from fusegen.build.builder import DEFAULT_HANDLER  # the library's build lines: the progress line replaces them
+
+    logger = logging.getLogger("fusegen")
+    logger.removeHandler(DEFAULT_HANDLER)
+    progress = None if args.quiet else _Progress.install()
+    try:
+        return _run(args)
+    except BuildError as err:
+        _error(err)
+        return 1
+    except FusegenError as err:
+        _error(err)
+        return 2
+    except (OSError, RuntimeError) as err:  # a file we cannot write, torch refusing a call
+        print(f"fusegen: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if progress is not None:
+            progress.uninstall()
+        logger.addHandler(DEFAULT_HANDLER)
+
+
+def _error(err: Exception):
+    # fusegen's messages start with "fusegen: " (they are read outside the CLI too); once is enough
+    text = str(err)
+    print(f"fusegen: error: {text.removeprefix('fusegen: ')}", file=sys.stderr)
+
+
+def _run(args) -> int:
+    import tempfile
+
+    if args.out is None and args.name is None and (args.check or args.bench):
+        # a try-out: its fused_<hash>/ folder would only litter the current folder
+        with tempfile.TemporaryDirectory(prefix="fusegen-") as tmp:
+            args.out, args.temporary = tmp, True
+            return _run(args)
+    from fusegen.api import Request, generate, load_generated
+    from fusegen.files import write
+    from fusegen.build.index import record
+
+    say = (lambda *a: None) if args.quiet else print
+    request = Request.of({"expr": args.expr, "name": args.name, "inputs": args.inputs,
+                          "scalars": args.scalar})
+    generated = generate(request)
+    spec = generated.spec
+    say(f"op       torch.ops.fusegen.{spec.name}({', '.join(spec.inputs + spec.scalars)})")
+    say(f"forward  out = {spec.text}")
+    for line in spec.summary():
+        say(f"backward {line}")
+    out_dir = Path(args.out or "generated") / spec.name
+    if not args.force:
+        _check_overwrite(out_dir, spec)
+    paths = write(generated.files, out_dir)
+    temporary = " (temporary: pass --out DIR or --name to keep them)" if getattr(args, "temporary", False) else ""
+    say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}{temporary}")
+    if args.show:
+        for name, text in generated.files.items():
+            print(f"\n===== {out_dir / name} =====\n{text}", end="")
+    if args.no_build:
+        return 0
+
+    start = time.perf_counter()
+    op = load_generated([generated])[0]
+    record(request, op.entry)  # a later fuse() of the same request, or fusegen.load(name), finds it
+    lib = op.library
+    how = f"built in {lib.seconds:.1f} s" if not lib.cached else \
+        f"loaded from cache in {time.perf_counter() - start:.2f} s"
+    say(f"library  {how}: {lib.path}")
+
+    status = 0
+    if args.check:
+        from fusegen.build.builder import cuda_enabled
+        from fusegen.tools.check import check
+        devices = ["cpu"] + (["cuda"] if cuda_enabled() else [])
+        for device in devices:
+            for result in check(op, device=device):
+                print(f"check    {device:4s} {result}")
+                status |= 0 if result.ok else 3
+    if args.bench:
+        from fusegen.bench.core import bench_op
+        for line in bench_op(op):
+            print(f"bench    {line}")
+    return status
+
+
+def _check_overwrite(out_dir: Path, spec):
+    """Refuse to replace a generated folder that holds another op, as a second expression
+    under one name is refused in one process. The same expression (same forward, inputs and
+    scalars) is rewritten in place: a rerun, or a newer fusegen."""
+    import json
+
+    from fusegen.frontend import notation
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    try:
+        old = json.loads((out_dir / "spec.json").read_text())
+        same = (old.get("forward"), old.get("inputs"), old.get("scalars")) == \
+            (notation.text(spec.forward), list(spec.inputs), list(spec.scalars))
+        held = f"op {old.get('name')!r} for {old.get('expression')!r} (its spec.json)"
+    except (OSError, ValueError, AttributeError):
+        same, held = False, "files that are not a fusegen op (no readable spec.json)"
+    if not same:
+        raise FolderClash(f"{out_dir}/ holds {held}; this run makes {spec.name!r} for {spec.text!r}. "
+                          "Pick another --name or --out, or pass --force to overwrite it")
+
+
+class FolderClash(FusegenError):
+    """The output folder holds another op."""
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+class _Progress(logging.Handler):
+    """The CLI's view of the "fusegen" logger. build.py marks its records with
+    `fusegen_build` = start / done / failed / wait. On a terminal (stderr), a build is one
+    line, `building op(s) fma for CPU... 2.3 s`, redrawn by a ticker thread and finished with
+    the outcome; elsewhere each message is a plain line on stdout (a log file, CI)."""
+
+    TICK = 0.2  # seconds between redraws
+
+    def __init__(self, live: bool, stream):
+        super().__init__(logging.INFO)
+        self.live, self.stream = live, stream
+        self.builds: list[tuple[str, float]] = []  # (message, start): nested builds stack up
+        self.drawn = False  # a live line is on screen, without its newline
+        self.guard = threading.Lock()
+        self.stop = threading.Event()
+        self.ticker: threading.Thread | None = None
+        self.saved = (logging.NOTSET, True)  # the logger's level and propagate, restored after
+
+    @classmethod
+    def install(cls) -> "_Progress":
+        live = sys.stderr.isatty()
+        handler = cls(live, sys.stderr if live else sys.stdout)
+        logger = logging.getLogger("fusegen")
+        handler.saved = (logger.level, logger.propagate)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # the messages are shown here, not twice through root
+        logger.addHandler(handler)
+        return handler
+
+    def uninstall(self):
+        logger = logging.getLogger("fusegen")
+        logger.removeHandler(self)
+        logger.setLevel(self.saved[0])
+        logger.propagate = self.saved[1]
+        self.stop.set()
+        if self.ticker is not None:
+            self.ticker.join()
+        with self.guard:
+            self._end_line()
+
+    def emit(self, record: logging.LogRecord):
+        try:
+            message = record.getMessage()
+            event = getattr(record, "fusegen_build", None)
+            with self.guard:
+                if not self.live:
+                    self._write(message + ("..." if event == "start" else "") + "\n")
+                elif event == "start":
+                    sys.stdout.flush()  # the summary printed so far comes first
+                    self._end_line()
+                    self.builds.append((message, time.monotonic()))
+                    self._draw()
+                    self._start_ticker()
+                elif event in ("done", "failed", "interrupted") and self.builds:
+                    text, start = self.builds.pop()
+                    outcome = "" if event == "done" else f" {event}"
+                    self._write(f"\r\033[K{text}... {time.monotonic() - start:.1f} s{outcome}\n")
+                    self.drawn = False
+                    self._draw()  # the outer build, if this one was nested in it
+                else:
+                    self._end_line()
+                    self._write(message + "\n")
+                    self._draw()
+        except Exception:  # a broken terminal must not break the build
+            self.handleError(record)
+
+    def _write(self, text: str):
+        self.stream.write(text)
+        self.stream.flush()
+
+    def _draw(self):
+        if self.builds:
+            text, start = self.builds[-1]
+            self._write(f"\r\033[K{text}... {time.monotonic() - start:.1f} s")
+            self.drawn = True
+
+    def _end_line(self):
+        if self.drawn:
+            self._write("\n")
+            self.drawn = False
+
+    def _start_ticker(self):
+        if self.ticker is not None:
+            return
+
+        def tick():
+            while not self.stop.wait(self.TICK):
+                with self.guard:
+                    if self.builds:
+                        self._draw()
+
+        self.ticker = threading.Thread(target=tick, name="fusegen-progress", daemon=True)
+        self.ticker.start()
+
+
+# -- fusegen package ------------------------------------------------------------------------------
+
+def _package_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fusegen package",
+                description="Write a buildable project (pyproject.toml, setup.py with CppExtension or "
+                            "CUDAExtension, the ops' sources and one copy of the runtime) for generated op "
+                            "folders and build its wheel. Importing the package registers "
+                            "torch.ops.fusegen.<op> for every op; it needs torch alone.",
+                epilog='`package` as the first word is this command; to fuse the expression `package`, '
+                       'write fusegen "(package)".')
+    p.hint = '; to fuse the expression "package", write fusegen "(package)"'
+    p.add_argument("folders", nargs="+", metavar="FOLDER", help="generated/<name>/ folders")
+    p.add_argument("--name", required=True, metavar="PKG", help="the Python package (and wheel) name")
+    p.add_argument("--out", default="dist", metavar="DIR",
+                   help="the project goes to DIR/PKG/, the wheel to DIR/ (default: dist)")
+    p.add_argument("--cuda", action="store_true",
+                   help="a CUDA build (the default when nvcc and a CUDA build of torch are present)")
+    p.add_argument("--no-build", action="store_true", help="write the project only")
+    p.add_argument("--force", action="store_true",
+                   help="write into DIR/PKG/ even when it holds files fusegen package did not write "
+                        "(files of the names it writes are replaced, others left alone)")
+    return p
+
+
+def _package_main(argv: list[str]) -> int:
+    args = _package_parser().parse_args(argv)
+    from fusegen.tools import package
+    start = time.perf_counter()
+    try:
+        cuda = args.cuda or package.cuda_available()
+        project = Path(args.out) / args.name
+        ops = package.write_project([Path(f) for f in args.folders], args.name, project, cuda,
+                                    force=args.force)
+        print(f"project  {project}/: {', '.join(ops)} ({'CPU and CUDA' if cuda else 'CPU'})")
+        if args.no_build:
+            return 0
+        wheel = package.build_wheel(project, Path(args.out))
+    except package.PackageError as err:
+        print(f"fusegen: error: {err}", file=sys.stderr)
+        return 1 if "building the wheel failed" in str(err) else 2
+    except OSError as err:
+        print(f"fusegen: error: {err}", file=sys.stderr)
+        return 1
+    print(f"wheel    {wheel} (built in {time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+# -- fusegen cache ---------------------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+
+
+def parse_age(text: str) -> float:
+    """'30s', '15m', '12h', '7d' (a number and a unit) -> seconds."""
+    m = _AGE.fullmatch(text.strip().lower())
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"expected an age: a number and a unit s, m, h or d (30s, 15m, 12h, 7d), got {text!r}")
+    return float(m[1]) * _UNITS[m[2]]
+
+
+def _cache_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fusegen cache",
+                description="List, trim or clear fusegen's build cache ($FUSEGEN_CACHE_DIR, default "
+                            "~/.cache/fusegen). Every command also removes the temp folders of killed "
+                            "builds; nothing a build in progress uses is ever removed, and nothing "
+                            "fusegen did not make: a folder without fusegen's CACHEDIR.TAG is refused.",
+                epilog='`cache` as the first word is this command; to fuse the expression `cache` '
+                       '(an input named cache), write fusegen "(cache)".')
+    # `fusegen cache --name c` meant an op: say how to write that
+    p.hint = '; to fuse the expression "cache", write fusegen "(cache)"'
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    sub.add_parser("list", help="list the entries: op names, size, last use (the default)")
+    sub.add_parser("clear", help="remove every entry")
+    trim = sub.add_parser("trim", help="remove the entries not used within an age")
+    trim.add_argument("--older-than", required=True, type=parse_age, metavar="AGE",
+                      help="remove entries last used longer ago than AGE: 30s, 15m, 12h, 7d")
+    return p
+
+
+def _cache_main(argv: list[str]) -> int:
+    args = _cache_parser().parse_args(argv)
+    try:
+        return _cache_run(args)
+    except OSError as err:
+        where = f" {err.filename}" if err.filename else ""
+        print(f"fusegen: error: cannot change the cache:{where}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _cache_run(args) -> int:
+    from fusegen.build import cache
+    root = cache.cache_dir()
+    if not root.exists():
+        print(f"cache    {root}: empty (it does not exist yet; the first build creates it)")
+        return 0
+    if not root.is_dir():
+        print(f"fusegen: error: the cache directory {root} is not a directory; set FUSEGEN_CACHE_DIR "
+              "to a directory", file=sys.stderr)
+        return 2
+    # Before anything is removed, even a temp folder: only a folder fusegen made is its cache.
+    foreign = cache.foreign(root)
+    if foreign == [] and not any(root.iterdir()):
+        print(f"cache    {root}: empty")
+        return 0
+    if foreign is not None:
+        _error(FusegenError(cache.not_a_cache_message(root, foreign)))
+        return 2
+    for temp in cache.clean_stale(root):
+        print(f"removed  {temp.path.name} ({_size(temp.size)}): the temp folder of a killed build")
+    command = args.command or "list"
+    now = time.time()
+    if command == "list":
+        found = cache.entries(root)
+        for e in found:
+            print(_describe(e, now))
+        temps = cache.temp_folders(root)
+        for t in temps:
+            print(f"building {t.what or t.path.name} ({_size(t.size)} so far, {t.path.name})")
+        for other in cache.others(root):
+            print(f"other    {other.name}: not made by fusegen (or not recognised), never removed")
+        index = cache.index_files(root)
+        index_size = cache.size(root / cache.INDEX)
+        if index:
+            print(f"index    {len(index)} request{'s' if len(index) != 1 else ''} -> library "
+                  f"({_size(index_size)}): what makes a cached load fast")
+        total = sum(e.size for e in found) + sum(t.size for t in temps) + index_size
+        print(f"cache    {root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {_size(total)}")
+        return 0
+    if command == "clear":
+        doomed = cache.entries(root)
+    else:
+        doomed = [e for e in cache.entries(root) if now - e.last_use > args.older_than]
+    removed = kept = freed = 0
+    for e in doomed:
+        if cache.remove(e, root):
+            removed += 1
+            freed += e.size
+            print(f"removed  {e.name} ({_what(e)}, {_size(e.size)}, last used {_ago(now - e.last_use)})")
+        else:
+            kept += 1
+            print(f"kept     {e.name}: a build in progress holds its lock (building it, or linking against it)")
+    cache.prune_index(root, everything=command == "clear" and not kept)
+    left = cache.entries(root)
+    print(f"cache    {root}: removed {removed} entr{'y' if removed == 1 else 'ies'} ({_size(freed)}); "
+          f"{len(left)} left, {_size(sum(e.size for e in left))}")
+    return 0
+
+
+def _what(e) -> str:
+    if e.kind == "runtime":
+        torch = f", torch {e.torch}" if e.torch else ""
+        return f"shared runtime{torch}" + (", CUDA" if e.cuda else "")
+    if not e.ops:
+        return "op library"  # an entry whose metadata could not be read
+    shown = e.ops if len(e.ops) <= 8 else e.ops[:6] + [f"... ({len(e.ops) - 6} more)"]  # one line
+    return ("op " if len(e.ops) == 1 else f"{len(e.ops)} ops: ") + ", ".join(shown)
+
+
+def _describe(e, now: float) -> str:
+    stamp = datetime.fromtimestamp(e.last_use, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (f"{'runtime' if e.kind == 'runtime' else 'ops':8s} {e.name}  {_what(e)}\n"
+            f"         {_size(e.size)}, last used {_ago(now - e.last_use)} ({stamp})")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return "just now"
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if unit == 'day' and n != 1 else ''} ago"
+    raise AssertionError("unreachable")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
