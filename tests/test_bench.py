@@ -71,6 +71,24 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys, tmp_pa
     assert "pip install 'fusegen[bench]'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # builds its two ops
+def test_bench_cpu_has_fp16_bf16_rows_against_eager(tmp_path, capsys):
+    """`fusegen bench cpu` in fp16/bf16: x*sigmoid(x) (against F.silu) and a*b+c, each size
+    and thread count, forward and forward+backward, fusegen's and eager's medians and the
+    ratio, in the JSON and the table."""
+    out = tmp_path / "cpu.json"
+    bench.main(["cpu", "--dtypes", "float16,bfloat16", "--sizes", "2^10,2^11", "--threads", "1,2", "--reps", "2",
+                "--json", str(out)])
+    rows = json.loads(out.read_text())["half_rows"]
+    assert [(r["expr"], r["dtype"], r["n"], r["threads"]) for r in rows] == [
+        (e, d, n, t) for d in ("float16", "bfloat16") for e in ("x*sigmoid(x)", "a*b+c")
+        for n in (1 << 10, 1 << 11) for t in (1, 2)]
+    keys = [f"{i} {k}" for i in ("fusegen", "eager", "ratio") for k in ("fwd", "fwd+bwd")]
+    assert all(r[k] > 0 for r in rows for k in keys)
+    text = capsys.readouterr().out
+    assert "fwd+bwd / eager" in text and "| a*b+c | bfloat16 | 2^11 | 2 |" in text
+
+
 def test_bench_on_the_cpu_writes_every_field(tmp_path, capsys):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     plot = ["--plot", str(png)] if bench_report.pyplot() is not None else []

@@ -2,7 +2,7 @@
 
     fusegen bench                              # the seed ops, fp32/bf16/fp16, 2^12..2^28
     fusegen bench "a*b+c" "x*tanh(x)"          # any expressions
-    fusegen bench --quick --json b.json --plot b.png   # also: python -m fusegen.bench.core
+    fusegen bench --quick --json b.json --plot b.png   # also: python -m fusegen.bench
     fusegen bench ffn                          # issue 8's FFN block and SwiGLU/GeGLU (bench_ffn.py)
     fusegen bench build | cpu | layouts | gp   # build latency, CPU kernels, layouts, gradient penalty
     fusegen bench compile                      # fusion across a fused op under torch.compile (bench_compile.py)
@@ -682,6 +682,3 @@ def main(argv=None) -> int:
         return 0
     return bench_main(argv)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

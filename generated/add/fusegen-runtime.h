@@ -190,7 +190,10 @@ inline float to_float(Half h) {
   const uint32_t two_w = w + w;
   const float normalized = bits_float((two_w >> 4) + (UINT32_C(0xE0) << 23)) * bits_float(UINT32_C(15) << 23);
   const float denormalized = bits_float((two_w >> 17) | (UINT32_C(126) << 23)) - 0.5f;
-  return bits_float(sign | (two_w < (UINT32_C(1) << 27) ? float_bits(denormalized) : float_bits(normalized)));
+  // A mask, not a branch: both sides are computed anyway, and a loop of these vectorizes
+  // (GCC does not if-convert a select between float results under -ftrapping-math).
+  const uint32_t subnormal = UINT32_C(0) - static_cast<uint32_t>(two_w < (UINT32_C(1) << 27));
+  return bits_float(sign | (subnormal & float_bits(denormalized)) | (~subnormal & float_bits(normalized)));
 }
 
 // c10::detail::fp16_ieee_from_fp32_value (portable path).
@@ -200,11 +203,12 @@ inline Half to_half(float f) {
   const uint32_t shl1_w = w + w;
   const uint32_t sign = w & UINT32_C(0x80000000);
   uint32_t bias = shl1_w & UINT32_C(0xFF000000);
-  if (bias < UINT32_C(0x71000000)) bias = UINT32_C(0x71000000);
+  bias = bias < UINT32_C(0x71000000) ? UINT32_C(0x71000000) : bias;
   base = bits_float((bias >> 1) + UINT32_C(0x07800000)) + base;
   const uint32_t bits = float_bits(base);
   const uint32_t nonsign = ((bits >> 13) & UINT32_C(0x00007C00)) + (bits & UINT32_C(0x00000FFF));
-  return Half{static_cast<uint16_t>((sign >> 16) | (shl1_w > UINT32_C(0xFF000000) ? UINT32_C(0x7E00) : nonsign))};
+  const uint32_t nan = UINT32_C(0) - static_cast<uint32_t>(shl1_w > UINT32_C(0xFF000000));
+  return Half{static_cast<uint16_t>((sign >> 16) | (nan & UINT32_C(0x7E00)) | (~nan & nonsign))};
 }
 
 inline float to_float(BFloat16 b) { return bits_float(static_cast<uint32_t>(b.x) << 16); }
@@ -215,6 +219,15 @@ inline BFloat16 to_bfloat16(float f) {
   const uint32_t u = float_bits(f);
   return BFloat16{static_cast<uint16_t>((u + ((u >> 16) & 1) + UINT32_C(0x7FFF)) >> 16)};
 }
+
+// The same conversions over a contiguous run of n values, bit for bit: the CPU loop
+// converts its fp16/bf16 operands a block at a time through these. Defined in
+// fusegen-runtime.cpp (one copy, compiled once), which picks F16C (fp16) or AVX2 (bf16)
+// instructions when the CPU it runs on has them and a portable loop otherwise.
+void convert(const Half* x, float* y, int64_t n);
+void convert(const float* x, Half* y, int64_t n);
+void convert(const BFloat16* x, float* y, int64_t n);
+void convert(const float* x, BFloat16* y, int64_t n);
 
 // Storage type -> compute type (opmath) and back.
 template <typename T> struct Host { using acc = T; static T load(T v) { return v; } static T store(T v) { return v; } };
@@ -247,9 +260,11 @@ void host_dispatch(Dtype dtype, F&& f) {
 // The math runs in one loop over contiguous arrays of the compute type, which the compiler
 // vectorizes (no branch, no stride, no aliasing: `ivdep`). All contiguous float/double
 // operands are used in place. Anything else goes through small per-block buffers:
-// strided and fp16/bf16 inputs are gathered and converted into one, a broadcast (stride 0)
-// input is converted once, strided or narrow outputs are scattered from one, and a
-// gradient nobody asked for (a null pointer) is written to one and dropped.
+// fp16/bf16 operands are converted a block at a time by the vectorized `convert` (a
+// strided one gathered into or scattered from a staging block of its own type), other
+// strided inputs are gathered into one, a broadcast (stride 0) input is converted once,
+// strided outputs are scattered from one, and a gradient nobody asked for (a null
+// pointer) is written to one and dropped.
 constexpr int64_t kCpuBlock = 256;  // elements per block: the buffers of a block stay in L1
 
 template <typename A, typename F>
@@ -295,6 +310,7 @@ void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const
 
   A in_buf[kIn > 0 ? kIn : 1][kCpuBlock];
   A out_buf[kOut][kCpuBlock];
+  T staging[kNarrow ? kCpuBlock : 1];  // a strided fp16/bf16 operand's block, unconverted
   const A* x[kIn > 0 ? kIn : 1];
   A* y[kOut];
   bool in_place[kIn > 0 ? kIn : 1];
@@ -318,14 +334,32 @@ void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const
       x[j] = in_buf[j];
       if (in_strides[j] == 0) continue;
       const char* p = in[j] + begin * in_strides[j];
-      for (int64_t i = 0; i < m; ++i) in_buf[j][i] = Host<T>::load(*reinterpret_cast<const T*>(p + i * in_strides[j]));
+      if constexpr (kNarrow) {
+        const T* run = reinterpret_cast<const T*>(p);
+        if (in_strides[j] != kSize) {
+          for (int64_t i = 0; i < m; ++i) std::memcpy(&staging[i], p + i * in_strides[j], sizeof(T));
+          run = staging;
+        }
+        convert(run, in_buf[j], m);
+      } else {
+        for (int64_t i = 0; i < m; ++i) in_buf[j][i] = *reinterpret_cast<const T*>(p + i * in_strides[j]);
+      }
     }
     for (int k = 0; k < kOut; ++k) y[k] = out_place[k] ? reinterpret_cast<A*>(out[k]) + begin : out_buf[k];
     compute_block(x, y, m, f);
     for (int k = 0; k < kOut; ++k) {
       if (out_place[k] || out[k] == nullptr) continue;
       char* p = out[k] + begin * out_strides[k];
-      for (int64_t i = 0; i < m; ++i) *reinterpret_cast<T*>(p + i * out_strides[k]) = Host<T>::store(out_buf[k][i]);
+      if constexpr (kNarrow) {
+        if (out_strides[k] == kSize) {
+          convert(out_buf[k], reinterpret_cast<T*>(p), m);
+          continue;
+        }
+        convert(out_buf[k], staging, m);
+        for (int64_t i = 0; i < m; ++i) std::memcpy(p + i * out_strides[k], &staging[i], sizeof(T));
+      } else {
+        for (int64_t i = 0; i < m; ++i) *reinterpret_cast<T*>(p + i * out_strides[k]) = out_buf[k][i];
+      }
     }
   }
 }
