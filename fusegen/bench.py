@@ -52,9 +52,9 @@ DIRECTIONS = ("fwd", "fwd+bwd")
 HOST_N = 4096            # host overhead is measured at this size, where launch costs dominate
 HOST_TARGET = 1.15       # target: fusegen's host time per call at most this times PyTorch's floor
 DEFAULT_SIZES = {"cuda": "2^12..2^28", "cpu": "2^12..2^20"}
-# --quick: every 16x instead of every 4x; on the CPU also fp32 only and a shorter timing
-# budget, so that the whole comparison (torch.compile's compiles included) takes about a
-# minute on 2 cores instead of the 1 GiB tensors of 2^28 (over half an hour there).
+# --quick: every 16x instead of every 4x; on the CPU also fp32 only, up to 2^20, and a
+# shorter timing budget: 1-2 minutes on 2 cores (torch.compile's compiles are most of it),
+# where the 1 GiB tensors of 2^28 took over half an hour.
 QUICK_SIZES = {"cuda": "2^12..2^28:16", "cpu": "2^12..2^20:16"}
 QUICK_DTYPES = {"cuda": None, "cpu": "fp32"}   # None: the --dtypes default
 QUICK_BUDGET = {"cuda": 0.04, "cpu": 0.02}
@@ -617,8 +617,8 @@ def _parser():
                         "largest size (default), or static shapes, compiled again for every size (slow)")
     p.add_argument("--quick", action="store_true",
                    help=f"sizes {QUICK_SIZES['cuda']} on CUDA, {QUICK_SIZES['cpu']} and fp32 only on the CPU "
-                        "(unless --sizes, --dtypes), and shorter timing: a few minutes on an H200, about "
-                        "a minute on a 2-core CPU")
+                        "(unless --sizes, --dtypes), and shorter timing: a few minutes on an H200, 1-2 "
+                        "minutes on a 2-core CPU")
     p.add_argument("--budget", type=float, default=None, metavar="S",
                    help=f"seconds of timed samples per measurement (default 0.1; with --quick "
                         f"{QUICK_BUDGET['cuda']} on CUDA, {QUICK_BUDGET['cpu']} on the CPU)")

@@ -178,7 +178,8 @@ def print_report(result: dict):
             pct = f" ({r['pct_copy']:.0f}%)" if r.get("pct_copy") else ""
             return with_spread(r["ms"], r.get("spread_pct")) + pct
 
-        table(f"{direction}, {dtype}, n = {size_label(big)}: median ms ±spread (% of copy rate)",
+        spread = " ±spread" if any(r.get("spread_pct") is not None for r in mine) else ""
+        table(f"{direction}, {dtype}, n = {size_label(big)}: median ms{spread} (% of copy rate)",
                ["expr"] + impls + ["fusegen / best peer"],
                [[e] + [shown(e, i) for i in impls]
                 + [f"{ratio[(e, big)]['vs_best']:.2f} ({ratio[(e, big)]['best_peer']})" if (e, big) in ratio else "-"]

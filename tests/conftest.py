@@ -1,5 +1,5 @@
 """Shared fixtures. The expensive one is `corpus_ops`: the whole numeric corpus built once
-per session into one library (one compile instead of one per op)."""
+per test run into one library (one compile instead of one per op)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # `import corpus` from every test module
 
-# A private cache per session unless CI (or the user) chose one: tests must not depend on,
+# A private cache per test run unless CI (or the user) chose one: tests must not depend on,
 # or pollute, ~/.cache/fusegen. Set at import time, before anything can build; subprocesses
 # (the CLI tests) inherit it.
 if not os.environ.get("FUSEGEN_CACHE_DIR"):
@@ -38,7 +38,7 @@ def corpus_ops():
 
 
 def seed_runtime(cache: Path) -> Path:
-    """Copy the shared runtime (built once in the session's cache) into another cache
+    """Copy the shared runtime (built once in the test run's cache) into another cache
     folder, so a test with a fresh cache compiles only its ops, as a user's would."""
     import shutil
     from fusegen import build

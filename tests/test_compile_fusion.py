@@ -1,4 +1,4 @@
-"""Fusion across a fused op under torch.compile (fusegen/decompose.py, issue 9 item 5).
+"""Fusion across a fused op under torch.compile (fusegen/decompose.py).
 
 In "decompose" mode torch.compile sees the op as ATen ops of its expression (no fusegen op
 in the graphs AOTAutograd hands the compiler), through a FusedOp call and through

@@ -1,9 +1,9 @@
 """Random expressions of the language against eager PyTorch, forward and every gradient.
 
 A fixed batch of expressions over inputs a, b, c is drawn with hypothesis, derandomized
-(the same batch in every session and on every machine), from the function table the
+(the same batch in every run and on every machine), from the function table the
 parser uses (fusegen.functions.FUNCTIONS) and the language's operators. The whole batch
-builds into one library, once per session. Each expression is then compared in float64
+builds into one library, once per test run. Each expression is then compared in float64
 with the expression as written, evaluated by eager PyTorch (fusegen.reference.evaluate_text,
 the `--check` oracle, which never sees fusegen's simplified sympy form), at ordinary random
 inputs and at a few special values (±0, ±1, ±inf, NaN, 1e-300, 1e300, and all three inputs
@@ -82,7 +82,7 @@ def size(text: str) -> int:
 
 def draw_batch(n: int) -> list[str]:
     """The first few examples hypothesis draws for seed 0, then seed 1, ...: derandomized
-    (a fixed seed per run), so the batch is the same in every session. Within one run
+    (a fixed seed per run), so the batch is the same in every run. Within one run
     hypothesis mutates earlier examples, so a handful per seed keeps the batch varied."""
     batch: list[str] = []
 

@@ -49,10 +49,10 @@ def two_commands() -> list[str]:
 
 
 def env() -> dict[str, str]:
-    """The user's environment: no PYTHONWARNINGS, the session's fusegen cache (conftest)."""
+    """The user's environment: no PYTHONWARNINGS, the test run's fusegen cache (conftest)."""
     e = dict(os.environ)
     e.pop("PYTHONWARNINGS", None)
-    assert e.get("FUSEGEN_CACHE_DIR"), "tests/conftest.py sets a cache for the session"
+    assert e.get("FUSEGEN_CACHE_DIR"), "tests/conftest.py sets a cache for the test run"
     return e
 
 
