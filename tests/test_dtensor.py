@@ -22,6 +22,7 @@ def failures(tmp_path_factory):
     return run_ranks(tmp_path_factory, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", list(CHECKS))
 def test_on_two_ranks(failures, check):
     if check in failures:

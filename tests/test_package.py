@@ -105,6 +105,7 @@ CHECKS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_wheel_in_fresh_venv_without_fusegen(wheel_venv, tmp_path):
     _, python = wheel_venv
     script = tmp_path / "check_wheel.py"
@@ -115,6 +116,7 @@ def test_wheel_in_fresh_venv_without_fusegen(wheel_venv, tmp_path):
     assert "wheel ok" in r.stdout
 
 
+@pytest.mark.slow
 def test_wheel_metadata(wheel_venv):
     """The wheel pins the torch it was built against and holds one library."""
     import zipfile

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 STANDALONE = "readme-test: standalone"
@@ -68,6 +70,8 @@ def test_ci_runs_the_two_commands():
     for command in two_commands():
         assert command in ci, f".ci/run does not run the README's command {command!r}"
     assert "python3 -m venv" in " ".join(ci)  # a fresh virtualenv, not the machine's packages
+    # then the slow tests the README's command leaves out
+    assert ci.index("python -m pytest -m slow") > ci.index(two_commands()[1])
 
 
 def test_cli_prints_no_warning(tmp_path):
@@ -128,6 +132,7 @@ CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_standalone_build_runs(tmp_path):
     """The marked block, run from a folder holding a copy of generated/fma/ (so nothing but
     its own files is on the include path)."""
