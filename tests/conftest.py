@@ -51,6 +51,19 @@ def seed_runtime(cache: Path) -> Path:
     return target
 
 
+def selected_params(request, param: str) -> list:
+    """The values of the parametrized argument `param` of the tests of this run that use the
+    requesting fixture (after -m/-k deselection), so that a fixture building one library for
+    a whole table builds only the rows that will run (the rest may be marked slow)."""
+    values = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if request.fixturename in getattr(item, "fixturenames", ()) and callspec and param in callspec.params:
+            if callspec.params[param] not in values:
+                values.append(callspec.params[param])
+    return values
+
+
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(1234)

@@ -29,6 +29,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from conftest import selected_params
 from fusegen.api import Request, fuse_many, generate
 from fusegen.functions import FUNCTIONS
 from fusegen.reference import evaluate_text
@@ -101,19 +102,24 @@ def draw_batch(n: int) -> list[str]:
 
 BATCH = draw_batch(N_EXPRESSIONS)
 BUILD_SECONDS = {}
+QUICK = 4  # the first QUICK expressions run by default; the whole batch is slow
+INDICES = [pytest.param(i, marks=() if i < QUICK else pytest.mark.slow) for i in range(len(BATCH))]
+IDS = [f"{i:02d}:{t}" for i, t in enumerate(BATCH)]
 
 
 @pytest.fixture(scope="session")
-def random_ops():
-    """index -> FusedOp, or the exception fusegen raised making it; one library for all."""
+def random_ops(request):
+    """index -> FusedOp, or the exception fusegen raised making it; one library for the
+    expressions of the tests selected in this run."""
     start = time.perf_counter()
     made = {}
-    for i, text in enumerate(BATCH):
+    wanted = selected_params(request, "index")
+    for i in wanted:
         try:
-            generate(Request(text, f"rx_{i:02d}"))
+            generate(Request(BATCH[i], f"rx_{i:02d}"))
         except Exception as err:  # noqa: BLE001 - reported by that expression's test
             made[i] = err
-    todo = [i for i in range(len(BATCH)) if i not in made]
+    todo = [i for i in wanted if i not in made]
     made |= dict(zip(todo, fuse_many([Request(BATCH[i], f"rx_{i:02d}") for i in todo])))
     BUILD_SECONDS["random"] = time.perf_counter() - start
     return made
@@ -164,7 +170,7 @@ def mismatches(what, got, want, want_alt, tensors, has_where) -> list[str]:
     return [f"{what} at {point(i)}: fusegen {got[i].item()!r}, eager {want[i].item()!r}" for i in bad]
 
 
-@pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
+@pytest.mark.parametrize("index", INDICES, ids=IDS)
 def test_random_expression_matches_eager(random_ops, index):
     text = BATCH[index]
     op = random_ops[index]
@@ -212,7 +218,7 @@ def second_order(f, tensors):
     return {k: zeros[k] if s is None else s for k, s in zip(leaves, second)}
 
 
-@pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
+@pytest.mark.parametrize("index", INDICES, ids=IDS)
 def test_random_expression_second_order_matches_eager(random_ops, index):
     """The fused double backward (<name>_grad2_backward) against eager's, at ordinary values."""
     text = BATCH[index]
