@@ -190,6 +190,7 @@ def test_cached_load_with_decompose_by_environment_imports_no_sympy(ops):
     assert out == ["True", "True", "decompose", "False"]
 
 
+@pytest.mark.slow
 def test_bench_compile_runs_on_the_cpu(tmp_path):
     """The benchmark's smoke run: every form, the decomposed step runs no fusegen op and
     computes what the compiled PyTorch expression computes."""
