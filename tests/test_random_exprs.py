@@ -12,7 +12,7 @@ equal, for ties).
 Comparison: NaN must be NaN, ±inf the same inf, finite values within a tight relative
 tolerance; the sign of a zero is not compared here (test_special_values.py does that).
 Skipped points: where eager is nondeterministic (its vectorized and strided paths disagree
-on NaN/inf/finite), and the documented difference in README "Unchosen branches": in an
+on NaN/inf/finite), and the documented difference in the README ("Semantics in brief"): in an
 expression with `where`, a gradient eager makes NaN (0 * inf from the masked-out branch)
 where fusegen keeps a finite value.
 """
@@ -163,7 +163,7 @@ def mismatches(what, got, want, want_alt, tensors, has_where) -> list[str]:
     close = torch.isfinite(got) & ((got - want).abs() <= RTOL * want.abs() + ATOL)
     ok = torch.where(torch.isfinite(want), close, same_special)
     skip = kind(want) != kind(want_alt)
-    if has_where:  # README "Unchosen branches": fusegen keeps the finite value
+    if has_where:  # README, "Semantics in brief": fusegen keeps the finite value
         skip |= want.isnan() & torch.isfinite(got) & (what != "forward")
     bad = (~ok & ~skip).nonzero().flatten().tolist()
     point = lambda i: ", ".join(f"{k}={t[i].item()!r}" for k, t in tensors.items())  # noqa: E731
