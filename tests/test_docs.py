@@ -5,7 +5,8 @@
 - Every relative link in the Markdown files, and every `docs/...` path they name, exists.
 - No tracked text file (outside generated/) reads like a development diary: no working
   sessions, issue numbers, device budgets or ordinal runs. pytest's `scope="session"` and
-  onnxruntime's `InferenceSession` (and a variable holding one) are code, and allowed.
+  onnxruntime's `InferenceSession` (and a variable holding one) and pytest's
+  `request.session` are code, and allowed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ MARKDOWN = ["README.md", "CONTRIBUTING.md", *sorted(str(p.relative_to(ROOT)) for
 
 DIARY = re.compile(r"\bsessions?\b|device budget|workplace|\bissue [0-9]+|\bfifth\b|\bfourth\b|next engineer",
                    re.IGNORECASE)
-ALLOWED = re.compile(r'scope="session"|InferenceSession|\bsession\.(get_inputs|get_outputs|run)\(|\bsession = ')
+ALLOWED = re.compile(r'scope="session"|InferenceSession|\bsession\.(get_inputs|get_outputs|run)\(|\bsession = '
+                     r'|\brequest\.session\b')
 SKIPPED_DIRS = {".git", "generated", "__pycache__", ".pytest_cache", "build", "dist"}
 
 
@@ -91,4 +93,5 @@ def test_the_diary_check_catches_and_allows():
     assert not diary_lines("s = onnxruntime.InferenceSession(path)")
     assert not diary_lines("    session = onnxruntime.InferenceSession(proto)")
     assert not diary_lines("return session.run(None, feeds)")
+    assert not diary_lines("for item in request.session.items:")
     assert not diary_lines("the cache is built once per test run")

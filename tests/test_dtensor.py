@@ -50,6 +50,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["fusegen-first", "dtensor-first"])
 def test_import_order(order):
     from dtensor_ranks import free_port
