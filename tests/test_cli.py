@@ -1,7 +1,7 @@
 """The CLI's build progress and --quiet, the library's silence by default, and build errors
 that show the compiler's first error with its source line.
 
-Real builds here are small ops in a fresh cache seeded with the session's runtime (a
+Real builds here are small ops in a fresh cache seeded with the test run's runtime (a
 second or two each); the failing build is a real compile of a hand-written source with a
 syntax error."""
 

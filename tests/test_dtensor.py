@@ -22,6 +22,7 @@ def failures(tmp_path_factory):
     return run_ranks(tmp_path_factory, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", list(CHECKS))
 def test_on_two_ranks(failures, check):
     if check in failures:
@@ -49,6 +50,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["fusegen-first", "dtensor-first"])
 def test_import_order(order):
     from dtensor_ranks import free_port

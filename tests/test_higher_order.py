@@ -1,4 +1,4 @@
-"""Higher-order gradients and torch.func (issue 10): second derivatives fused (gradgradcheck
+"""Higher-order gradients and torch.func: second derivatives fused (gradgradcheck
 over the whole corpus, with no composite fallback), third order right, kinks as eager,
 forward-mode AD and torch.func's transforms matching eager, vmap with no fallback warning,
 and a gradient-penalty training step that matches eager step for step."""
@@ -76,7 +76,7 @@ def test_third_order_matches_eager(third_order_ops, name):
     x = torch.randn(7, dtype=torch.float64, generator=torch.Generator().manual_seed(4), requires_grad=True)
     for got, want in zip(_third(op, x, scalars), _third(eager, x, scalars)):
         torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
-    # Third and fourth order against finite differences of the fused second derivative.
+    # Orders three and four against finite differences of the fused second derivative.
     second = lambda t: torch.autograd.grad(  # noqa: E731
         torch.autograd.grad(op(t, *scalars).sum(), t, create_graph=True)[0].sum(), t, create_graph=True)[0]
     assert torch.autograd.gradgradcheck(second, (x,), eps=1e-6, atol=1e-4)

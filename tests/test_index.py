@@ -1,4 +1,4 @@
-"""The cached path (issue 6, point 4): a request built before, in any process, is loaded
+"""The cached path: a request built before, in any process, is loaded
 through the request index (fusegen/build/index.py) without importing sympy or Jinja, and the
 index never hands back a library that is gone or that another generator made. And @fused
 functions defined together are built together, in one library."""

@@ -1,4 +1,4 @@
-"""Real tensors as eager takes them (issue 8): broadcast, transposed, sliced and
+"""Real tensors as eager takes them: broadcast, transposed, sliced and
 channels_last inputs run without copies and give eager's values, dtypes, shapes, strides
 and memory format, forward and backward; Python numbers and 0-d tensors stand for tensor
 arguments; bool and integer tensors promote as eager does. CUDA twins: tests/gpu/test_cuda.py."""

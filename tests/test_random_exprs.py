@@ -1,9 +1,9 @@
 """Random expressions of the language against eager PyTorch, forward and every gradient.
 
 A fixed batch of expressions over inputs a, b, c is drawn with hypothesis, derandomized
-(the same batch in every session and on every machine), from the function table the
+(the same batch in every run and on every machine), from the function table the
 parser uses (fusegen.ir.primitives.FUNCTIONS) and the language's operators. The whole batch
-builds into one library, once per session. Each expression is then compared in float64
+builds into one library, once per test run. Each expression is then compared in float64
 with the expression as written, evaluated by eager PyTorch (fusegen.tools.reference.evaluate_text,
 the `--check` oracle, which never sees fusegen's simplified sympy form), at ordinary random
 inputs and at a few special values (±0, ±1, ±inf, NaN, 1e-300, 1e300, and all three inputs
@@ -12,7 +12,7 @@ equal, for ties).
 Comparison: NaN must be NaN, ±inf the same inf, finite values within a tight relative
 tolerance; the sign of a zero is not compared here (test_special_values.py does that).
 Skipped points: where eager is nondeterministic (its vectorized and strided paths disagree
-on NaN/inf/finite), and the documented difference in README "Unchosen branches": in an
+on NaN/inf/finite), and the documented difference in the README ("Semantics in brief"): in an
 expression with `where`, a gradient eager makes NaN (0 * inf from the masked-out branch)
 where fusegen keeps a finite value.
 """
@@ -29,6 +29,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from conftest import selected_params
 from fusegen.api import Request, fuse_many, generate
 from fusegen.ir.primitives import FUNCTIONS
 from fusegen.tools.reference import evaluate_text
@@ -82,7 +83,7 @@ def size(text: str) -> int:
 
 def draw_batch(n: int) -> list[str]:
     """The first few examples hypothesis draws for seed 0, then seed 1, ...: derandomized
-    (a fixed seed per run), so the batch is the same in every session. Within one run
+    (a fixed seed per run), so the batch is the same in every run. Within one run
     hypothesis mutates earlier examples, so a handful per seed keeps the batch varied."""
     batch: list[str] = []
 
@@ -101,19 +102,24 @@ def draw_batch(n: int) -> list[str]:
 
 BATCH = draw_batch(N_EXPRESSIONS)
 BUILD_SECONDS = {}
+QUICK = 4  # the first QUICK expressions run by default; the whole batch is slow
+INDICES = [pytest.param(i, marks=() if i < QUICK else pytest.mark.slow) for i in range(len(BATCH))]
+IDS = [f"{i:02d}:{t}" for i, t in enumerate(BATCH)]
 
 
 @pytest.fixture(scope="session")
-def random_ops():
-    """index -> FusedOp, or the exception fusegen raised making it; one library for all."""
+def random_ops(request):
+    """index -> FusedOp, or the exception fusegen raised making it; one library for the
+    expressions of the tests selected in this run."""
     start = time.perf_counter()
     made = {}
-    for i, text in enumerate(BATCH):
+    wanted = selected_params(request, "index")
+    for i in wanted:
         try:
-            generate(Request(text, f"rx_{i:02d}"))
+            generate(Request(BATCH[i], f"rx_{i:02d}"))
         except Exception as err:  # noqa: BLE001 - reported by that expression's test
             made[i] = err
-    todo = [i for i in range(len(BATCH)) if i not in made]
+    todo = [i for i in wanted if i not in made]
     made |= dict(zip(todo, fuse_many([Request(BATCH[i], f"rx_{i:02d}") for i in todo])))
     BUILD_SECONDS["random"] = time.perf_counter() - start
     return made
@@ -157,14 +163,14 @@ def mismatches(what, got, want, want_alt, tensors, has_where) -> list[str]:
     close = torch.isfinite(got) & ((got - want).abs() <= RTOL * want.abs() + ATOL)
     ok = torch.where(torch.isfinite(want), close, same_special)
     skip = kind(want) != kind(want_alt)
-    if has_where:  # README "Unchosen branches": fusegen keeps the finite value
+    if has_where:  # README, "Semantics in brief": fusegen keeps the finite value
         skip |= want.isnan() & torch.isfinite(got) & (what != "forward")
     bad = (~ok & ~skip).nonzero().flatten().tolist()
     point = lambda i: ", ".join(f"{k}={t[i].item()!r}" for k, t in tensors.items())  # noqa: E731
     return [f"{what} at {point(i)}: fusegen {got[i].item()!r}, eager {want[i].item()!r}" for i in bad]
 
 
-@pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
+@pytest.mark.parametrize("index", INDICES, ids=IDS)
 def test_random_expression_matches_eager(random_ops, index):
     text = BATCH[index]
     op = random_ops[index]
@@ -212,7 +218,7 @@ def second_order(f, tensors):
     return {k: zeros[k] if s is None else s for k, s in zip(leaves, second)}
 
 
-@pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
+@pytest.mark.parametrize("index", INDICES, ids=IDS)
 def test_random_expression_second_order_matches_eager(random_ops, index):
     """The fused double backward (<name>_grad2_backward) against eager's, at ordinary values."""
     text = BATCH[index]

@@ -248,7 +248,7 @@ def test_constant_division_by_zero_is_refused():
         parse("a + 1/0")
 
 
-# -- the defects of issue 5, item 3: the built op against eager, in float64 -----------------------
+# -- known pitfalls: the built op against eager, in float64 ------------------------------------
 #
 # Each case is (expression, eager PyTorch as the user writes it, inputs, and what to check). One
 # library holds them all (one compile). `assert_exact` wants NaN where eager has NaN, the same

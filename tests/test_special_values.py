@@ -38,6 +38,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import selected_params
 from fusegen.api import Request, fuse_many, generate
 from fusegen.tools.reference import evaluate_text
 
@@ -188,10 +189,12 @@ REPRODUCED = [
 # -- building: every op above in one library -----------------------------------------------------
 
 @pytest.fixture(scope="module")
-def built():
+def built(request):
     """name -> FusedOp, or name -> the exception fusegen raised making it (that case fails
-    with it; the others still build, together, in one compile)."""
-    exprs = {c.name: c.expr for c in CASES} | {r.name: r.expr for r in REPRODUCED}
+    with it; the others still build, together, in one compile). Only the cases of the
+    tests selected in this run are built."""
+    wanted = {c.name for c in selected_params(request, "case")}
+    exprs = {c.name: c.expr for c in [*CASES, *REPRODUCED] if c.name in wanted}
     refused = {}
     for name, expr in exprs.items():
         try:
@@ -282,8 +285,13 @@ def compare_all(op, eager, tensors, points, dtype, limit=25) -> list[str]:
 
 # -- the tests ---------------------------------------------------------------------------------
 
+# The kinks, ties and masks of every family run by default; the whole grid is slow.
+QUICK_GRID = {"relu", "abs", "sign", "maximum", "where_gt", "clamp_t", "pow_op", "div", "sigmoid", "log1p"}
+
+
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c.name in QUICK_GRID else pytest.mark.slow)
+                                  for c in CASES], ids=lambda c: c.id)
 def test_grid(built, case, dtype):
     op = op_of(built, case.name)
     assert op.spec.inputs == tuple(case.inputs), "the table's lambda must name the inputs in order"
@@ -316,7 +324,7 @@ def _stated_ok(got: float, want: float) -> bool:
 def test_reproduced(built, case):
     tensors = {k: torch.tensor(v, dtype=case.dtype) for k, v in case.at.items()}
     points = [", ".join(f"{k}={case.at[k][i]!r}" for k in case.at) for i in range(len(next(iter(case.at.values()))))]
-    # eager gives what the issue says it gives
+    # eager gives what the case states it gives
     want_out, want_grads = forward_backward(case.eager, tensors)
     eager_values = {"forward": want_out} | {f"d/d{k}": g for k, g in want_grads.items()}
     for what, stated in case.stated.items():

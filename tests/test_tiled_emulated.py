@@ -36,6 +36,7 @@ def _emulated_header(text: str) -> str:
     return text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_tiled_kernel_emulated(tmp_path):
     (tmp_path / "fusegen-cuda.cuh").write_text(_emulated_header((ROOT / "templates" / "fusegen-cuda.cuh").read_text()))

@@ -1,4 +1,4 @@
-"""Benchmarks of issue 8: the CPU kernels, and real layouts (broadcast, channels_last,
+"""Benchmarks of the CPU kernels, and real layouts (broadcast, channels_last,
 transposed, sliced) on the GPU or the CPU. The SwiGLU halves and the FFN block are
 bench_ffn.py's (`fusegen bench ffn`).
 

@@ -9,7 +9,7 @@ selects, never multiplies by a 0/1 mask) and sums what reaches each input. Then 
 sympy.cse over the forward and every gradient, so the backward reuses what the forward
 computes.
 
-One deliberate difference from eager (README, "Unchosen branches"): the gradient that
+One deliberate difference from eager (README, "Semantics in brief"): the gradient that
 `where(c, a, b)` sends into `a` is selected *after* it has flowed through `a`'s subtree
 (`where(c, d a, 0)`), not before (`d a` of `where(c, grad, 0)`), so a branch that is not
 chosen never turns the gradient into NaN (0 * inf), and contributes +0.

@@ -54,7 +54,7 @@ from fusegen.errors import SpecError
 OPAQUE = "opaque"
 DECOMPOSE = "decompose"
 MODES = (OPAQUE, DECOMPOSE)
-DEFAULT = DECOMPOSE       # the mode of an op that was not given one (faster on the H200: README)
+DEFAULT = DECOMPOSE       # the mode of an op that was not given one (faster on the H200: docs/benchmarks.md)
 ENV = "FUSEGEN_COMPILE"   # overrides DEFAULT for every op of the process
 
 _MODES: dict[str, str] = {}         # op name -> the mode asked for (fuse / @fused compile=)
@@ -133,7 +133,7 @@ def _update_cache_tag():
     name and digest), so compiled graphs are cached per expression and mode."""
     config = getattr(torch.compiler, "config", None)
     if not hasattr(config, "cache_key_tag"):
-        return  # a torch without the tag: the README says how to clear its caches
+        return  # a torch without the tag: docs/architecture.md says how to clear its caches
     user = config.cache_key_tag.split(_TAG)[0]
     ours = ",".join(f"{n}={d}" for n, (_, d) in sorted(_LOADED.items()) if mode(n) == DECOMPOSE)
     config.cache_key_tag = user + (_TAG + ours if ours else "")

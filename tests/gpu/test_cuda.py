@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python -m pytest -m cuda tests/gpu
 
-The session's corpus library (tests/conftest.py) includes the CUDA impls when torch sees
+The test run's corpus library (tests/conftest.py) includes the CUDA impls when torch sees
 a GPU and nvcc is installed (fusegen.build.builder.cuda_enabled)."""
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def test_torch_compile_cuda(cuda_ops):
     torch.testing.assert_close(compiled(x), case.eager(x) * 2.0, **TOL[torch.float32])
 
 
-# -- issue 8: real layouts with no copies, CPU scalars, numbers, integers (CPU twins in
+# -- real layouts with no copies, CPU scalars, numbers, integers (CPU twins in
 # tests/test_layouts.py) ------------------------------------------------------------------------
 
 def _layout_check(op, eager, tensors, dtype):
@@ -502,7 +502,7 @@ def test_cuda_contiguous_past_2_31_elements(cuda_ops):
     del x, out
 
 
-# -- higher order (issue 10) ---------------------------------------------------------------------
+# -- higher order ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", CORPUS, ids=repr)
 def test_gradgradcheck_cuda(cuda_ops, case):
