@@ -20,6 +20,7 @@ fills 1 there, NaN included). Nothing else is simplified, so `x*0` stays a produ
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,11 +44,29 @@ class Node(sympy.Function):
     # A condition (comparison, and, or): a bool in C, only ever the first argument of Where.
     boolean = False
 
+    def __new__(cls, *args, **options):
+        # One object per distinct node (hash-consing): sympy's own cache forgets after 1000
+        # nodes, and two equal copies of a shared graph compare by walking every path of
+        # both. Interned, equal nodes are the same object and compare at once.
+        key = (cls, args)
+        if not options:
+            node = _INTERNED.get(key)
+            if node is not None:
+                return node
+        node = super().__new__(cls, *args, **options)
+        if not options:
+            _INTERNED[key] = node
+        return node
+
     @classmethod
     def _should_evalf(cls, arg):
         return -1  # never replace a node of Float arguments by a number
 
     # Function.eval returns None by default: sympy builds the node as it is.
+
+
+# Every node alive, by (class, arguments): an entry goes when its node does.
+_INTERNED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
 
 def _node(name: str, nargs: int, user_name: str | None = None, condition: bool = False):
@@ -323,7 +342,13 @@ def known_names() -> list[str]:
     return sorted(set(FUNCTIONS) | set(ALIASES))
 
 
+# float32's maximum as numpy prints it (3.4028234663852886e38 exactly, torch.finfo's max):
+# every double up to it rounds to a finite float32 (inf starts halfway to 2**128).
+LITERAL_MAX = 3.4028235e38
+LITERAL_RANGE = "|value| <= 3.4028235e38"
+
+
 def literal_ok(value: float) -> bool:
     """Literals must be finite float32-representable magnitudes: the kernels compute in
     float for fp32/fp16/bf16, and a literal that overflows there is a bug, not a number."""
-    return math.isfinite(value) and abs(value) <= 3.0e38
+    return math.isfinite(value) and abs(value) <= LITERAL_MAX

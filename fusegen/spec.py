@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import sympy
 
+from . import dag
 from . import functions as fn
+from . import limits
 from . import names
 from .errors import SpecError
 from .notation import text
@@ -172,6 +174,12 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
         name = check_op_name(name)
     else:
         name = default_name(parsed)
+    with limits.scope(name) as budget:
+        return _differentiate(parsed, name, command, auxiliary, budget)
+
+
+def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bool,
+                   budget: limits.Budget) -> OpSpec:
     forward = parsed.tree
     _check_printable(name, "the expression", forward)
     wanted = [symbol(i) for i in parsed.inputs]
@@ -180,6 +188,7 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
     for inp, sym in zip(parsed.inputs, wanted):
         _check_printable(name, f"the gradient for '{inp}'", derived[sym])
         exprs.append(derived[sym])
+    budget.add_nodes(dag.count([forward] + exprs), f"the forward and gradients of '{name}'")
 
     # What the backward reads (`_plan`): the inputs, or the forward's output when that
     # lets it read fewer tensors. The auxiliary ops keep their inputs: the double backward
@@ -205,15 +214,12 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
 
     # One cse over forward + backward: shared subterms (sigmoid(x) in silu) are found once,
     # then each program keeps only the temporaries its own results reach.
-    temps, reduced = sympy.cse([forward] + list(backward_exprs),
-                               symbols=sympy.numbered_symbols("__cse"), order="none")
+    temps, reduced = dag.cse([forward] + list(backward_exprs), sympy.numbered_symbols("__cse"))
     forward_program = _program(temps, [("out", reduced[0])])
     owners = [next(g for g in gradients if g.output == k) for k in range(len(backward_exprs))]
     backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])])
 
-    used = set()
-    for e in backward_exprs:
-        used |= {s.name for s in e.free_symbols if s != GRAD}
+    used = {s.name for s in dag.free_symbols(backward_exprs) if s != GRAD}
     reads = tuple(_reads_of(backward_exprs, parsed.inputs, plan.saved_output if plan else None))
     if plan is not None:
         plan = dataclasses.replace(plan, reads=reads)
@@ -265,7 +271,7 @@ def _in_terms_of_output(forward, exprs, out):
     kink = _KINKS.get(type(forward))
     if kink is not None:
         rules.update(kink(forward.args[0], out))
-    return [e.xreplace(rules) for e in exprs]
+    return dag.substitute(exprs, rules)
 
 
 def _bytes(num_inputs: int, reads: int, outputs: int) -> dict:
@@ -275,7 +281,7 @@ def _bytes(num_inputs: int, reads: int, outputs: int) -> dict:
 
 
 def _reads_of(exprs, inputs, out=None) -> list[str]:
-    used = set().union(*(e.free_symbols for e in exprs)) if exprs else set()
+    used = dag.free_symbols(exprs)
     names_used = {s.name for s in used if s != GRAD}
     return ([out] if out is not None and out in names_used else []) + [i for i in inputs if i in names_used]
 
@@ -357,8 +363,8 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
         gg.append(names.fresh(names.GRAD2_GG.format(g.input), taken))
         taken.add(gg[-1])
     tree = None
-    for e, gname in zip(spec.backward_exprs, gg):
-        term = fn.mul(symbol(gname), e.xreplace({GRAD: symbol(dout)}))
+    for e, gname in zip(dag.substitute(spec.backward_exprs, {GRAD: symbol(dout)}), gg):
+        term = fn.mul(symbol(gname), e)
         tree = term if tree is None else fn.add(tree, term)
     inputs = (dout,) + spec.backward_inputs + tuple(gg)
     parsed = Parsed(text(tree), tree, inputs, spec.backward_scalars)
@@ -376,11 +382,11 @@ def jvp_spec(spec: OpSpec) -> OpSpec | None:
         t = names.fresh(names.JVP_TANGENT.format(g.input), taken)
         taken.add(t)
         tangents.append(t)
-        term = g.expr.xreplace({GRAD: symbol(t)})
+        (term,) = dag.substitute([g.expr], {GRAD: symbol(t)})
         tree = term if tree is None else fn.add(tree, term)
     if tree is None:
         return None  # every gradient is zero (sign(x)): nothing moves, no op
-    used = {s.name for s in tree.free_symbols}
+    used = {s.name for s in dag.free_symbols([tree])}
     inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents)
     scalars = tuple(s for s in spec.scalars if s in used)
     parsed = Parsed(text(tree), tree, inputs, scalars)
@@ -401,20 +407,37 @@ def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
 
 def backward(forward: sympy.Expr, wanted: list[sympy.Symbol]) -> dict[sympy.Symbol, sympy.Expr]:
     """d(GRAD . forward)/d(symbol) for each wanted symbol, by PyTorch's backward formulas."""
+    with limits.scope() as budget:
+        return _backward(forward, wanted, budget)
+
+
+def _backward(forward, wanted, budget: limits.Budget):
+    # The reverse pass works on the graph: a node shared by several parents is visited once,
+    # with the sum of what they send it. What can still grow is the number of (node, guard)
+    # terms, one per distinct path of `where` branches; each is at least one operation of
+    # the result, so they count against MAX_GRAPH_NODES as they are made.
     order = _postorder(forward)
     flowing: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {forward: {(): GRAD}}
+    work = 0
+    what = "the gradients"
     for node in reversed(order):
         if not isinstance(node, fn.Node):
             continue  # an input or scalar: what reached it stays in `flowing`
+        budget.check_time()
         terms = flowing.pop(node, None)
         for guard, g in (terms or {}).items():
             for arg, contribution, branch in _vjp(node, g):
                 if _differentiable(arg):
                     _accumulate(flowing.setdefault(arg, {}), guard + branch, contribution)
+                    work += 1 + len(branch)
+            budget.check_nodes(work, what)
     result = {}
     for s in wanted:
         total = None
         for guard, g in flowing.get(s, {}).items():
+            work += 1 + len(guard)
+            budget.check_nodes(work, what)
+            budget.check_time()
             total = _guarded(guard, g) if total is None else fn.add(total, _guarded(guard, g))
         result[s] = sympy.Integer(0) if total is None else total
     return result
@@ -422,19 +445,7 @@ def backward(forward: sympy.Expr, wanted: list[sympy.Symbol]) -> dict[sympy.Symb
 
 def _postorder(root) -> list:
     """Every distinct subexpression, children before parents (iterative: no recursion limit)."""
-    seen, order, stack = set(), [], [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.append((node, True))
-        if isinstance(node, fn.Node):
-            stack.extend((a, False) for a in reversed(node.args) if a not in seen)
-    return order
+    return dag.postorder([root])
 
 
 def _differentiable(arg) -> bool:
@@ -571,9 +582,9 @@ def _clamp_backward(x, lo, hi, g):
 
 def _check_printable(name: str, what: str, expr: sympy.Expr):
     """Every function must be one of functions.py's nodes (the printer knows no other)."""
-    bad = [a for a in sympy.preorder_traversal(expr)
-           if a == sympy.zoo or (isinstance(a, sympy.Function) and not isinstance(a, fn.Node))]
-    if bad:
+    bad = [next((a for a in dag.preorder(expr)
+                 if a == sympy.zoo or (isinstance(a, sympy.Function) and not isinstance(a, fn.Node))), None)]
+    if bad[0] is not None:
         raise SpecError(f"fusegen op '{name}': {what} contains {bad[0]}, which has no finite value in C; "
                         "expected an expression defined for real inputs")
 
@@ -581,19 +592,20 @@ def _check_printable(name: str, what: str, expr: sympy.Expr):
 def _program(temps, results) -> Program:
     """Keep the temporaries `results` depend on, in order, renamed t0, t1, ..."""
     needed: set[sympy.Symbol] = set()
-    frontier = set().union(*(e.free_symbols for _, e in results)) if results else set()
+    frontier = dag.free_symbols([e for _, e in results])
     defs = dict(temps)
     while frontier:
         s = frontier.pop()
         if s in defs and s not in needed:
             needed.add(s)
-            frontier |= defs[s].free_symbols
+            frontier |= dag.free_symbols([defs[s]])
     kept = [(s, e) for s, e in temps if s in needed]
     # No assumptions: a temporary never equals a user's name (real=True), even `t0`.
     rename = {s: sympy.Symbol(f"{names.TEMP_PREFIX}{i}") for i, (s, _) in enumerate(kept)}
+    renamed = dag.substitute([e for _, e in kept] + [e for _, e in results], rename)
     return Program(
-        temps=tuple((rename[s], e.xreplace(rename)) for s, e in kept),
-        results=tuple((n, e.xreplace(rename)) for n, e in results),
+        temps=tuple((rename[s], e) for (s, _), e in zip(kept, renamed)),
+        results=tuple((n, e) for (n, _), e in zip(results, renamed[len(kept):])),
     )
 
 
