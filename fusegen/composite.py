@@ -14,6 +14,7 @@ import operator
 import sympy
 import torch
 
+from . import dag
 from . import functions as fn
 
 _BINARY = {fn.Plus: operator.add, fn.Minus: operator.sub, fn.Times: operator.mul,
@@ -85,6 +86,10 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
         memo[node] = result
         return result
 
+    # Children before parents, so that value() finds every argument computed and never
+    # recurses: an op's tree may be hundreds of nodes deep (a @fused body of many lines).
+    for node in dag.postorder(exprs):
+        value(node)
     out = []
     for e in exprs:
         v = tensor(value(e)).to(dtype)

@@ -19,42 +19,50 @@ def postorder(roots) -> list:
     """Every distinct subexpression of `roots`, atoms included, children before parents,
     arguments left to right (the order a recursive walk with a visited set finishes them)."""
     seen, order = set(), []
+    add, append, tick = seen.add, order.append, limits.tick
     for root in roots:
-        stack = [(root, False)]
+        if root in seen:
+            continue
+        add(root)
+        stack = [(root, iter(root.args))]
         while stack:
-            node, done = stack.pop()
-            if done:
-                order.append(node)
-                continue
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            args = getattr(node, "args", ())
-            if args:
-                limits.tick()
-                stack.extend((a, False) for a in reversed(args) if a not in seen)
+            node, args = stack[-1]
+            for a in args:
+                if a not in seen:
+                    add(a)
+                    if a.args:
+                        stack.append((a, iter(a.args)))
+                        break
+                    append(a)
+            else:
+                stack.pop()
+                append(node)
+                if len(order) & 255 == 0:
+                    tick()
     return order
 
 
-def preorder(root):
-    """Distinct subexpressions in the order sympy's preorder_traversal first meets them."""
-    seen, stack = set(), [root]
+def preorder(root, seen: set | None = None):
+    """Distinct subexpressions in the order sympy's preorder_traversal first meets them;
+    those in `seen` (which the walk adds to) and what is below them are skipped."""
+    seen = set() if seen is None else seen
+    stack = [root]
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
         yield node
-        args = getattr(node, "args", ())
+        args = node.args
         if args:
-            limits.tick()
+            if len(seen) & 255 == 0:
+                limits.tick()
             stack.extend(reversed(args))
 
 
 def count(exprs) -> int:
     """Distinct operations (nodes that have arguments) of `exprs`."""
-    return sum(1 for node in postorder(exprs) if getattr(node, "args", ()))
+    return sum(1 for node in postorder(exprs) if node.args)
 
 
 def written_size(expr, cap: int) -> int:
@@ -62,7 +70,7 @@ def written_size(expr, cap: int) -> int:
     `cap + 1` means more."""
     sizes: dict = {}
     for node in postorder([expr]):
-        sizes[node] = min(cap + 1, 1 + sum(sizes[a] for a in getattr(node, "args", ())))
+        sizes[node] = min(cap + 1, 1 + sum(sizes[a] for a in node.args))
     return sizes[expr]
 
 
@@ -90,11 +98,12 @@ def substitute(exprs, rules: dict) -> list:
             if node in rules:
                 done[node] = rules[node]
                 continue
-            args = getattr(node, "args", ())
+            args = node.args
             if not args:
                 done[node] = node
                 continue
-            limits.tick()
+            if len(done) & 255 == 0:
+                limits.tick()
             stack.append((node, True))
             stack.extend((a, False) for a in reversed(args) if a not in done)
     return [done[e] for e in exprs]
@@ -123,7 +132,8 @@ def cse(exprs, symbols):
                 to_eliminate.add(node)
                 continue
             seen.add(node)
-            limits.tick()
+            if len(seen) & 255 == 0:
+                limits.tick()
             stack.extend(reversed(node.args))
 
     names = (s for s in symbols if s.name not in excluded)
@@ -152,7 +162,8 @@ def cse(exprs, symbols):
                 continue
             if node in subs or node in built:
                 continue
-            limits.tick()
+            if len(built) & 255 == 0:
+                limits.tick()
             stack.append((node, True))
             stack.extend((a, False) for a in reversed(node.args) if a.args)
         reduced.append(result(root))

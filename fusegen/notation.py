@@ -107,8 +107,7 @@ class _Text(_Memo, TextPrinter):
 
 
 def text(expr) -> str:
-    size = dag.written_size(expr, MAX_TEXT_NODES)
-    if size > MAX_TEXT_NODES:
-        return (f"<{dag.count([expr])} distinct operations, more than {MAX_TEXT_NODES} "
-                "written out: read the code, which shares them>")
+    if dag.written_size(expr, MAX_TEXT_NODES) > MAX_TEXT_NODES:
+        return (f"<more than {MAX_TEXT_NODES} operations written out, fewer shared: "
+                "read the code, which shares them>")
     return _Text({"order": "none"}).doprint(expr)

@@ -181,13 +181,12 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
 def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bool,
                    budget: limits.Budget) -> OpSpec:
     forward = parsed.tree
-    _check_printable(name, "the expression", forward)
+    checked = set()
+    _check_printable(name, [("the expression", forward)], checked)
     wanted = [symbol(i) for i in parsed.inputs]
     derived = backward(forward, wanted)
-    exprs = []
-    for inp, sym in zip(parsed.inputs, wanted):
-        _check_printable(name, f"the gradient for '{inp}'", derived[sym])
-        exprs.append(derived[sym])
+    exprs = [derived[sym] for sym in wanted]
+    _check_printable(name, [(f"the gradient for '{inp}'", e) for inp, e in zip(parsed.inputs, exprs)], checked)
     budget.add_nodes(dag.count([forward] + exprs), f"the forward and gradients of '{name}'")
 
     # What the backward reads (`_plan`): the inputs, or the forward's output when that
@@ -215,9 +214,10 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
     # One cse over forward + backward: shared subterms (sigmoid(x) in silu) are found once,
     # then each program keeps only the temporaries its own results reach.
     temps, reduced = dag.cse([forward] + list(backward_exprs), sympy.numbered_symbols("__cse"))
-    forward_program = _program(temps, [("out", reduced[0])])
+    reads = {s: dag.free_symbols([e]) for s, e in temps}  # once, for both programs
+    forward_program = _program(temps, [("out", reduced[0])], reads)
     owners = [next(g for g in gradients if g.output == k) for k in range(len(backward_exprs))]
-    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])])
+    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])], reads)
 
     used = {s.name for s in dag.free_symbols(backward_exprs) if s != GRAD}
     reads = tuple(_reads_of(backward_exprs, parsed.inputs, plan.saved_output if plan else None))
@@ -299,8 +299,9 @@ def _plan(forward, exprs, inputs, out_name):
             "no backward kernel"
         return Plan(None, tuple(by_inputs), cost_inputs, None, why), list(exprs)
     rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
-    by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in kernel], inputs, out_name)
-    cost_output = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in kernel}))
+    in_kernel = set(kernel)  # a set: `in` a list compares deep trees pairwise
+    by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in in_kernel], inputs, out_name)
+    cost_output = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in in_kernel}))
     if len(by_output) < len(by_inputs):
         why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of the output, "
                f"{cost_inputs[4] - cost_output[4]} bytes per element less than reading {', '.join(by_inputs)} "
@@ -366,6 +367,7 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
     for e, gname in zip(dag.substitute(spec.backward_exprs, {GRAD: symbol(dout)}), gg):
         term = fn.mul(symbol(gname), e)
         tree = term if tree is None else fn.add(tree, term)
+    _check_size(tree, f"the double backward of '{spec.name}'")
     inputs = (dout,) + spec.backward_inputs + tuple(gg)
     parsed = Parsed(text(tree), tree, inputs, spec.backward_scalars)
     return differentiate(parsed, name=spec.name + names.GRAD2_SUFFIX, command=spec.command, auxiliary=True)
@@ -386,11 +388,18 @@ def jvp_spec(spec: OpSpec) -> OpSpec | None:
         tree = term if tree is None else fn.add(tree, term)
     if tree is None:
         return None  # every gradient is zero (sign(x)): nothing moves, no op
+    _check_size(tree, f"the forward-mode derivative of '{spec.name}'")
     used = {s.name for s in dag.free_symbols([tree])}
     inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents)
     scalars = tuple(s for s in spec.scalars if s in used)
     parsed = Parsed(text(tree), tree, inputs, scalars)
     return differentiate(parsed, name=spec.name + names.JVP_SUFFIX, command=spec.command, auxiliary=True)
+
+
+def _check_size(tree, what: str):
+    """An auxiliary op's forward, before it is differentiated: within the graph budget."""
+    with limits.scope() as budget:
+        budget.check_nodes(dag.count([tree]), what)
 
 
 def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
@@ -580,25 +589,26 @@ def _clamp_backward(x, lo, hi, g):
     return out
 
 
-def _check_printable(name: str, what: str, expr: sympy.Expr):
-    """Every function must be one of functions.py's nodes (the printer knows no other)."""
-    bad = [next((a for a in dag.preorder(expr)
-                 if a == sympy.zoo or (isinstance(a, sympy.Function) and not isinstance(a, fn.Node))), None)]
-    if bad[0] is not None:
-        raise SpecError(f"fusegen op '{name}': {what} contains {bad[0]}, which has no finite value in C; "
-                        "expected an expression defined for real inputs")
+def _check_printable(name: str, items, seen: set):
+    """Every function must be one of functions.py's nodes (the printer knows no other).
+    `items`: (what, expr) in order; `seen`: nodes already checked (shared by the calls)."""
+    for what, expr in items:
+        for a in dag.preorder(expr, seen):
+            if a is sympy.zoo or (isinstance(a, sympy.Function) and not isinstance(a, fn.Node)):
+                raise SpecError(f"fusegen op '{name}': {what} contains {a}, which has no finite value in C; "
+                                "expected an expression defined for real inputs")
 
 
-def _program(temps, results) -> Program:
-    """Keep the temporaries `results` depend on, in order, renamed t0, t1, ..."""
+def _program(temps, results, reads) -> Program:
+    """Keep the temporaries `results` depend on, in order, renamed t0, t1, ...
+    `reads`: each temporary's free symbols."""
     needed: set[sympy.Symbol] = set()
     frontier = dag.free_symbols([e for _, e in results])
-    defs = dict(temps)
     while frontier:
         s = frontier.pop()
-        if s in defs and s not in needed:
+        if s in reads and s not in needed:
             needed.add(s)
-            frontier |= dag.free_symbols([defs[s]])
+            frontier |= reads[s]
     kept = [(s, e) for s, e in temps if s in needed]
     # No assumptions: a temporary never equals a user's name (real=True), even `t0`.
     rename = {s: sympy.Symbol(f"{names.TEMP_PREFIX}{i}") for i, (s, _) in enumerate(kept)}
