@@ -6,8 +6,12 @@ output, carries the incoming gradient as an expression in the symbol GRAD, appli
 node's own PyTorch backward formula (tools/autograd/derivatives.yaml and
 FunctionsManual.cpp: `exp` uses its result, `maximum` splits ties with where(), `clamp`
 selects, never multiplies by a 0/1 mask) and sums what reaches each input. Then one
-sympy.cse over the forward and every gradient, so the backward reuses what the forward
-computes.
+common-subexpression pass (sympy's cse, as dag.cse computes it without recursion) over the
+forward and every gradient, so the backward reuses what the forward computes.
+
+The tree is a graph: a subexpression used twice is one node, visited once by every walk
+here (dag.py), so sharing is never expanded into paths; what the derivation builds counts
+against the op's budget (limits.py).
 
 One deliberate difference from eager (README, "Unchosen branches"): the gradient that
 `where(c, a, b)` sends into `a` is selected *after* it has flowed through `a`'s subtree
@@ -214,10 +218,11 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
     # One cse over forward + backward: shared subterms (sigmoid(x) in silu) are found once,
     # then each program keeps only the temporaries its own results reach.
     temps, reduced = dag.cse([forward] + list(backward_exprs), sympy.numbered_symbols("__cse"))
-    reads = {s: dag.free_symbols([e]) for s, e in temps}  # once, for both programs
-    forward_program = _program(temps, [("out", reduced[0])], reads)
+    temp_reads = {s: dag.free_symbols([e]) for s, e in temps}  # once, for both programs
+    forward_program = _program(temps, [("out", reduced[0])], temp_reads)
     owners = [next(g for g in gradients if g.output == k) for k in range(len(backward_exprs))]
-    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])], reads)
+    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])],
+                                temp_reads)
 
     used = {s.name for s in dag.free_symbols(backward_exprs) if s != GRAD}
     reads = tuple(_reads_of(backward_exprs, parsed.inputs, plan.saved_output if plan else None))
