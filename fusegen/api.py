@@ -92,15 +92,18 @@ class Generated:
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
+    from fusegen.ir import limits
     from fusegen.codegen.printer import print_op
-    from fusegen.codegen.render import render
+    from fusegen.codegen.render import HELPERS, render
     from fusegen.ir.spec import auxiliary_specs, differentiate
 
-    parsed = request.parse()                                                    # parse
-    spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
-    auxiliary = auxiliary_specs(spec)                                           # ... again
-    printed = [print_op(_with_c_names(s)) for s in (spec,) + auxiliary]         # print
-    files = render(spec, printed[0], tuple(zip(auxiliary, printed[1:])))        # render
+    with limits.scope(request.name):  # one deadline and graph budget for the whole family
+        parsed = request.parse()                                                    # parse
+        spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
+        auxiliary = auxiliary_specs(spec)                                           # ... again
+        printed = [print_op(_with_c_names(s)) for s in (spec,) + auxiliary]         # print
+        files = render(spec, printed[0], tuple(zip(auxiliary, printed[1:])))        # render
+        limits.check_source(spec.name, files, HELPERS)
     return Generated(spec, files, auxiliary)
 
 

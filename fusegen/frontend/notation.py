@@ -3,9 +3,17 @@ spec.json and the CLI. Not C: that is printer.py's job."""
 
 from __future__ import annotations
 
+import sympy
 from sympy.printing.str import StrPrinter
 
+from fusegen.ir import dag
 from fusegen.ir import primitives as fn
+
+# Longer than this written out (nodes, each path counted), an expression is described, not
+# printed: a graph of 20 shared nodes can be thousands written out (a @fused body of ten
+# lines `y = y*y + 1`), and the code, which shares them, is where to read it.
+MAX_TEXT_NODES = 10_000
+
 # Python precedence levels (higher binds tighter; `&` and `|` bind tighter than `<`).
 _ATOM, _POW, _UNARY, _MUL, _ADD, _AND, _OR, _CMP = 100, 80, 70, 50, 40, 36, 34, 30
 
@@ -74,5 +82,32 @@ class TextPrinter(StrPrinter):
         return "grad" if expr == fn.GRAD else expr.name
 
 
+class _Memo:
+    """A printer that prints children before parents, each distinct node once: `_print` of
+    an argument is then a lookup, so no call nests deeper than one node (no recursion
+    limit at any depth) and a shared node is printed once."""
+
+    def doprint(self, expr, *args, **kwargs):
+        self._memo = {}
+        for node in dag.postorder([expr]):
+            self._memo[node] = self._print(node)
+        return super().doprint(expr, *args, **kwargs)
+
+    def _print(self, expr, **kwargs):
+        memo = getattr(self, "_memo", None)
+        if memo is not None and not kwargs and isinstance(expr, sympy.Basic):
+            hit = memo.get(expr)
+            if hit is not None:
+                return hit
+        return super()._print(expr, **kwargs)
+
+
+class _Text(_Memo, TextPrinter):
+    pass
+
+
 def text(expr) -> str:
-    return TextPrinter({"order": "none"}).doprint(expr)
+    if dag.written_size(expr, MAX_TEXT_NODES) > MAX_TEXT_NODES:
+        return (f"<more than {MAX_TEXT_NODES} operations written out, fewer shared: "
+                "read the code, which shares them>")
+    return _Text({"order": "none"}).doprint(expr)

@@ -124,10 +124,14 @@ def for_c(program, user_names):
     ready for the C printer. The incoming gradient is already `dout` (functions.GRAD)."""
     import sympy
 
+    from fusegen.ir import dag
+
     rename = {sympy.Symbol(n, real=True): sympy.Symbol(value(n), real=True) for n in user_names}
+    exprs = dag.substitute([e for _, e in program.temps] + [e for _, e in program.results], rename)
+    temps = len(program.temps)
     return type(program)(
-        temps=tuple((s, e.xreplace(rename)) for s, e in program.temps),
-        results=tuple((r, e.xreplace(rename)) for r, e in program.results),
+        temps=tuple((s, e) for (s, _), e in zip(program.temps, exprs)),
+        results=tuple((r, e) for (r, _), e in zip(program.results, exprs[temps:])),
     )
 
 

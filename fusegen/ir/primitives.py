@@ -20,6 +20,7 @@ fills 1 there, NaN included). Nothing else is simplified, so `x*0` stays a produ
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,11 +42,37 @@ class Node(sympy.Function):
     # A condition (comparison, and, or): a bool in C, only ever the first argument of Where.
     boolean = False
 
+    def __new__(cls, *args, **options):
+        # One object per distinct node (hash-consing): sympy's own cache forgets after 1000
+        # nodes, and two equal copies of a shared graph compare by walking every path of
+        # both. Interned, equal nodes are the same object and compare at once.
+        key = (cls, args)
+        if options:
+            return super().__new__(cls, *args, **options)
+        node = _INTERNED.get(key)
+        if node is not None:
+            return node
+        if len(args) == cls._nargs[0] and all(isinstance(a, sympy.Basic) for a in args):
+            # What Function.__new__ makes of a node (nothing to evaluate, no evalf: see
+            # _should_evalf), without its per-call bookkeeping (a FiniteSet of the arity,
+            # argument sorting): a tenth of the cost, on the derivation's hottest path.
+            node = sympy.Basic.__new__(cls, *args)
+            node.nargs = _NARGS[cls._nargs[0]]
+        else:
+            node = super().__new__(cls, *args)
+        _INTERNED[key] = node
+        return node
+
     @classmethod
     def _should_evalf(cls, arg):
         return -1  # never replace a node of Float arguments by a number
 
     # Function.eval returns None by default: sympy builds the node as it is.
+
+
+# Every node alive, by (class, arguments): an entry goes when its node does.
+_INTERNED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_NARGS = {n: sympy.FiniteSet(n) for n in (1, 2, 3)}
 
 
 def _node(name: str, nargs: int, user_name: str | None = None, condition: bool = False):
@@ -116,7 +143,9 @@ def number(value: float) -> sympy.Expr:
 
 
 def is_number(expr) -> bool:
-    return isinstance(expr, sympy.Expr) and (expr.is_Number or expr in (sympy.oo, -sympy.oo, sympy.nan))
+    # oo, -oo and nan are singletons: `is`, not `==` (which every node of a large graph pays)
+    return isinstance(expr, sympy.Expr) and (expr.is_Number or expr is sympy.oo or expr is sympy.S.NegativeInfinity
+                                             or expr is sympy.nan)
 
 
 def _value(expr) -> float:
@@ -390,7 +419,13 @@ def _edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+# float32's maximum as numpy prints it (3.4028234663852886e38 exactly, torch.finfo's max):
+# every double up to it rounds to a finite float32 (inf starts halfway to 2**128).
+LITERAL_MAX = 3.4028235e38
+LITERAL_RANGE = "|value| <= 3.4028235e38"
+
+
 def literal_ok(value: float) -> bool:
     """Literals must be finite float32-representable magnitudes: the kernels compute in
     float for fp32/fp16/bf16, and a literal that overflows there is a bug, not a number."""
-    return math.isfinite(value) and abs(value) <= 3.0e38
+    return math.isfinite(value) and abs(value) <= LITERAL_MAX

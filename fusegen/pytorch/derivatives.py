@@ -14,6 +14,7 @@ import sympy
 import torch
 
 from fusegen.pytorch import composite
+from fusegen.ir import dag
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
 from fusegen.pytorch import autograd
@@ -54,7 +55,7 @@ def _backward_info(spec: OpSpec) -> OpInfo:
     dout = sympy.Dummy(names.DOUT)
     return OpInfo(spec.name + names.BACKWARD_SUFFIX, (dout,) + tuple(map(symbol, spec.backward_inputs)),
                   tuple(map(symbol, spec.backward_scalars)),
-                  tuple(e.xreplace({GRAD: dout}) for e in spec.backward_exprs), True)
+                  tuple(dag.substitute(spec.backward_exprs, {GRAD: dout})), True)
 
 
 # -- reduction to an input's shape and dtype, as the C++ runtime's reduce_to_input --------------
@@ -253,7 +254,7 @@ def _composite_jvp(info: OpInfo):
             total = None
             for t, x in zip(tangents, info.tensors):
                 if d[x] != 0:
-                    term = d[x].xreplace({GRAD: t})
+                    (term,) = dag.substitute([d[x]], {GRAD: t})
                     total = term if total is None else fn.add(total, term)
             exprs.append(sympy.Integer(0) if total is None else total)
         return tangents, exprs
