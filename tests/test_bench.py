@@ -284,3 +284,23 @@ def test_a_failing_peer_is_reported_once_and_the_run_goes_on(monkeypatch, tmp_pa
         ("compile", "fwd+bwd", 1 << 12, "RuntimeError: inductor exploded")]
     assert {(r["impl"], r["n"]) for r in result["rows"]} == {("fusegen", n) for n in (1 << 10, 1 << 11, 1 << 12)}
     assert result["summary"] == []  # no peer measured: no ratio
+
+
+def test_interleaved_ms_reverses_the_turns_and_repeats_short_calls_more():
+    """`bench cpu`'s timing: neighbours stay neighbours with neither always first, a short
+    call gets up to 10x the repeats asked for, a long one just those, and the garbage
+    collector is back on afterwards."""
+    import gc
+    import time
+
+    from fusegen.bench.layouts import interleaved_ms
+
+    seen = []
+    fns = {"a": lambda: seen.append("a"), "b": lambda: seen.append("b")}
+    ms = interleaved_ms(fns, reps=3, warm=0, sample_s=1e-9, min_total_s=1.0)
+    calibration = 2 * 11  # one call, then ten more (a short call), each function
+    assert seen[calibration:calibration + 6] == ["a", "b", "b", "a", "a", "b"]
+    assert len(ms["a"]) == len(ms["b"]) == 30 and all(t > 0 for t in ms["a"] + ms["b"])
+    assert gc.isenabled()
+    slow = interleaved_ms({"s": lambda: time.sleep(2e-3)}, reps=3, warm=0, sample_s=1e-9, min_total_s=1e-3)
+    assert len(slow["s"]) == 3 and min(slow["s"]) >= 2.0

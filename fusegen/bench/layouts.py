@@ -15,7 +15,9 @@ interleaved repeats. `layouts`: eager and torch.compile on the layouts real mode
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import statistics
 import time
 
@@ -90,24 +92,51 @@ def run_cpu_fp32(n: int, reps: int):
     return results
 
 
-def interleaved_ms(fns: dict, reps: int, warm: int = 3) -> dict:
+def interleaved_ms(fns: dict, reps: int, warm: int = 3, sample_s: float = 2e-3, min_total_s: float = 0.1) -> dict:
     """Milliseconds of one call of each function, the functions taking turns within every
     repeat, so that a change of the machine's load hits them all alike: {key: [one sample
-    per repeat]}. Small sizes are timed over several calls a sample, about 1 ms."""
+    per repeat]}. A sample is as many back-to-back calls as fill about `sample_s` (a call of
+    a few µs is timed over hundreds), the turn order is reversed every other repeat (a pair
+    of neighbours stays neighbours, and neither always runs first), and short calls get more
+    repeats than `reps`: at least `min_total_s` of samples per function. The garbage
+    collector is off while timing (timeit's habit): a collection landing in one function's
+    sample would decide a ratio at n = 1024."""
     calls = {}
     for key, fn in fns.items():
         for _ in range(warm):
             fn()
         t = time.perf_counter()
         fn()
-        calls[key] = max(1, min(1000, int(1e-3 / max(time.perf_counter() - t, 1e-7))))
-    samples = {key: [] for key in fns}
-    for _ in range(reps):
-        for key, fn in fns.items():
+        per_call = time.perf_counter() - t
+        if per_call < 1e-3:  # short: one call's time is mostly the timer's and the cache's
             t = time.perf_counter()
-            for _ in range(calls[key]):
+            for _ in range(10):
                 fn()
-            samples[key].append((time.perf_counter() - t) * 1e3 / calls[key])
+            per_call = (time.perf_counter() - t) / 10
+        per_call = max(per_call, 1e-7)
+        calls[key] = max(1, min(5000, round(sample_s / per_call)))
+    samples = {key: [] for key in fns}
+    order = list(fns)
+    repeats = reps
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        i = 0
+        while i < repeats:
+            for key in (order if i % 2 == 0 else order[::-1]):
+                fn, count = fns[key], calls[key]
+                t = time.perf_counter()
+                for _ in range(count):
+                    fn()
+                samples[key].append((time.perf_counter() - t) * 1e3 / count)
+            i += 1
+            if i == reps:  # more repeats for short calls, from what the first ones took
+                per_repeat = (time.perf_counter() - start) / reps
+                repeats = max(reps, min(10 * reps, math.ceil(min_total_s * len(order) / max(per_repeat, 1e-9))))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return samples
 
 
@@ -130,14 +159,17 @@ def run_cpu_half(sizes, threads, dtypes, reps: int):
                     xs = [torch.randn(n, dtype=dtype) for _ in range(k)]
                     xg = [x.clone().requires_grad_(True) for x in xs]
                     g = torch.randn(n, dtype=dtype)
+                    # The FusedOp, as a user calls it. Each fusegen function next to its
+                    # eager one: interleaved_ms keeps neighbours neighbours.
                     fns = {}
-                    for impl, fn in (("fusegen", ops[key].op), ("eager", eager)):
-                        fns[f"{impl} fwd"] = lambda fn=fn: fn(*xs)
-                        fns[f"{impl} fwd+bwd"] = _fwd_bwd(fn, xg, g)
+                    for kind in ("fwd", "fwd+bwd"):
+                        for impl, fn in (("fusegen", ops[key]), ("eager", eager)):
+                            fns[f"{impl} {kind}"] = (lambda fn=fn: fn(*xs)) if kind == "fwd" else _fwd_bwd(fn, xg, g)
                     for t in threads:
                         torch.set_num_threads(t)
                         ms = interleaved_ms(fns, reps)
-                        row = {"expr": key, "dtype": str(dtype)[6:], "n": n, "threads": t}
+                        row = {"expr": key, "dtype": str(dtype)[6:], "n": n, "threads": t,
+                               "repeats": len(ms["fusegen fwd"])}
                         row.update({name: statistics.median(v) for name, v in ms.items()})
                         for kind in ("fwd", "fwd+bwd"):
                             row[f"ratio {kind}"] = statistics.median(
@@ -145,8 +177,8 @@ def run_cpu_half(sizes, threads, dtypes, reps: int):
                         rows.append(row)
     finally:
         torch.set_num_threads(saved)
-    table(f"fp16/bf16: fusegen's median ms of {reps} interleaved repeats, and the median of its ratios to eager "
-          "(x*sigmoid(x) against F.silu)",
+    table(f"fp16/bf16: fusegen's median ms of {reps} or more interleaved repeats (more for short calls), and the "
+          "median of its ratios to eager (x*sigmoid(x) against F.silu)",
           ["expression", "dtype", "n", "threads", "fwd", "fwd / eager", "fwd+bwd", "fwd+bwd / eager"],
           [[r["expr"], r["dtype"], f'2^{r["n"].bit_length() - 1}' if r["n"] & (r["n"] - 1) == 0 else str(r["n"]),
             str(r["threads"])] + [x for kind in ("fwd", "fwd+bwd") for x in (

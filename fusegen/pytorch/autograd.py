@@ -103,7 +103,8 @@ def _has_tangent(tensors) -> bool:
 
 
 def eager() -> bool:
-    """Whether a FusedOp call may go straight to the op (api.FusedOp.__call__'s fast path):
+    """Whether a FusedOp call may go straight to the op (api.FusedOp.__call__'s fast path,
+    which spells this condition out in its own frame):
     not traced by torch.compile, no torch.func transform, no forward-mode level. Then `call`
     would call the op as it is, whatever its arguments (a number among the tensors, which
     the op refuses, takes the full path of `as_tensors` and `call`)."""
