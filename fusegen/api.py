@@ -34,7 +34,7 @@ from fusegen.ir import names
 from fusegen.errors import LoadError, SpecError
 
 if TYPE_CHECKING:
-    from fusegen.frontend.parse import Parsed
+    from fusegen.ir.expr import Parsed
     from fusegen.ir.spec import OpSpec
 
 

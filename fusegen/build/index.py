@@ -29,7 +29,7 @@ from pathlib import Path
 
 from fusegen.build import builder as build
 from fusegen.build import cache as _cache
-from fusegen.pytorch.autograd import Member
+from fusegen.ir.family import Member
 from fusegen.files import templates_dir, write_text
 
 _FORMAT = 3  # bump when the entry's fields change
@@ -46,7 +46,7 @@ class Entry:
     backward_kernel: bool     # whether <name>_backward exists
     digest: str               # of the generated files: one name, one expression
     library: build.Library | None
-    family: tuple = ()        # autograd.Member per op of the family (the op, its auxiliary ops)
+    family: tuple = ()        # family.Member per op of the family (the op, its auxiliary ops)
 
 
 @lru_cache(maxsize=None)

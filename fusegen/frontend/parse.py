@@ -10,12 +10,13 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from dataclasses import dataclass
 
 import sympy
 
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
+from fusegen.ir.expr import Parsed, symbol
+from fusegen.ir.names import check_identifier
 from fusegen.errors import ParseError, SpecError
 
 MAX_LENGTH = 4000      # characters of expression text
@@ -35,41 +36,6 @@ _BINOP_SPELLING = {ast.Mod: "%", ast.FloorDiv: "//", ast.MatMult: "@", ast.LShif
                    ast.RShift: ">>", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
 _COMPARE = {ast.Lt: fn.Less, ast.LtE: fn.LessEqual, ast.Gt: fn.Greater, ast.GtE: fn.GreaterEqual,
             ast.Eq: fn.Equal, ast.NotEq: fn.NotEqual}
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """What the parser hands on: the sympy tree and the ordered names it uses."""
-
-    text: str
-    tree: sympy.Expr
-    inputs: tuple[str, ...]
-    scalars: tuple[str, ...]
-
-
-def symbol(name: str) -> sympy.Symbol:
-    return sympy.Symbol(name, real=True)
-
-
-def name_problem(name: object) -> str | None:
-    """Why `name` cannot name an input, scalar or op, or None when it can (names.py)."""
-    return names.name_problem(name)
-
-
-def check_identifier(name: object, what: str) -> str:
-    problem = name_problem(name)
-    if problem:
-        raise SpecError(f"{what} {name!r} {problem}")
-    return name
-
-
-def check_op_name(name: object) -> str:
-    check_identifier(name, "op name")
-    for suffix in names.RESERVED_SUFFIXES:
-        if name.endswith(suffix):
-            raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "
-                            f"got {name!r}")
-    return name
 
 
 class _Converter:
@@ -116,7 +82,7 @@ class _Converter:
         name = node.id
         if name in self.bindings:
             return self.bindings[name]
-        problem = name_problem(name)
+        problem = names.name_problem(name)
         if problem:
             self.fail(node, f"input name '{name}' {problem}")
         if name not in self.seen:

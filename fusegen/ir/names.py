@@ -19,6 +19,8 @@ from __future__ import annotations
 import keyword
 import re
 
+from fusegen.errors import SpecError
+
 # role -> what an identifier `<role>_<name>` holds.
 ROLES = {
     "in": "the value of input or scalar <name>: math parameter, functor member, schema name",
@@ -94,6 +96,22 @@ def name_problem(name: object) -> str | None:
     if name in C_KEYWORDS or keyword.iskeyword(name):
         return "is a C++/CUDA keyword; pick another name"
     return None
+
+
+def check_identifier(name: object, what: str) -> str:
+    problem = name_problem(name)
+    if problem:
+        raise SpecError(f"{what} {name!r} {problem}")
+    return name
+
+
+def check_op_name(name: object) -> str:
+    check_identifier(name, "op name")
+    for suffix in RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "
+                            f"got {name!r}")
+    return name
 
 
 def fresh(base: str, taken) -> str:

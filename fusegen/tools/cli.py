@@ -172,7 +172,7 @@ def _check_overwrite(out_dir: Path, spec):
     scalars) is rewritten in place: a rerun, or a newer fusegen."""
     import json
 
-    from fusegen.frontend import notation
+    from fusegen.ir import notation
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     try:

@@ -79,7 +79,8 @@ def op_files(name: str, auxiliary=()) -> list[str]:
 
 def _read_spec(folder: Path) -> tuple[str, list[str]]:
     """(op name, auxiliary op names) from the folder's spec.json, each value checked."""
-    from fusegen.frontend.parse import check_identifier, check_op_name, reparse
+    from fusegen.frontend.parse import reparse
+    from fusegen.ir.names import check_identifier, check_op_name
 
     path = folder / "spec.json"
     if not os.path.lexists(path):
