@@ -30,6 +30,7 @@ from fusegen.pytorch import autograd as _autograd
 from fusegen.build import builder as _build
 from fusegen.pytorch import decompose as _decompose
 from fusegen.build import index as _index
+from fusegen.build import keys as _keys
 from fusegen.ir import names
 from fusegen.errors import LoadError, SpecError
 
@@ -87,7 +88,7 @@ class Generated:
     @functools.cached_property
     def digest(self) -> str:
         """Of the files: one name, one expression (hashed once, checked and indexed)."""
-        return _index.files_digest(self.files)
+        return _keys.files_digest(self.files)
 
 
 def generate(request: Request) -> Generated:
@@ -368,7 +369,7 @@ def _recorded(requests: list[dict]):
             request = Request(**fields)
         except TypeError:
             continue
-        yield request if _index.request_key(request) == data["_key"] else None
+        yield request if _keys.request_key(request) == data["_key"] else None
 
 
 def _not_found(name: str, total: int, other: bool) -> str:
@@ -409,7 +410,7 @@ def _load_folder(path: Path) -> FusedOp:
                         f"a folder that `fusegen EXPR --name NAME` wrote") from None
     if not isinstance(name, str) or not isinstance(expr, str):
         raise LoadError(f"fusegen.load({str(path)!r}): {folder}/spec.json has no op name and expression")
-    digest = _index.files_digest(files)
+    digest = _keys.files_digest(files)
     with _LOCK:
         known = _OPS.get(name)
         if known is not None and known.entry.digest == digest:
