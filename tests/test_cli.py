@@ -22,7 +22,8 @@ import pytest
 
 from conftest import seed_runtime
 from fusegen.build import builder as build
-from fusegen.tools.cli import _Progress, main
+from fusegen.tools.cli import main
+from fusegen.tools.console import Progress
 from fusegen.errors import BuildError, CompilerError
 
 
@@ -54,7 +55,7 @@ def record(message: str, event: str | None = None) -> logging.LogRecord:
 
 def test_progress_on_a_terminal_is_one_line_per_build():
     stream = io.StringIO()
-    progress = _Progress(live=True, stream=stream)
+    progress = Progress(live=True, stream=stream)
     progress.emit(record("building the fusegen runtime (once per torch version) for CPU", "start"))
     progress.emit(record("building op(s) fma for CPU", "start"))  # nested: the retry after a deleted cache
     progress.emit(record("built op(s) fma in 1.0 s", "done"))
@@ -73,7 +74,7 @@ def test_progress_on_a_terminal_is_one_line_per_build():
 
 def test_progress_elsewhere_is_plain_lines():
     stream = io.StringIO()
-    progress = _Progress(live=False, stream=stream)
+    progress = Progress(live=False, stream=stream)
     progress.emit(record("building op(s) fma for CPU", "start"))
     progress.emit(record("built op(s) fma in 1.0 s", "done"))
     assert stream.getvalue() == "building op(s) fma for CPU...\nbuilt op(s) fma in 1.0 s\n"
@@ -82,7 +83,7 @@ def test_progress_elsewhere_is_plain_lines():
 def test_install_and_uninstall_restore_the_logger():
     logger = logging.getLogger("fusegen")
     before = (logger.level, logger.propagate, list(logger.handlers))
-    progress = _Progress.install()
+    progress = Progress.install()
     assert logger.level == logging.INFO and progress in logger.handlers and not logger.propagate
     progress.uninstall()
     assert (logger.level, logger.propagate, list(logger.handlers)) == before

@@ -2,8 +2,8 @@
 transposed, sliced) on the GPU or the CPU. The SwiGLU halves and the FFN block are
 bench_ffn.py's (`fusegen bench ffn`).
 
-    python -m fusegen.bench.core cpu [--n 16777216] [--reps 15] [--json out.json]
-    python -m fusegen.bench.core layouts [--n 67108864] [--dtypes float32,bfloat16] [--json out.json]
+    fusegen bench cpu [--n 16777216] [--reps 15] [--json out.json]
+    fusegen bench layouts [--n 67108864] [--dtypes float32,bfloat16] [--json out.json]
 
 `cpu`: fusegen against eager, torch.compile (inductor's C++ backend) and numexpr (where
 installed), fp32, forward and forward+backward, medians of wall time. `layouts`: eager and
@@ -136,7 +136,7 @@ def run_layouts(n: int, dtypes, reps: int, out_json: str | None):
 
 def main(argv):
     mode, rest = argv[0], argv[1:]
-    p = argparse.ArgumentParser(prog=f"python -m fusegen.bench.core {mode}")
+    p = argparse.ArgumentParser(prog=f"fusegen bench {mode}")
     p.add_argument("--n", type=int, default=1 << 24 if mode == "cpu" else 1 << 26)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--dtypes", default="float32,bfloat16")

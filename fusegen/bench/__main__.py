@@ -1,0 +1,5 @@
+import sys
+
+from fusegen.bench.command import main
+
+sys.exit(main())
