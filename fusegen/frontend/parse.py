@@ -1,7 +1,7 @@
 """The only reader of user text.
 
 An expression is parsed with `ast.parse(mode="eval")` and walked against an allowlist
-of node types and function names (see functions.py). Nothing the user wrote is ever
+of node types and function names (see ir/primitives.py). Nothing the user wrote is ever
 evaluated: no eval, exec, sympify or parse_expr. Names become real sympy symbols.
 """
 
@@ -24,7 +24,7 @@ MAX_DEPTH = 48         # nesting depth of the syntax tree
 MAX_NODES = 2000       # syntax nodes in one expression
 MAX_INT = 2 ** 53      # integer literals beyond this are not exact in double anyway
 
-# Python's operators on tensors, one eager op each (functions.py keeps them as written).
+# Python's operators on tensors, one eager op each (ir/primitives.py keeps them as written).
 _BINOPS = {
     ast.Add: fn.add,
     ast.Sub: fn.sub,

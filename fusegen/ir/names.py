@@ -139,7 +139,7 @@ def role(role_name: str, name: str) -> str:
 
 def for_c(program, user_names):
     """`program` (a spec.Program) with every user name renamed to its C name (`x` -> `in_x`),
-    ready for the C printer. The incoming gradient is already `dout` (functions.GRAD)."""
+    ready for the C printer. The incoming gradient is already `dout` (primitives.GRAD)."""
     import sympy
 
     rename = {sympy.Symbol(n, real=True): sympy.Symbol(value(n), real=True) for n in user_names}
