@@ -294,8 +294,11 @@ def load_requests(pending: list[tuple[Request, Generated | None]]):
     with _LOCK:
         todo = []
         for request, generated in pending:
-            if cached(request) is None:
+            op = cached(request)
+            if op is None:
                 todo.append((request, generated or generate(request)))
+            elif generated is not None and op._generated is None:
+                op._generated = generated  # found in the index: these are its files, no need to derive them again
         for (request, _), op in zip(todo, load_generated([g for _, g in todo])):
             _index.record(request, op.entry)
             _MEMO[request] = op

@@ -5,6 +5,7 @@ and the tolerances. CPU and CUDA tests import these; nothing else defines them."
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # assert_close tolerances for the dtypes fusegen must match to rounding.
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-5)}
@@ -33,6 +34,19 @@ def forward_backward(f, tensors, scalars=(), grad=None, grad_seed=7, requires=No
     wrt = [t for t in leaves if t.requires_grad]
     grads = torch.autograd.grad(out, wrt, grad, allow_unused=True) if wrt else []
     return out.detach(), [gr if gr is not None else torch.zeros_like(t) for gr, t in zip(grads, wrt)]
+
+
+class FusegenCalls(TorchDispatchMode):
+    """Records the fusegen ops that run (below autograd, so the kernels), in order: `names`."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "fusegen":
+            self.names.append(func._opname)
+        return func(*args, **(kwargs or {}))
 
 
 def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -185,3 +185,14 @@ def test_build_pending_builds_now_and_a_failed_build_keeps_them_waiting(own_cach
     assert later._op is not None
     x = torch.randn(5, dtype=torch.float64)
     torch.testing.assert_close(later(x), torch.sigmoid(x) * x)
+
+
+def test_an_op_found_in_the_index_keeps_the_files_at_hand(corpus_ops, monkeypatch):
+    """load_requests given a request's generated files (the CLI has them) and finding its op
+    in the index: the op takes those files, so its spec is not derived again."""
+    op, request = corpus_ops["cp_fma"], _request(corpus_ops)
+    found = api.FusedOp(op.entry, request=request)  # as a lookup in the index makes it: no spec yet
+    monkeypatch.setattr(api, "cached", lambda r: found)
+    monkeypatch.setattr(api, "generate", lambda r: pytest.fail("the spec was derived again"))
+    api.load_requests([(request, op.generated)])
+    assert found.spec is op.spec and found.files is op.files

@@ -137,6 +137,13 @@ def sample(names, seed: int, n: int = 256) -> dict[str, torch.Tensor]:
     return values
 
 
+def op_of(random_ops, index: int):
+    op = random_ops[index]
+    if isinstance(op, Exception):
+        pytest.fail(f"fusegen could not make {BATCH[index]!r}: {type(op).__name__}: {op}")
+    return op
+
+
 def compare_points(got_out, got_grads, want_out, want_grads, alt_out, alt_grads, tensors, text) -> list[str]:
     """mismatches (tests/helpers.py) of the forward and every gradient; the sign of a zero is
     not compared here, and `where`'s unchosen branch may keep a finite gradient."""
@@ -151,10 +158,7 @@ def compare_points(got_out, got_grads, want_out, want_grads, alt_out, alt_grads,
 
 @pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
 def test_random_expression_matches_eager(random_ops, index):
-    text = BATCH[index]
-    op = random_ops[index]
-    if isinstance(op, Exception):
-        pytest.fail(f"fusegen could not make {text!r}: {type(op).__name__}: {op}")
+    text, op = BATCH[index], op_of(random_ops, index)
     tensors = sample(list(op.spec.inputs), seed=index)
     got_out, got_grads = forward_backward_named(op, tensors)
 
@@ -197,10 +201,7 @@ def second_order(f, tensors):
 @pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
 def test_random_expression_second_order_matches_eager(random_ops, index):
     """The fused double backward (<name>_grad2_backward) against eager's, at ordinary values."""
-    text = BATCH[index]
-    op = random_ops[index]
-    if isinstance(op, Exception):
-        pytest.fail(f"fusegen could not make {text!r}: {type(op).__name__}: {op}")
+    text, op = BATCH[index], op_of(random_ops, index)
     tensors = {k: t[:256] for k, t in sample(list(op.spec.inputs), seed=index).items()}
     got = second_order(op, tensors)
     want = second_order(lambda **kw: evaluate_text(text, kw), tensors)
