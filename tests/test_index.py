@@ -191,8 +191,9 @@ def test_an_op_found_in_the_index_keeps_the_files_at_hand(corpus_ops, monkeypatc
     """load_requests given a request's generated files (the CLI has them) and finding its op
     in the index: the op takes those files, so its spec is not derived again."""
     op, request = corpus_ops["cp_fma"], _request(corpus_ops)
+    generated = op.generated
     found = api.FusedOp(op.entry, request=request)  # as a lookup in the index makes it: no spec yet
     monkeypatch.setattr(api, "cached", lambda r: found)
     monkeypatch.setattr(api, "generate", lambda r: pytest.fail("the spec was derived again"))
-    api.load_requests([(request, op.generated)])
-    assert found.spec is op.spec and found.files is op.files
+    api.load_requests([(request, generated)])
+    assert found.generated is generated

@@ -1,5 +1,6 @@
 """Every corpus op against its hand-written eager oracle, forward and backward, over
-sizes, views, dtypes and broadcasting."""
+sizes, views, dtypes and broadcasting: values, shapes and dtypes (strides and memory
+formats are test_layouts.py's)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ MULTI_INPUT = [c for c in NON_BROADCAST if len(c.domains) >= 2]
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("case", CORPUS, ids=repr)
 def test_corpus_matches_eager(corpus_ops, case, n, dtype):
-    compare(corpus_ops[case.name], case.eager, case.sample(n, dtype, seed=n), dtype, case.scalar_values, what=case.name)
+    compare(corpus_ops[case.name], case.eager, case.sample(n, dtype, seed=n), dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 def _views(case: Case, kind: str, dtype):
@@ -40,7 +42,8 @@ def _views(case: Case, kind: str, dtype):
 def test_views(corpus_ops, case, kind, dtype):
     tensors = _views(case, kind, dtype)
     assert not all(t.is_contiguous() for t in tensors) or kind == "slice"
-    compare(corpus_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name)
+    compare(corpus_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
@@ -51,14 +54,16 @@ def test_broadcast_gradients_sum_back(corpus_ops, case, dtype):
     n, m = 33, 4
     shapes = [(m, n), (1, n), (n,)][: len(case.domains)][::-1]  # the small ones first, too
     tensors = case.sample(0, dtype, shapes=shapes)
-    compare(corpus_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name)
+    compare(corpus_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 def test_broadcast_scalar_shaped_tensor(corpus_ops):
     """A 0-d tensor broadcasts against everything."""
     case = next(c for c in CORPUS if c.name == "cp_fma")
     a, b, c = case.sample(0, torch.float64, shapes=[(), (5, 6), (6,)])
-    compare(corpus_ops[case.name], case.eager, [a, b, c], torch.float64, case.scalar_values, what=case.name)
+    compare(corpus_ops[case.name], case.eager, [a, b, c], torch.float64, case.scalar_values, what=case.name,
+            layout=False)
 
 
 # -- dtypes ----------------------------------------------------------------------------------

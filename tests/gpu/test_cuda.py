@@ -40,14 +40,16 @@ def on_cuda(case, n, dtype, seed=0, shapes=None):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("case", SEEDS, ids=repr)
 def test_seed_forward_backward(cuda_ops, case, n, dtype):
-    compare(cuda_ops[case.name], case.eager, on_cuda(case, n, dtype, seed=n), dtype, case.scalar_values, what=case.name)
+    compare(cuda_ops[case.name], case.eager, on_cuda(case, n, dtype, seed=n), dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16],
                          ids=["f64", "f32", "bf16", "f16"])
 @pytest.mark.parametrize("case", CORPUS, ids=repr)
 def test_corpus_on_cuda(cuda_ops, case, dtype):
-    compare(cuda_ops[case.name], case.eager, on_cuda(case, 4099, dtype, seed=1), dtype, case.scalar_values, what=case.name)
+    compare(cuda_ops[case.name], case.eager, on_cuda(case, 4099, dtype, seed=1), dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16],
@@ -64,22 +66,27 @@ def test_misaligned_views(cuda_ops, case, which, dtype):
     pick = {"all": range(k), "first": [0], "last": [k - 1]}[which]
     tensors = [shifted[j] if j in pick else aligned[j] for j in range(k)]
     assert any(t.data_ptr() % 16 for t in tensors)
-    compare(cuda_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name)
+    compare(cuda_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("case", SEEDS, ids=repr)
 def test_transposed_and_expanded(cuda_ops, case):
     m, n = 67, 129
     tensors = [t.t() for t in on_cuda(case, 0, torch.float32, shapes=[(n, m)] * len(case.domains))]
-    compare(cuda_ops[case.name], case.eager, tensors, torch.float32, case.scalar_values, what=case.name)
+    compare(cuda_ops[case.name], case.eager, tensors, torch.float32, case.scalar_values, what=case.name,
+            layout=False)
     row = on_cuda(case, 0, torch.float32, shapes=[(1, n)] + [(m, n)] * (len(case.domains) - 1))
-    compare(cuda_ops[case.name], case.eager, [row[0].expand(m, n)] + row[1:], torch.float32, case.scalar_values, what=case.name)
-    compare(cuda_ops[case.name], case.eager, row, torch.float32, case.scalar_values, what=case.name)  # broadcast, summed back
+    compare(cuda_ops[case.name], case.eager, [row[0].expand(m, n)] + row[1:], torch.float32, case.scalar_values, what=case.name,
+            layout=False)
+    compare(cuda_ops[case.name], case.eager, row, torch.float32, case.scalar_values, what=case.name,
+            layout=False)  # broadcast, summed back
 
 
 def test_broadcast_case(cuda_ops):
     case = BY_NAME["cp_bias_gelu"]
-    compare(cuda_ops[case.name], case.eager, on_cuda(case, 1000, torch.float32), torch.float32, case.scalar_values, what=case.name)
+    compare(cuda_ops[case.name], case.eager, on_cuda(case, 1000, torch.float32), torch.float32, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("name", ["cp_gelu_tanh", "cp_relu_add", "cp_add_mul", "cp_mul_sub"])
@@ -146,7 +153,8 @@ def test_unrolled_kernel_tails(cuda_ops, name, dtype, n):
     """Sizes around the kernels' chunks (kThreads x kUnroll vectors) and a full wave: the
     unrolled loop, the partial chunk and the scalar tail."""
     case = BY_NAME[name]
-    compare(cuda_ops[name], case.eager, on_cuda(case, n, dtype, seed=n % 97), dtype, case.scalar_values, what=case.name)
+    compare(cuda_ops[name], case.eager, on_cuda(case, n, dtype, seed=n % 97), dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 def test_saved_output_in_place_check_cuda(cuda_ops):
