@@ -30,6 +30,7 @@ from fusegen.pytorch import autograd as _autograd
 from fusegen.build import builder as _build
 from fusegen.pytorch import decompose as _decompose
 from fusegen.build import index as _index
+from fusegen.build import keys as _keys
 from fusegen.ir import names
 from fusegen.errors import LoadError, SpecError
 
@@ -39,7 +40,7 @@ _functorch_active = _autograd._functorch_active
 _forward_ad = _autograd.forward_ad
 
 if TYPE_CHECKING:
-    from fusegen.frontend.parse import Parsed
+    from fusegen.ir.expr import Parsed
     from fusegen.ir.spec import OpSpec
 
 
@@ -92,7 +93,7 @@ class Generated:
     @functools.cached_property
     def digest(self) -> str:
         """Of the files: one name, one expression (hashed once, checked and indexed)."""
-        return _index.files_digest(self.files)
+        return _keys.files_digest(self.files)
 
 
 def generate(request: Request) -> Generated:
@@ -303,8 +304,11 @@ def load_requests(pending: list[tuple[Request, Generated | None]]):
     with _LOCK:
         todo = []
         for request, generated in pending:
-            if cached(request) is None:
+            op = cached(request)
+            if op is None:
                 todo.append((request, generated or generate(request)))
+            elif generated is not None and op._generated is None:
+                op._generated = generated  # found in the index: these are its files, no need to derive them again
         for (request, _), op in zip(todo, load_generated([g for _, g in todo])):
             _index.record(request, op.entry)
             _MEMO[request] = op
@@ -378,7 +382,7 @@ def _recorded(requests: list[dict]):
             request = Request(**fields)
         except TypeError:
             continue
-        yield request if _index.request_key(request) == data["_key"] else None
+        yield request if _keys.request_key(request) == data["_key"] else None
 
 
 def _not_found(name: str, total: int, other: bool) -> str:
@@ -419,7 +423,7 @@ def _load_folder(path: Path) -> FusedOp:
                         f"a folder that `fusegen EXPR --name NAME` wrote") from None
     if not isinstance(name, str) or not isinstance(expr, str):
         raise LoadError(f"fusegen.load({str(path)!r}): {folder}/spec.json has no op name and expression")
-    digest = _index.files_digest(files)
+    digest = _keys.files_digest(files)
     with _LOCK:
         known = _OPS.get(name)
         if known is not None and known.entry.digest == digest:

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from fusegen.ir import primitives as fn
-from fusegen.frontend.parse import parse, symbol
+from fusegen.frontend.parse import parse
+from fusegen.ir.expr import symbol
 from fusegen.ir.spec import GRAD, differentiate
 
 from helpers import TOL

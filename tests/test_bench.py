@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fusegen.bench import core as bench
+from fusegen.bench.command import main as bench_main
 
 from fusegen.bench import report as bench_report
 from fusegen.api import Request, generate
@@ -64,11 +65,11 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys, tmp_pa
     """Measuring goes on without the plot (GPU time is what costs); a report has nothing else to do."""
     monkeypatch.setattr(bench_report, "pyplot", lambda: None)
     out, png = tmp_path / "b.json", tmp_path / "p.png"
-    assert bench.main(["a*b+c", "--device", "cpu", "--sizes", "2^10", "--impls", "fusegen", "--no-host",
+    assert bench_main(["a*b+c", "--device", "cpu", "--sizes", "2^10", "--impls", "fusegen", "--no-host",
                        "--budget", "0.001", "--json", str(out), "--plot", str(png)]) == 0
     assert "pip install 'fusegen[bench]'" in capsys.readouterr().err
     assert out.is_file() and not png.exists()
-    assert bench.main(["--report", str(out), "--plot", str(png)]) == 2
+    assert bench_main(["--report", str(out), "--plot", str(png)]) == 2
     assert "pip install 'fusegen[bench]'" in capsys.readouterr().err
 
 
@@ -93,7 +94,7 @@ def test_bench_cpu_has_fp16_bf16_rows_against_eager(tmp_path, capsys):
 def test_bench_on_the_cpu_writes_every_field(tmp_path, capsys):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     plot = ["--plot", str(png)] if bench_report.pyplot() is not None else []
-    code = bench.main(["a*b+c", "relu(x+y)", "--device", "cpu", "--sizes", "2^10,2^12", "--dtypes", "fp32,bf16",
+    code = bench_main(["a*b+c", "relu(x+y)", "--device", "cpu", "--sizes", "2^10,2^12", "--dtypes", "fp32,bf16",
                        "--impls", "fusegen,eager,jiterator,cupy", "--budget", "0.001", "--json", str(out), *plot])
     assert code == 0
     result = json.loads(out.read_text())
@@ -143,7 +144,7 @@ def test_bench_on_the_cpu_writes_every_field(tmp_path, capsys):
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the tables again from the JSON alone, measuring nothing
-    assert bench.main(["--report", str(out)]) == 0
+    assert bench_main(["--report", str(out)]) == 0
     assert "| expr | fusegen | eager | fusegen / best peer |" in capsys.readouterr().out
 
 
@@ -214,7 +215,7 @@ def test_many_warnings_are_counted_not_listed(capsys):
 
 def test_ffn_on_the_cpu(tmp_path, capsys):
     out = tmp_path / "ffn.json"
-    assert bench.main(["ffn", "--device", "cpu", "--tokens", "16", "--dim", "8", "--hidden", "16", "--dtypes", "fp32",
+    assert bench_main(["ffn", "--device", "cpu", "--tokens", "16", "--dim", "8", "--hidden", "16", "--dtypes", "fp32",
                        "--impls", "fusegen,eager,functional,liger", "--directions", "fwd,fwd+bwd", "--reps", "2",
                        "--json", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -276,7 +277,7 @@ def test_a_failing_peer_is_reported_once_and_the_run_goes_on(monkeypatch, tmp_pa
 
     monkeypatch.setattr(bench, "build_impls", with_a_broken_peer)
     out = tmp_path / "b.json"
-    assert bench.main(["a*b+c", "--device", "cpu", "--sizes", "2^10,2^11,2^12", "--dtypes", "fp32",
+    assert bench_main(["a*b+c", "--device", "cpu", "--sizes", "2^10,2^11,2^12", "--dtypes", "fp32",
                        "--impls", "fusegen,compile", "--no-host", "--budget", "0.001", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert [(s["impl"], s["direction"], s["n"], s["reason"]) for s in result["skipped"]] == [

@@ -24,6 +24,7 @@ from torch._dynamo.backends.common import aot_autograd
 import fusegen
 from fusegen.pytorch import decompose
 from fusegen.errors import SpecError
+from helpers import forward_backward
 
 GELU = "0.5*x*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))"
 KINKS = "relu(x) + abs(y) + slope*maximum(x, y) + where(y > 0, log(y), y)"
@@ -71,8 +72,9 @@ def _block_inputs(dtype=torch.float64):
 
 
 def _forward_backward(f, inputs):
-    out = f(*inputs)
-    return [out, *torch.autograd.grad(out, inputs, torch.ones_like(out))]
+    """[out, *gradients] for grad = 1 (helpers.forward_backward, flattened for zip)."""
+    out, grads = forward_backward(f, inputs, grad=1.0)
+    return [out, *grads]
 
 
 def _block(act):

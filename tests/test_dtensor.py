@@ -63,7 +63,7 @@ def test_a_failed_registration_warns(monkeypatch):
     """A torch whose private DTensor API moved: a warning naming the op, never an error in
     `fuse` or in `import torch.distributed.tensor` (where the import hook registers)."""
     from fusegen.pytorch import dtensor
-    from fusegen.pytorch.autograd import Member
+    from fusegen.ir.family import Member
 
     def moved(members):
         raise AttributeError("module 'torch.distributed.tensor._ops.utils' has no attribute 'register_op_strategy'")

@@ -12,9 +12,9 @@ import warnings
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from corpus import BY_NAME, CORPUS, SEEDS
+from helpers import FusegenCalls
 
 
 def _args(case, n=6, seed=3, dtype=torch.float64, grad=True):
@@ -257,23 +257,10 @@ def test_aux_op_names_are_reserved():
             fusegen.fuse("x*2", name="mine" + suffix)
 
 
-class _FusegenOps(TorchDispatchMode):
-    """Records the fusegen ops that run (below autograd)."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "fusegen":
-            self.names.append(func._opname)
-        return func(*args, **(kwargs or {}))
-
-
 def test_double_backward_is_fused_one_op(corpus_ops):
     """Double backward of <name>_backward runs <name>_grad2_backward once: no composite."""
     a, b, c = (torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    with _FusegenOps() as ops:
+    with FusegenCalls() as ops:
         ga, gb, gc = torch.autograd.grad(corpus_ops["cp_fma"](a, b, c).sum(), (a, b, c), create_graph=True)
         torch.autograd.grad((ga * gb).sum(), (a, b))
     assert ops.names == ["cp_fma", "cp_fma_backward", "cp_fma_grad2_backward"]

@@ -31,8 +31,9 @@ from fusegen.api import Request, _with_c_names, generate
 from fusegen.tools.cli import main
 from fusegen.errors import FusegenError, LimitError, ParseError, SpecError
 from fusegen.files import write
-from fusegen.frontend.notation import MAX_TEXT_NODES, text
-from fusegen.frontend.parse import MAX_OP_NAME, parse
+from fusegen.ir.notation import MAX_TEXT_NODES, text
+from fusegen.frontend.parse import parse
+from fusegen.ir.names import MAX_OP_NAME
 from fusegen.codegen.printer import print_op
 from fusegen.codegen.render import HELPERS, render
 from fusegen.ir.spec import GRAD, auxiliary_specs, differentiate

@@ -15,7 +15,8 @@ from fusegen.ir import primitives as fn
 from fusegen.ir import names
 from fusegen.api import Request, fuse_many
 from fusegen.errors import FusegenError, SpecError
-from fusegen.frontend.parse import parse, symbol
+from fusegen.frontend.parse import parse
+from fusegen.ir.expr import symbol
 from fusegen.codegen.printer import print_program
 from fusegen.ir.spec import GRAD, default_name, differentiate
 

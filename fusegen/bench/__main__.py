@@ -2,6 +2,6 @@
 
 import sys
 
-from fusegen.bench.core import main
+from fusegen.bench.command import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""Build-latency benchmark: `python -m fusegen.bench build [--json out.json]`.
+"""Build-latency benchmark: `fusegen bench build [--json out.json]`.
 
 Every step runs in a fresh process (torch imported before the clock starts) against a
 fresh cache folder, and reports wall seconds and CPU seconds (the process and the compilers
@@ -114,7 +114,7 @@ def run_step(step: str, cache: str, inductor: str) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fusegen.bench build", description=__doc__,
+    p = argparse.ArgumentParser(prog="fusegen bench build", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile's first-call times")

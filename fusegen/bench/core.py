@@ -3,13 +3,13 @@
     fusegen bench                              # the seed ops, fp32/bf16/fp16, 2^12..2^28 (CPU: ..2^20)
     fusegen bench "a*b+c" "x*tanh(x)"          # any expressions
     fusegen bench --quick --json b.json --plot b.png   # also: python -m fusegen.bench
-    fusegen bench ffn                          # the FFN block and SwiGLU/GeGLU (bench_ffn.py)
+    fusegen bench ffn                          # the FFN block and SwiGLU/GeGLU (ffn.py)
     fusegen bench build | cpu | layouts | gp   # build latency, CPU kernels, layouts, gradient penalty
-    fusegen bench compile                      # fusion across a fused op under torch.compile (bench_compile.py)
+    fusegen bench compile                      # fusion across a fused op under torch.compile (compile.py)
 
 For each expression, dtype and size: the median time of one call, forward and
 forward+backward (`torch.autograd.grad` of every input), of each implementation
-(bench_peers.py), with CUDA events after warm-up. Small sizes would sit in L2 between
+(peers.py), with CUDA events after warm-up. Small sizes would sit in L2 between
 calls, so each timed sample runs the call over a rotation of input sets that together hold
 more than twice the L2 cache. Beside each time: the effective bandwidth (the bytes an ideal
 fused kernel moves, `moved_tensors`, over the time) as a % of a device-to-device copy of
@@ -61,7 +61,6 @@ QUICK_BUDGET = {"cuda": 0.04, "cpu": 0.02}
 DEFAULT_DTYPES = "fp32,bf16,fp16"
 L2_MULTIPLE = 2          # a rotation of input sets holds this many times the L2 cache
 MAX_SETS = 64
-SUBCOMMANDS = ("build", "cpu", "layouts", "gp", "ffn", "compile")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -595,12 +594,12 @@ def run_gp(batch: int, width: int, dtypes, out_json: str | None):
 
 # -- the command ------------------------------------------------------------------------------
 
-def _parser():
-    from fusegen.tools.cli import _Parser
+def _parser(subcommands):
+    from fusegen.tools.console import Parser
 
-    p = _Parser(prog="fusegen bench", description=__doc__.splitlines()[0],
-                epilog=f"subcommands: fusegen bench {{{','.join(SUBCOMMANDS)}}} ...; to bench an expression "
-                       "spelled like one, write it in parentheses: fusegen bench \"(build)\"")
+    p = Parser(prog="fusegen bench", description=__doc__.splitlines()[0],
+               epilog=f"subcommands: fusegen bench {{{','.join(subcommands)}}} ...; to bench an expression "
+                      "spelled like one, write it in parentheses: fusegen bench \"(build)\"")
     p.add_argument("exprs", nargs="*", metavar="EXPR", help="expressions (default: the seed ops: "
                    + ", ".join(f"{k} {v}" for k, v in list(SEEDS.items())[:4]) + ", gelu_tanh)")
     p.add_argument("--dtypes", type=name_list("dtype", DTYPES), default=None,
@@ -633,9 +632,10 @@ def _parser():
     return p
 
 
-def bench_main(argv) -> int:
+def bench_main(argv, subcommands=()) -> int:
+    """`fusegen bench [EXPR ...]`; `subcommands`, the other first words (command.py), for --help."""
     from fusegen.bench import report as bench_report
-    args = _parser().parse_args(argv)
+    args = _parser(subcommands).parse_args(argv)
     if args.plot and bench_report.pyplot() is None:
         missing = "--plot needs matplotlib: pip install 'fusegen[bench]' (or pip install matplotlib)"
         if args.report:
@@ -676,7 +676,7 @@ def plan(args, device: str) -> tuple[list[int], list[str], float]:
 
 def _measure(args) -> dict | None:
     from fusegen.bench import report as bench_report
-    from fusegen.tools.cli import _Progress
+    from fusegen.tools.console import Progress
     from fusegen.errors import FusegenError
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -689,7 +689,7 @@ def _measure(args) -> dict | None:
     print(f"fusegen bench on {info['name']} ({device}), torch {info['torch']}: {len(args.exprs) or len(SEEDS)} "
           f"expression(s), {', '.join(map(dtype_name, dtypes))}, sizes {', '.join(map(str, sizes))}", flush=True)
     start = time.perf_counter()
-    building = _Progress.install()  # the build's progress lines, as `fusegen EXPR` shows them
+    building = Progress.install()  # the build's progress lines, as `fusegen EXPR` shows them
     try:
         cases = make_cases(args.exprs)
     except FusegenError as err:
@@ -706,33 +706,3 @@ def _measure(args) -> dict | None:
     if args.json:
         write_text(args.json, json.dumps(result, indent=1))
     return result
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["build"]:  # build latency: fusegen/bench/build.py
-        from fusegen.bench import build as bench_build
-        return bench_build.main(argv[1:]) or 0
-    if argv[:1] in (["cpu"], ["layouts"]):
-        from fusegen.bench import layouts as bench_layouts
-        bench_layouts.main(argv)
-        return 0
-    if argv[:1] == ["ffn"]:
-        from fusegen.bench import ffn as bench_ffn
-        return bench_ffn.main(argv[1:])
-    if argv[:1] == ["compile"]:  # fusion across a fused op under torch.compile
-        from fusegen.bench import compile as bench_compile
-        bench_compile.main(argv[1:])
-        return 0
-    if argv[:1] == ["gp"]:  # gradient-penalty training step
-        p = argparse.ArgumentParser(prog="fusegen bench gp",
-                                    description="a gradient-penalty training step, fusegen vs eager")
-        p.add_argument("--batch", type=int, default=4096)
-        p.add_argument("--width", type=int, default=4096)
-        p.add_argument("--dtypes", default="float32")
-        p.add_argument("--json", help="write all rows to this file")
-        args = p.parse_args(argv[1:])
-        run_gp(args.batch, args.width, [getattr(torch, d) for d in args.dtypes.split(",")], args.json)
-        return 0
-    return bench_main(argv)
-

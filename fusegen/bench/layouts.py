@@ -2,9 +2,9 @@
 transposed, sliced) on the GPU or the CPU. The SwiGLU halves and the FFN block are
 bench_ffn.py's (`fusegen bench ffn`).
 
-    python -m fusegen.bench cpu [--n 16777216] [--reps 15] [--dtypes float32,float16,bfloat16]
-                                [--sizes 2^10,2^16,2^20,2^24] [--threads 1,2] [--json out.json]
-    python -m fusegen.bench layouts [--n 67108864] [--dtypes float32,bfloat16] [--json out.json]
+    fusegen bench cpu [--n 16777216] [--reps 15] [--dtypes float32,float16,bfloat16]
+                            [--sizes 2^10,2^16,2^20,2^24] [--threads 1,2] [--json out.json]
+    fusegen bench layouts [--n 67108864] [--dtypes float32,bfloat16] [--json out.json]
 
 `cpu`: fusegen against eager, torch.compile (inductor's C++ backend) and numexpr (where
 installed), fp32, forward and forward+backward, medians of wall time; in fp16 and bf16,
@@ -254,7 +254,7 @@ def run_layouts(n: int, dtypes, reps: int, out_json: str | None):
 
 def main(argv):
     mode, rest = argv[0], argv[1:]
-    p = argparse.ArgumentParser(prog=f"python -m fusegen.bench {mode}")
+    p = argparse.ArgumentParser(prog=f"fusegen bench {mode}")
     p.add_argument("--n", type=int, default=1 << 24 if mode == "cpu" else 1 << 26)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--dtypes", default="float32,float16,bfloat16" if mode == "cpu" else "float32,bfloat16")

@@ -18,7 +18,7 @@ from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
 from fusegen.ir import primitives as fn
-from fusegen.frontend.notation import _Memo
+from fusegen.ir.notation import _Memo
 from fusegen.ir.spec import OpSpec, Program
 
 COMPUTE_TYPES = {"float": float32, "double": float64}

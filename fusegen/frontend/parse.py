@@ -1,7 +1,7 @@
 """The only reader of user text.
 
 An expression is parsed with `ast.parse(mode="eval")` and walked against an allowlist
-of node types and function names (see functions.py). Nothing the user wrote is ever
+of node types and function names (see ir/primitives.py). Nothing the user wrote is ever
 evaluated: no eval, exec, sympify or parse_expr. Names become real sympy symbols.
 """
 
@@ -10,22 +10,22 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from dataclasses import dataclass
 
 import sympy
 
 from fusegen.ir import dag
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
+from fusegen.ir.expr import Parsed, symbol
+from fusegen.ir.names import check_identifier
 from fusegen.errors import ParseError, SpecError
 
 MAX_LENGTH = 4000      # characters of expression text
 MAX_DEPTH = 48         # nesting depth of the syntax tree
 MAX_NODES = 2000       # syntax nodes in one expression
 MAX_INT = 2 ** 53      # integer literals beyond this are not exact in double anyway
-MAX_OP_NAME = 100      # characters: <name>_grad2.cpp and the cache's file names stay far below 255
 
-# Python's operators on tensors, one eager op each (functions.py keeps them as written).
+# Python's operators on tensors, one eager op each (ir/primitives.py keeps them as written).
 _BINOPS = {
     ast.Add: fn.add,
     ast.Sub: fn.sub,
@@ -37,44 +37,6 @@ _BINOP_SPELLING = {ast.Mod: "%", ast.FloorDiv: "//", ast.MatMult: "@", ast.LShif
                    ast.RShift: ">>", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^"}
 _COMPARE = {ast.Lt: fn.Less, ast.LtE: fn.LessEqual, ast.Gt: fn.Greater, ast.GtE: fn.GreaterEqual,
             ast.Eq: fn.Equal, ast.NotEq: fn.NotEqual}
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """What the parser hands on: the sympy tree and the ordered names it uses."""
-
-    text: str
-    tree: sympy.Expr
-    inputs: tuple[str, ...]
-    scalars: tuple[str, ...]
-
-
-def symbol(name: str) -> sympy.Symbol:
-    return sympy.Symbol(name, real=True)
-
-
-def name_problem(name: object) -> str | None:
-    """Why `name` cannot name an input, scalar or op, or None when it can (names.py)."""
-    return names.name_problem(name)
-
-
-def check_identifier(name: object, what: str) -> str:
-    problem = name_problem(name)
-    if problem:
-        raise SpecError(f"{what} {name!r} {problem}")
-    return name
-
-
-def check_op_name(name: object) -> str:
-    check_identifier(name, "op name")
-    if len(name) > MAX_OP_NAME:
-        raise SpecError(f"op name too long ({len(name)} characters, limit {MAX_OP_NAME}): it names "
-                        f"files (<name>_grad2.cpp, ...); got {name[:40]}...")
-    for suffix in names.RESERVED_SUFFIXES:
-        if name.endswith(suffix):
-            raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "
-                            f"got {name!r}")
-    return name
 
 
 class _Converter:
@@ -124,7 +86,7 @@ class _Converter:
         name = node.id
         if name in self.bindings:
             return self.bindings[name]
-        problem = name_problem(name)
+        problem = names.name_problem(name)
         if problem:
             self.fail(node, f"input name '{name}' {problem}")
         if name not in self.seen:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import keyword
 import re
 
+from fusegen.errors import SpecError
+
 # role -> what an identifier `<role>_<name>` holds.
 ROLES = {
     "in": "the value of input or scalar <name>: math parameter, functor member, schema name",
@@ -96,6 +98,28 @@ def name_problem(name: object) -> str | None:
     return None
 
 
+def check_identifier(name: object, what: str) -> str:
+    problem = name_problem(name)
+    if problem:
+        raise SpecError(f"{what} {name!r} {problem}")
+    return name
+
+
+MAX_OP_NAME = 100  # characters: <name>_grad2.cpp and the cache's file names stay far below 255
+
+
+def check_op_name(name: object) -> str:
+    check_identifier(name, "op name")
+    if len(name) > MAX_OP_NAME:
+        raise SpecError(f"op name too long ({len(name)} characters, limit {MAX_OP_NAME}): it names "
+                        f"files (<name>_grad2.cpp, ...); got {name[:40]}...")
+    for suffix in RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "
+                            f"got {name!r}")
+    return name
+
+
 def fresh(base: str, taken) -> str:
     """`base`, or `base_`, `base__`, ... : the first spelling not in `taken` (deterministic)."""
     while base in taken:
@@ -121,7 +145,7 @@ def role(role_name: str, name: str) -> str:
 
 def for_c(program, user_names):
     """`program` (a spec.Program) with every user name renamed to its C name (`x` -> `in_x`),
-    ready for the C printer. The incoming gradient is already `dout` (functions.GRAD)."""
+    ready for the C printer. The incoming gradient is already `dout` (primitives.GRAD)."""
     import sympy
 
     from fusegen.ir import dag

@@ -29,7 +29,7 @@ import sympy
 from fusegen.ir import names
 # The incoming gradient (d loss / d out) in every gradient expression: the one constant
 # that names it. A Symbol without assumptions, so it never equals a user's name, even one
-# spelled the same (parse.symbol makes those real=True, and names.for_c renames only
+# spelled the same (expr.symbol makes those real=True, and names.for_c renames only
 # those). In C it is names.DOUT, the backward's parameter; in text (notation.py), `grad`.
 GRAD = sympy.Symbol(names.DOUT)
 
@@ -315,26 +315,6 @@ PREFIXES = ("torch", "torch.nn.functional", "F", "nn.functional", "math", "torch
 CONSTANTS = {"math.pi": sympy.Float(math.pi), "math.e": sympy.Float(math.e),
              "torch.pi": sympy.Float(math.pi), "torch.e": sympy.Float(math.e),
              "math.inf": sympy.oo, "torch.inf": sympy.oo}
-
-# Names an input may not take: they would shadow a function or a C/CUDA spelling in the
-# generated code, or collide with the generated code's own variables.
-_C_KEYWORDS = """alignas alignof and and_eq asm auto bitand bitor bool break case catch char
-char8_t char16_t char32_t class compl concept const consteval constexpr constinit const_cast
-continue co_await co_return co_yield decltype default delete do double dynamic_cast else enum
-explicit export extern false float for friend goto if inline int long mutable namespace new
-noexcept not not_eq nullptr operator or or_eq private protected public register
-reinterpret_cast requires restrict return short signed sizeof static static_assert static_cast
-struct switch template this thread_local throw true try typedef typeid typename union unsigned
-using virtual void volatile wchar_t while xor xor_eq __global__ __device__ __host__ __shared__
-__constant__ __restrict__ __forceinline__ half nv_bfloat16 dim3 threadIdx blockIdx blockDim
-gridDim warpSize INFINITY NAN int64_t size_t at c10 std torch fusegen""".split()
-_C_MATH = """exp expf expm1 expm1f log logf log1p log1pf sqrt sqrtf rsqrt rsqrtf sin sinf cos cosf
-tan tanf tanh tanhf atan atanf erf erff erfc erfcf pow powf fabs fabsf fmax fmaxf fmin fminf
-isnan signbit""".split()
-_GENERATED = "grad out n i k v stride scalar_t acc_t kVec self ctx m args".split()
-RESERVED = frozenset(_C_KEYWORDS + _C_MATH + _GENERATED + list(FUNCTIONS) + list(ALIASES)
-                     + ["pi", "e", "inf", "nan", "math", "torch", "F", "nn"])
-
 
 def resolve(dotted: str) -> str | None:
     """'torch.nn.functional.relu' -> 'relu'; None when the name is not a known function."""

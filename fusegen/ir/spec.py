@@ -35,8 +35,9 @@ from fusegen.ir import limits
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
 from fusegen.errors import SpecError
-from fusegen.frontend.notation import text
-from fusegen.frontend.parse import Parsed, check_op_name, symbol
+from fusegen.ir.expr import Parsed, symbol
+from fusegen.ir.names import check_op_name
+from fusegen.ir.notation import text
 from fusegen.version import FUSEGEN_VERSION
 
 GRAD = fn.GRAD  # the incoming gradient, d loss / d out (functions.py defines it)

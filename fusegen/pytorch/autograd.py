@@ -47,22 +47,13 @@ description without sympy; the derivatives (derivatives.py) are derived on first
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch.autograd import forward_ad
 
+from fusegen.ir.family import Member
 from fusegen.pytorch import dtensor as _dtensor
-@dataclass(frozen=True)
-class Member:
-    """One op of a family, as torch.library sees it."""
-
-    name: str
-    tensors: int              # tensor arguments, first in its schema
-    backward: bool            # a `<x>_backward` op: Tensor[] result, trailing output_mask
-    composite: bool           # no fused derivative: the composite autograd kernel is registered
-
 
 _LIBRARIES: list = []                   # torch.library.Library objects: alive for the process
 _MEMBERS: dict[str, Member] = {}        # op name -> Member, every op of every loaded family
@@ -89,7 +80,7 @@ def _info(name: str):
     if info is None:
         from fusegen.pytorch import derivatives
         spec, auxiliary = _PROVIDERS[name]()
-        for i in derivatives.infos(spec, auxiliary):
+        for i in derivatives.infos(spec, auxiliary, _call_op):
             _INFOS.setdefault(i.name, i)
         info = _INFOS[name]
     return info
@@ -122,7 +113,7 @@ def call(name: str, *args):
     # attribute chain per call costs a few hundred ns, at n = 4096 a tenth of the op).
     op = _OPS.get(name) or _op(name)
     if _is_compiling():
-        from fusegen.pytorch.decompose import onnx_composite
+        from fusegen.pytorch.onnx_trace import onnx_composite
         if onnx_composite(name):  # torch.onnx.export without fusegen's translation table
             from fusegen.pytorch.derivatives import composite_outputs
             return composite_outputs(_info(name), args)
@@ -138,6 +129,12 @@ def call(name: str, *args):
         from fusegen.pytorch.derivatives import _Mask
         return list(info.function.apply(*args[:-1], _Mask(args[-1])))
     return info.function.apply(*args)
+
+
+def _call_op(name: str, *args):
+    """`call`, looked up when called: what the fused derivatives (derivatives.py) call the
+    family's ops through, so a replaced `call` (a wrapper that records calls) sees them too."""
+    return call(name, *args)
 
 
 def _composite_kernel(member: Member):
@@ -226,7 +223,7 @@ def register(spec, auxiliary) -> tuple[Member, ...]:
     description, which the index keeps for a cached load (`register_cached`)."""
     if spec.name not in _FAMILIES:
         from fusegen.pytorch import derivatives
-        infos = derivatives.infos(spec, auxiliary)
+        infos = derivatives.infos(spec, auxiliary, _call_op)
         for info in infos:
             _INFOS[info.name] = info
         _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None) for i in infos))
