@@ -89,6 +89,25 @@ class Generated:
         """Of the files: one name, one expression (hashed once, checked and indexed)."""
         return _index.files_digest(self.files)
 
+    def _of(self, name: str) -> set[str]:
+        return {f"{name}{ext}" for ext in _OP_FILES}
+
+    @property
+    def own_files(self) -> dict:
+        """What the op's library is built from: `files` without the auxiliary ops', which are
+        built on first use (`auxiliary_files`). A generated folder keeps them all."""
+        theirs = set().union(*(self._of(a.name) for a in self.auxiliary))
+        return {f: text for f, text in self.files.items() if f not in theirs}
+
+    def auxiliary_files(self, name: str) -> dict:
+        """What auxiliary op `name`'s library is built from: its files and the helper headers."""
+        mine = self._of(name)
+        return {f: text for f, text in self.files.items() if f in mine or f.startswith(_HELPER_PREFIX)}
+
+
+_OP_FILES = (".h", ".cu", ".cpp")  # an op's own files (codegen/render.py's TEMPLATES)
+_HELPER_PREFIX = "fusegen-"        # the hand-written headers beside them (no op name has a '-')
+
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
@@ -105,12 +124,34 @@ def generate(request: Request) -> Generated:
 
 
 def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
-    library = _build.build([(g.spec.name, g.files) for g in generated])         # build
+    library = _build.build([(g.spec.name, g.own_files) for g in generated])     # build
     _build.load(library)                                                        # load
-    families = [_autograd.register(g.spec, g.auxiliary) for g in generated]     # autograd, torch.func
+    auxiliary = _Auxiliary(lambda: generated)                                   # ... on first use
+    families = [_autograd.register(g.spec, g.auxiliary, auxiliary) for g in generated]  # autograd, torch.func
     for g, f in zip(generated, families):
         _decompose.loaded(g.spec.name, f, g.digest)                             # torch.compile
     return [FusedOp(_entry(g, library, f), g) for g, f in zip(generated, families)]
+
+
+class _Auxiliary:
+    """Builds the auxiliary ops (`<name>_grad2`, `<name>_jvp`) of ops loaded together, on
+    the first use of one (autograd.load_auxiliary): the first double backward builds the
+    `_grad2` ops, the first forward-mode use the `_jvp` ops, of every op of the batch (one
+    `fuse_many`: one library, one compiler run, as the ops themselves), never both kinds
+    at once. `get()` returns the batch's Generated (for an op found in the index, its
+    pipeline runs then)."""
+
+    def __init__(self, get):
+        self._get = get
+
+    def __call__(self, name: str) -> list[str]:
+        generated = self._get()
+        suffix = next(a.name[len(g.spec.name):] for g in generated for a in g.auxiliary if a.name == name)
+        pending = set(_autograd.pending_auxiliary())
+        todo = [(g, g.spec.name + suffix) for g in generated if g.spec.name + suffix in pending]
+        library = _build.build([(a, g.auxiliary_files(a)) for g, a in todo])
+        _build.load(library)
+        return [a for _, a in todo]
 
 
 def _entry(g: Generated, library: _build.Library | None, family=()) -> _index.Entry:
@@ -271,7 +312,8 @@ def _from_index(request: Request) -> FusedOp | None:
         op = _OPS[entry.name] = FusedOp(entry, request=request)
         # vmap rules and autograd kernels from the family's description; the derivatives
         # themselves (sympy) only when first needed.
-        _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary))
+        _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary),
+                                  _Auxiliary(lambda: [op.generated]))
         _decompose.loaded(entry.name, entry.family, entry.digest)
     return _OPS[entry.name]
 

@@ -40,7 +40,8 @@ class OpInfo:
 
     @property
     def op(self):
-        return getattr(torch.ops.fusegen, self.name).default
+        from fusegen.pytorch.autograd import _op
+        return _op(self.name)  # an auxiliary op is built on its first call
 
 
 def _forward_info(spec: OpSpec) -> OpInfo:
