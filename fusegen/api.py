@@ -208,6 +208,14 @@ class FusedOp:
         """"opaque" or "decompose": what torch.compile makes of this op (fusegen/pytorch/decompose.py)."""
         return _decompose.mode(self.name)
 
+    def load_auxiliary(self) -> "FusedOp":
+        """Build (or find in the cache) and load the op's auxiliary ops now. They are built
+        on first use otherwise: the first double backward builds `<name>_grad2`, the first
+        forward-mode derivative `<name>_jvp`. After this, `torch.ops.fusegen.<name>_grad2`
+        and `_jvp` exist, and no later call compiles. Returns the op."""
+        _autograd.load_family(self.name)
+        return self
+
     @property
     def backward_op(self):
         """torch.ops.fusegen.<name>_backward, or None when every gradient passes grad through."""

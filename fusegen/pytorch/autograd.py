@@ -306,6 +306,13 @@ def register_cached(members: tuple[Member, ...], provider: Callable, auxiliary_l
     _register(members, auxiliary_loader)
 
 
+def load_family(op: str):
+    """Build and load every auxiliary op of op `op`'s family that waits for its first use."""
+    for name in pending_auxiliary():
+        if _auxiliary_of(op, name) == name:
+            load_auxiliary(name)
+
+
 def pending_auxiliary() -> list[str]:
     """The auxiliary ops registered to be built on first use that have not been, sorted."""
     with _PENDING_LOCK:
