@@ -141,16 +141,29 @@ class _Auxiliary:
     at once. `get()` returns the batch's Generated (for an op found in the index, its
     pipeline runs then)."""
 
-    def __init__(self, get):
+    def __init__(self, get, entry: _index.Entry | None = None):
         self._get = get
+        self._entry = entry  # an op found in the index: the auxiliary libraries it recorded
 
     def __call__(self, name: str) -> list[str]:
+        recorded = self._entry and _index.auxiliary_library(self._entry, name)
+        if recorded:
+            try:
+                _build.load(recorded)  # built by an earlier process: no pipeline, no compiler
+                return [name]
+            except LoadError:
+                pass  # gone or unsafe since the lookup: the long way says why
         generated = self._get()
         suffix = next(a.name[len(g.spec.name):] for g in generated for a in g.auxiliary if a.name == name)
         pending = set(_autograd.pending_auxiliary())
         todo = [(g, g.spec.name + suffix) for g in generated if g.spec.name + suffix in pending]
         library = _build.build([(a, g.auxiliary_files(a)) for g, a in todo])
         _build.load(library)
+        with _LOCK:
+            for g, a in todo:  # for the next process's first use
+                for request, op in list(_MEMO.items()):
+                    if op.name == g.spec.name:
+                        _index.record_auxiliary(request, a, library.key)
         return [a for _, a in todo]
 
 
@@ -321,7 +334,7 @@ def _from_index(request: Request) -> FusedOp | None:
         # vmap rules and autograd kernels from the family's description; the derivatives
         # themselves (sympy) only when first needed.
         _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary),
-                                  _Auxiliary(lambda: [op.generated]))
+                                  _Auxiliary(lambda: [op.generated], entry))
         _decompose.loaded(entry.name, entry.family, entry.digest)
     return _OPS[entry.name]
 
