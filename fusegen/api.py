@@ -95,6 +95,25 @@ class Generated:
         """Of the files: one name, one expression (hashed once, checked and indexed)."""
         return _keys.files_digest(self.files)
 
+    def _of(self, name: str) -> set[str]:
+        return {f"{name}{ext}" for ext in _OP_FILES}
+
+    @property
+    def own_files(self) -> dict:
+        """What the op's library is built from: `files` without the auxiliary ops', which are
+        built on first use (`auxiliary_files`). A generated folder keeps them all."""
+        theirs = set().union(*(self._of(a.name) for a in self.auxiliary))
+        return {f: text for f, text in self.files.items() if f not in theirs}
+
+    def auxiliary_files(self, name: str) -> dict:
+        """What auxiliary op `name`'s library is built from: its files and the helper headers."""
+        mine = self._of(name)
+        return {f: text for f, text in self.files.items() if f in mine or f.startswith(_HELPER_PREFIX)}
+
+
+_OP_FILES = (".h", ".cu", ".cpp")  # an op's own files (codegen/render.py's TEMPLATES)
+_HELPER_PREFIX = "fusegen-"        # the hand-written headers beside them (no op name has a '-')
+
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
@@ -114,12 +133,47 @@ def generate(request: Request) -> Generated:
 
 
 def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
-    library = _build.build([(g.spec.name, g.files) for g in generated])         # build
+    library = _build.build([(g.spec.name, g.own_files) for g in generated])     # build
     _build.load(library)                                                        # load
-    families = [_autograd.register(g.spec, g.auxiliary) for g in generated]     # autograd, torch.func
+    auxiliary = _Auxiliary(lambda: generated)                                   # ... on first use
+    families = [_autograd.register(g.spec, g.auxiliary, auxiliary) for g in generated]  # autograd, torch.func
     for g, f in zip(generated, families):
         _decompose.loaded(g.spec.name, f, g.digest)                             # torch.compile
     return [FusedOp(_entry(g, library, f), g) for g, f in zip(generated, families)]
+
+
+class _Auxiliary:
+    """Builds the auxiliary ops (`<name>_grad2`, `<name>_jvp`) of ops loaded together, on
+    the first use of one (autograd.load_auxiliary): the first double backward builds the
+    `_grad2` ops, the first forward-mode use the `_jvp` ops, of every op of the batch (one
+    `fuse_many`: one library, one compiler run, as the ops themselves), never both kinds
+    at once. `get()` returns the batch's Generated (for an op found in the index, its
+    pipeline runs then)."""
+
+    def __init__(self, get, entry: _index.Entry | None = None):
+        self._get = get
+        self._entry = entry  # an op found in the index: the auxiliary libraries it recorded
+
+    def __call__(self, name: str) -> list[str]:
+        recorded = self._entry and _index.auxiliary_library(self._entry, name)
+        if recorded:
+            try:
+                _build.load(recorded)  # built by an earlier process: no pipeline, no compiler
+                return [name]
+            except LoadError:
+                pass  # gone or unsafe since the lookup: the long way says why
+        generated = self._get()
+        suffix = next(a.name[len(g.spec.name):] for g in generated for a in g.auxiliary if a.name == name)
+        pending = set(_autograd.pending_auxiliary())
+        todo = [(g, g.spec.name + suffix) for g in generated if g.spec.name + suffix in pending]
+        library = _build.build([(a, g.auxiliary_files(a)) for g, a in todo])
+        _build.load(library)
+        with _LOCK:
+            for g, a in todo:  # for the next process's first use
+                for request, op in list(_MEMO.items()):
+                    if op.name == g.spec.name:
+                        _index.record_auxiliary(request, a, library.key)
+        return [a for _, a in todo]
 
 
 def _entry(g: Generated, library: _build.Library | None, family=()) -> _index.Entry:
@@ -175,6 +229,14 @@ class FusedOp:
     def compile_mode(self) -> str:
         """"opaque" or "decompose": what torch.compile makes of this op (fusegen/pytorch/decompose.py)."""
         return _decompose.mode(self.name)
+
+    def load_auxiliary(self) -> "FusedOp":
+        """Build (or find in the cache) and load the op's auxiliary ops now. They are built
+        on first use otherwise: the first double backward builds `<name>_grad2`, the first
+        forward-mode derivative `<name>_jvp`. After this, `torch.ops.fusegen.<name>_grad2`
+        and `_jvp` exist, and no later call compiles. Returns the op."""
+        _autograd.load_family(self.name)
+        return self
 
     @property
     def backward_op(self):
@@ -282,7 +344,8 @@ def _from_index(request: Request) -> FusedOp | None:
         op = _OPS[entry.name] = FusedOp(entry, request=request)
         # vmap rules and autograd kernels from the family's description; the derivatives
         # themselves (sympy) only when first needed.
-        _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary))
+        _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary),
+                                  _Auxiliary(lambda: [op.generated], entry))
         _decompose.loaded(entry.name, entry.family, entry.digest)
     return _OPS[entry.name]
 

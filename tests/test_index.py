@@ -81,7 +81,9 @@ print(light, op.library.cached)
 def test_higher_order_and_torch_func_after_a_cached_load(corpus_ops):
     """The index's family description registers vmap rules and autograd kernels without
     sympy; second order runs on the C++ kernels; third order and torch.func derive on
-    first need and match eager."""
+    first need and match eager. The auxiliary ops, built on first use in an earlier
+    process, are found through the index too (no pipeline)."""
+    corpus_ops["cp_silu"].load_auxiliary()
     assert _run(HIGHER_ORDER_AFTER_A_CACHED_LOAD, str(TESTS)) == ["True", "True"]
 
 

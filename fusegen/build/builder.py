@@ -103,7 +103,7 @@ DTYPE_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY",))
 HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY"),
                ("FUSEGEN_16BIT_ONLY", "FUSEGEN_BF16_ONLY"))
 # C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
-# a few share one unit (a new op and its two auxiliary ops: one unit).
+# a few share one unit (a batch of ops; a new op's auxiliary ops, built on first use).
 CPP_PER_UNIT = 6
 RUNTIME_SOURCES = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h")
 LINK_FLAGS = "fusegen-link.rsp"  # an op library's link flags for the runtime (see _compile)
@@ -188,8 +188,7 @@ def _own(files: dict[str, str], suffix: str) -> list[str]:
 def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     """Translation units that #include the ops' sources: CPP_PER_UNIT .cpp files each, and
     the .cu files spread over as many units as there are cores (nvcc is the long pole of a
-    CUDA build: a new op's own .cu and its auxiliary ops' then compile in parallel, so the
-    auxiliary ops cost no wall time on a machine with a few cores); with at least two cores
+    CUDA build: the .cu files of a batch then compile in parallel); with at least two cores
     per .cu, each .cu's forward and backward kernels are two units (SPLIT_MACROS), with
     four, each of those two again, by dtype (DTYPE_MACROS), and an op's own .cu by three
     dtype groups where that leaves a core per unit (HALF_MACROS)."""

@@ -42,6 +42,7 @@ class Entry:
     digest: str               # of the generated files: one name, one expression
     library: build.Library | None
     family: tuple = ()        # family.Member per op of the family (the op, its auxiliary ops)
+    auxiliary: tuple = ()     # (auxiliary op, its library's key): those built so far (on first use)
 
 
 def _path(key: str) -> Path:
@@ -64,8 +65,9 @@ def lookup(request) -> Entry | None:
         family = tuple(Member(str(n), int(t), bool(b), bool(c)) for n, t, b, c in data["family"])
         if not family or family[0].name != data["name"]:
             return None
+        auxiliary = tuple((str(n), str(k)) for n, k in sorted(data.get("auxiliary", {}).items()))
         return Entry(data["name"], tuple(data["inputs"]), tuple(data["scalars"]), data["text"],
-                     bool(data["backward_kernel"]), data["digest"], library, family)
+                     bool(data["backward_kernel"]), data["digest"], library, family, auxiliary)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # no entry, or one we cannot read: the long way, which rewrites it
 
@@ -78,6 +80,7 @@ def record(request, entry: Entry):
             "digest": entry.digest, "library": entry.library.key,
             "family": [[m.name, m.tensors, m.backward, m.composite] for m in entry.family],
             "runtime": entry.library.runtime.parent.name.removeprefix("runtime-"),
+            "auxiliary": dict(entry.auxiliary),
             # the request itself, so that fusegen.load(name) can find it by name and check
             # that its key is still this environment's
             "request": {f: list(v) if isinstance(v, tuple) else v for f, v in vars(request).items()}}
@@ -88,6 +91,29 @@ def record(request, entry: Entry):
     except OSError as err:
         build.log.debug("fusegen: could not write the index entry for %s: %s", entry.name, err)
 
+
+def record_auxiliary(request, name: str, key: str):
+    """Remember that auxiliary op `name` of the request's op was built into library `key`,
+    so that a later process loads it on first use without the pipeline. Best effort."""
+    path = _path(keys.request_key(request))
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != keys.INDEX_FORMAT or data.get("auxiliary", {}).get(name) == key:
+            return
+        data.setdefault("auxiliary", {})[name] = key
+        write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    except (OSError, ValueError, AttributeError) as err:
+        build.log.debug("fusegen: could not record %s in the index: %s", name, err)
+
+
+def auxiliary_library(entry: Entry, name: str) -> build.Library | None:
+    """The library auxiliary op `name` of a cached entry was built into, when the index
+    recorded it and it is still the one published in the cache."""
+    key = dict(entry.auxiliary).get(name)
+    if key is None or entry.library is None:
+        return None
+    library = build.Library(build.cache_dir() / key / f"fusegen_{key}.so", key, 0.0, True, entry.library.runtime)
+    return library if _cache.verify(library.path) is None else None
 
 
 def named(name: str) -> tuple[list[dict], int]:

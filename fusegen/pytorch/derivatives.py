@@ -39,11 +39,12 @@ class OpInfo:
     jvp: object = None                  # fused forward mode: jvp(ctx, *tangents), or None
     function: object = None             # the op's torch.autograd.Function
     saves_output: bool = False          # its backward reads its output (saved after the inputs)
+    find_op: object = None              # name -> OpOverload (autograd's: builds an auxiliary op)
     _derived: dict = field(default_factory=dict)
 
     @property
     def op(self):
-        return getattr(torch.ops.fusegen, self.name).default
+        return self.find_op(self.name)  # an auxiliary op is built on its first call
 
 
 def _forward_info(spec: OpSpec) -> OpInfo:
@@ -358,10 +359,11 @@ def composite_outputs(info: OpInfo, args):
     return out if info.backward else out[0]
 
 
-def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...], call_op) -> list[OpInfo]:
+def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...], call_op, find_op) -> list[OpInfo]:
     """Every op of the family (the op, its auxiliary ops, the backward of each) with its
     fused derivatives where the family has them, and its autograd.Function. The fused
-    derivatives call the family's ops as `call_op(name, *args)` (autograd.call)."""
+    derivatives call the family's ops as `call_op(name, *args)` (autograd.call), and an
+    OpInfo finds its op as `find_op(name)` (autograd._op)."""
     by_suffix = {a.name[len(spec.name):]: a for a in auxiliary}
     grad2 = by_suffix.get(names.GRAD2_SUFFIX)
     jvp = by_suffix.get(names.JVP_SUFFIX)
@@ -378,5 +380,6 @@ def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...], call_op) -> list[OpInfo]:
             backward.vjp = _vjp_of_backward(s, grad2, call_op) if main and grad2 is not None else None
             out.append(backward)
     for info in out:
+        info.find_op = find_op
         info.function = _function(info)
     return out
