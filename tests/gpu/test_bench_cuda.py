@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fusegen.bench import core as bench
+from fusegen.bench.command import main as bench_command
 from fusegen.bench.peers import build_impls, optional_module
 
 pytestmark = [
@@ -46,7 +47,7 @@ def test_every_peer_computes_the_op(cases, dtype):
 
 def test_a_tiny_run_has_the_cuda_columns(tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.main(["a*b+c", "--sizes", "2^12,2^16", "--dtypes", "fp32,bf16", "--budget", "0.002",
+    assert bench_command(["a*b+c", "--sizes", "2^12,2^16", "--dtypes", "fp32,bf16", "--budget", "0.002",
                        "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     impls = {(r["dtype"], r["direction"], r["impl"]) for r in result["rows"]}
