@@ -13,7 +13,9 @@ Cast to float, computed, and Cast back once, float64 stays double. Only the forw
 exported (ONNX is for inference). Written against ONNX opset 18 (`OPSET`, torchlib's own),
 so it serves any model opset from 18 on (torch 2.13 exports opset 20 by default).
 
-Where ONNX has no operator, or onnxruntime's is not torch's, the node is a formula:
+Each node's lowering is its `onnx` in fusegen.ir.primitives.PRIMITIVES: one operator, a
+decomposition into other primitives, or one of the formulas below. Where ONNX has no
+operator, or onnxruntime's is not torch's, the node is a formula:
 
   torch              ONNX                                       why
   expm1, log1p       Kahan's exp(x)-1 / log(1+x) corrections    no operator; exp(x)-1 loses digits
@@ -25,6 +27,7 @@ Where ONNX has no operator, or onnxruntime's is not torch's, the node is a formu
   x != y             Not(Equal(x, y))                            no operator
   pow special cases  x*x, x*x*x, Sqrt, Reciprocal, ...           torch.pow's own spellings
   clamp              Clip (number bounds), Max/Min (tensor)      Clip's bounds must be scalars
+  softplus           Where(x > 20, x, log1p(Exp(x)))             no operator (Softplus has no threshold)
 
 onnxruntime's CPU provider has no double Atan, Erf or Tan: in a float64 model Tan is
 Sin/Cos and Atan/Erf compute in float (so they agree with torch to ~1e-7, not 1e-16).
