@@ -172,3 +172,8 @@ def test_softplus_third_order_goes_through_the_composite(softplus_ops):
         return torch.autograd.grad(gg.sum(), x)[0]
 
     torch.testing.assert_close(third(softplus_ops["sp_mul"]), third(lambda a, b: F.softplus(a * b) + F.softplus(b)))
+
+
+def test_every_node_is_a_module_attribute():
+    for p in fn.PRIMITIVES:
+        assert getattr(fn, p.node.__name__) is p.node

@@ -1,7 +1,10 @@
-"""The tables: which function names an expression may use, and the nodes it is made of.
+"""The primitive table: every function and operator of the language, declared once.
 
-Only this file says which names exist. Each entry maps a user-facing name to its
-parameters (so `clamp(x, min=0)` works as in torch) and a builder that returns a tree.
+Only this file says which names exist. Each entry of PRIMITIVES (a `Primitive`) gives one
+operation's sympy node, its name, aliases and parameters (so `clamp(x, min=0)` works as in
+torch), its builder, PyTorch's backward formula, its C spelling, its eager torch callable,
+its ONNX lowering and whether the CPU loop vectorizes it; spec.py, printer.py,
+notation.py, reference.py, composite.py and onnx.py derive their tables from it.
 
 The tree is made of `Node`s, one per eager PyTorch operation (`Times` is `torch.mul`,
 `Divide` is `torch.div`, `Clamp` is `torch.clamp`, ...), kept exactly as the user wrote
@@ -82,13 +85,13 @@ def _node(name: str, nargs: int, condition: bool = False):
 
 
 # -- arithmetic (Python's operators on tensors) ---------------------------------------------
-Plus = _node("Plus", 2)              # torch.add
-Minus = _node("Minus", 2)            # torch.sub
-Times = _node("Times", 2)            # torch.mul
-Divide = _node("Divide", 2)          # torch.div (true division)
-Negative = _node("Negative", 1)      # torch.neg
-Reciprocal = _node("Reciprocal", 1)       # torch.reciprocal (Python's `number / tensor`)
-Power = _node("Power", 2)          # torch.pow: tensor ** number, number ** tensor, tensor ** tensor
+Plus = _node("Plus", 2)               # torch.add
+Minus = _node("Minus", 2)             # torch.sub
+Times = _node("Times", 2)             # torch.mul
+Divide = _node("Divide", 2)           # torch.div (true division)
+Negative = _node("Negative", 1)       # torch.neg
+Reciprocal = _node("Reciprocal", 1)   # torch.reciprocal (Python's `number / tensor`)
+Power = _node("Power", 2)             # torch.pow: tensor ** number, number ** tensor, tensor ** tensor
 
 # -- functions ---------------------------------------------------------------------------
 Abs = _node("Abs", 1)
@@ -103,15 +106,15 @@ Cos = _node("Cos", 1)
 Tan = _node("Tan", 1)
 Tanh = _node("Tanh", 1)
 Atan = _node("Atan", 1)
-Sigmoid = _node("Sigmoid", 1)             # 1 / (1 + exp(-x)); derivative s*(1-s), finite for any x
-Relu = _node("Relu", 1)                   # clamp_min(x, 0): NaN stays NaN
+Sigmoid = _node("Sigmoid", 1)         # 1 / (1 + exp(-x)); derivative s*(1-s), finite for any x
+Relu = _node("Relu", 1)               # clamp_min(x, 0): NaN stays NaN
 Erf = _node("Erf", 1)
 Erfc = _node("Erfc", 1)
-Sign = _node("Sign", 1)                   # -1, 0 or 1 (0 for NaN); zero gradient
-Maximum = _node("Maximum", 2)             # NaN-propagating; ties split the gradient
+Sign = _node("Sign", 1)               # -1, 0 or 1 (0 for NaN); zero gradient
+Maximum = _node("Maximum", 2)         # NaN-propagating; ties split the gradient
 Minimum = _node("Minimum", 2)
-Clamp = _node("Clamp", 3)                 # clamp(x, lo, hi); an absent bound is -oo / oo
-Where = _node("Where", 3)                 # where(condition, a, b)
+Clamp = _node("Clamp", 3)             # clamp(x, lo, hi); an absent bound is -oo / oo
+Where = _node("Where", 3)             # where(condition, a, b)
 
 # -- conditions (bool tensors) -------------------------------------------------------------
 Less = _node("Less", 2, condition=True)
@@ -120,8 +123,8 @@ Greater = _node("Greater", 2, condition=True)
 GreaterEqual = _node("GreaterEqual", 2, condition=True)
 Equal = _node("Equal", 2, condition=True)
 NotEqual = _node("NotEqual", 2, condition=True)
-LogicalAnd = _node("LogicalAnd", 2, condition=True)  # torch.logical_and
-LogicalOr = _node("LogicalOr", 2, condition=True)  # torch.logical_or
+LogicalAnd = _node("LogicalAnd", 2, condition=True)# torch.logical_and
+LogicalOr = _node("LogicalOr", 2, condition=True)# torch.logical_or
 
 COMPARISONS = (Less, LessEqual, Greater, GreaterEqual, Equal, NotEqual)
 
@@ -503,6 +506,11 @@ PRIMITIVES: tuple[Primitive, ...] = (
 )
 
 BY_NODE: dict[type, Primitive] = {p.node: p for p in PRIMITIVES}
+# An entry may make its node inline (`_node("Softplus", 1)`): it is still this module's
+# attribute of its class name (fn.Softplus), where pickle and readers look for it.
+for _p in PRIMITIVES:
+    globals().setdefault(_p.node.__name__, _p.node)
+del _p
 
 FUNCTIONS: dict[str, Function] = {p.name: p.function for p in PRIMITIVES if p.params is not None}
 
