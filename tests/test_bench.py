@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fusegen.bench import core as bench
+from fusegen.bench.command import main as bench_command
 from fusegen.bench.command import main as bench_main
 
 from fusegen.bench import report as bench_report
@@ -79,7 +80,7 @@ def test_bench_cpu_has_fp16_bf16_rows_against_eager(tmp_path, capsys):
     and thread count, forward and forward+backward, fusegen's and eager's medians and the
     ratio, in the JSON and the table."""
     out = tmp_path / "cpu.json"
-    bench.main(["cpu", "--dtypes", "float16,bfloat16", "--sizes", "2^10,2^11", "--threads", "1,2", "--reps", "2",
+    bench_command(["cpu", "--dtypes", "float16,bfloat16", "--sizes", "2^10,2^11", "--threads", "1,2", "--reps", "2",
                 "--json", str(out)])
     rows = json.loads(out.read_text())["half_rows"]
     assert [(r["expr"], r["dtype"], r["n"], r["threads"]) for r in rows] == [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import onnx
 import onnxruntime
@@ -20,6 +21,7 @@ import torch
 import fusegen
 from corpus import CORPUS
 from fusegen.errors import FusegenError
+from fusegen.ir.primitives import PRIMITIVES, eager
 
 # torch.onnx.export's own pytree handling of list arguments warns (torch 2.13); not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:`isinstance.treespec, LeafSpec.` is deprecated:FutureWarning")
@@ -242,3 +244,24 @@ def test_a_plain_export_without_the_table(formula_ops):
     table = export(Half(), (x,), [fused_op]).model_proto
     casts = [sum(n.op_type == "Cast" for n in p.graph.node) for p in (plain, table)]
     assert casts[1] > casts[0], casts  # the table's translation: fp16 -> float -> fp16
+
+
+# Every unary function of the primitive table that no corpus op calls (the corpus test covers
+# those), exported and run against its eager callable: a function added to the table is
+# exported and checked here as it is.
+_TABLE_UNARY = [p for p in PRIMITIVES if p.params == ("input",)
+                and not any(re.search(rf"\b{p.name}\(", c.expr) for c in CORPUS)]
+
+
+@pytest.mark.skipif(not _TABLE_UNARY, reason="the corpus calls every function of the table")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_table_functions_match_eager(dtype):
+    ops = fusegen.fuse_many([{"expr": f"{p.name}(x)", "name": f"onnx_table_{p.name}"} for p in _TABLE_UNARY])
+    x = torch.cat([torch.linspace(-60, 60, 241, dtype=torch.float64), torch.tensor(SPECIALS, dtype=torch.float64),
+                   torch.tensor([19.5, 20.0, 20.5, -1e-30, 1e-30], dtype=torch.float64)]).to(dtype)
+    program = export(Each(ops), (x,), ops)
+    check_standard(program.model_proto)
+    rtol = 1e-6 if dtype == torch.float32 else 1e-12
+    for p, got in zip(_TABLE_UNARY, run(program.model_proto, [[x]])):
+        torch.testing.assert_close(got, eager(p)(x), equal_nan=True, rtol=rtol, atol=1e-37,
+                                   msg=lambda m, p=p: f"{p.name}: {m}")

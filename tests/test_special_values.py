@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from conftest import selected_params
 from fusegen.api import Request, fuse_many, generate
+from fusegen.ir.primitives import PRIMITIVES, eager
 from helpers import forward_backward_named, mismatches, same_bits
 from fusegen.tools.reference import evaluate_text
 
@@ -131,6 +132,21 @@ CASES = [
     Case("clamp_t", "clamp(a, b, c)", lambda a, b, c: torch.clamp(a, b, c)),
     Case("where_nonzero", "where(a, b, c)", lambda a, b, c: torch.where(a != 0, b, c)),
 ]
+
+
+def _table_case(p):
+    f = eager(p)
+    if len(p.params) == 1:
+        return Case(p.name, f"{p.name}(x)", lambda x: f(x))
+    return Case(p.name, f"{p.name}(a, b)", lambda a, b: f(a, b))
+
+
+# Every unary or binary function of the primitive table without a case above runs over the
+# grid too, against its eager callable: a function added to the table is tested here as it is.
+_WRITTEN = {c.expr.partition("(")[0] for c in CASES}
+TABLE_CASES = [_table_case(p) for p in PRIMITIVES
+               if p.params is not None and len(p.params) <= 2 and p.name not in _WRITTEN]
+CASES += TABLE_CASES
 
 
 # -- the hand-reproduced cases: eager's values as stated, then fusegen against eager -----------
@@ -242,7 +258,7 @@ QUICK_GRID = {"relu", "abs", "sign", "maximum", "where_gt", "clamp_t", "pow_op",
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c.name in QUICK_GRID else pytest.mark.slow)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c.name in QUICK_GRID or c in TABLE_CASES else pytest.mark.slow)
                                   for c in CASES], ids=lambda c: c.id)
 def test_grid(built, case, dtype):
     op = op_of(built, case.name)

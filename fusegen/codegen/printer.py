@@ -31,14 +31,11 @@ _INFIX = {fn.Plus: ("+", _ADD), fn.Minus: ("-", _ADD), fn.Times: ("*", _MUL), fn
           fn.Less: ("<", _REL), fn.LessEqual: ("<=", _REL), fn.Greater: (">", _REL),
           fn.GreaterEqual: (">=", _REL), fn.Equal: ("==", _EQ), fn.NotEqual: ("!=", _EQ)}
 
-# Nodes that are one C math function of the same name (`expf` in float).
-_MATH = {fn.Abs: "fabs", fn.Exp: "exp", fn.Expm1: "expm1", fn.Log: "log", fn.Log1p: "log1p",
-         fn.Sqrt: "sqrt", fn.Sin: "sin", fn.Cos: "cos", fn.Tan: "tan", fn.Tanh: "tanh",
-         fn.Atan: "atan", fn.Erf: "erf", fn.Erfc: "erfc"}
-
-# Nodes that are a helper of fusegen.h.
-_HELPERS = {fn.Sigmoid: "sigmoid", fn.Sign: "sign", fn.Relu: "relu",
-            fn.Maximum: "maximum", fn.Minimum: "minimum"}
+# Each primitive's C spelling (primitives.PRIMITIVES): a C math function of the same name
+# (`expf` in float), or a helper of templates/fusegen-math.h.
+_MATH = {p.node: p.c for p in fn.PRIMITIVES if p.c is not None and not p.c.startswith("fusegen::")}
+_HELPERS = {p.node: p.c.removeprefix("fusegen::") for p in fn.PRIMITIVES
+            if p.c is not None and p.c.startswith("fusegen::")}
 
 
 class CPrinter(_Memo, C99CodePrinter):

@@ -1,7 +1,10 @@
-"""The tables: which function names an expression may use, and the nodes it is made of.
+"""The primitive table: every function and operator of the language, declared once.
 
-Only this file says which names exist. Each entry maps a user-facing name to its
-parameters (so `clamp(x, min=0)` works as in torch) and a builder that returns a tree.
+Only this file says which names exist. Each entry of PRIMITIVES (a `Primitive`) gives one
+operation's sympy node, its name, aliases and parameters (so `clamp(x, min=0)` works as in
+torch), its builder, PyTorch's backward formula, its C spelling, its eager torch callable,
+its ONNX lowering and whether the CPU loop vectorizes it; spec.py, printer.py,
+notation.py, reference.py, composite.py and onnx.py derive their tables from it.
 
 The tree is made of `Node`s, one per eager PyTorch operation (`Times` is `torch.mul`,
 `Divide` is `torch.div`, `Clamp` is `torch.clamp`, ...), kept exactly as the user wrote
@@ -19,6 +22,7 @@ fills 1 there, NaN included). Nothing else is simplified, so `x*0` stays a produ
 
 from __future__ import annotations
 
+import importlib
 import math
 import weakref
 from dataclasses import dataclass
@@ -75,19 +79,19 @@ _INTERNED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 _NARGS = {n: sympy.FiniteSet(n) for n in (1, 2, 3)}
 
 
-def _node(name: str, nargs: int, user_name: str | None = None, condition: bool = False):
-    return type(name, (Node,), {"nargs": nargs, "user_name": user_name or name.lower(),
-                                "boolean": condition, "__module__": __name__})
+def _node(name: str, nargs: int, condition: bool = False):
+    """A node class; its user_name is set by its entry in PRIMITIVES."""
+    return type(name, (Node,), {"nargs": nargs, "boolean": condition, "__module__": __name__})
 
 
 # -- arithmetic (Python's operators on tensors) ---------------------------------------------
-Plus = _node("Plus", 2, "+")              # torch.add
-Minus = _node("Minus", 2, "-")            # torch.sub
-Times = _node("Times", 2, "*")            # torch.mul
-Divide = _node("Divide", 2, "/")          # torch.div (true division)
-Negative = _node("Negative", 1, "-")      # torch.neg
-Reciprocal = _node("Reciprocal", 1)       # torch.reciprocal (Python's `number / tensor`)
-Power = _node("Power", 2, "pow")          # torch.pow: tensor ** number, number ** tensor, tensor ** tensor
+Plus = _node("Plus", 2)               # torch.add
+Minus = _node("Minus", 2)             # torch.sub
+Times = _node("Times", 2)             # torch.mul
+Divide = _node("Divide", 2)           # torch.div (true division)
+Negative = _node("Negative", 1)       # torch.neg
+Reciprocal = _node("Reciprocal", 1)   # torch.reciprocal (Python's `number / tensor`)
+Power = _node("Power", 2)             # torch.pow: tensor ** number, number ** tensor, tensor ** tensor
 
 # -- functions ---------------------------------------------------------------------------
 Abs = _node("Abs", 1)
@@ -102,25 +106,25 @@ Cos = _node("Cos", 1)
 Tan = _node("Tan", 1)
 Tanh = _node("Tanh", 1)
 Atan = _node("Atan", 1)
-Sigmoid = _node("Sigmoid", 1)             # 1 / (1 + exp(-x)); derivative s*(1-s), finite for any x
-Relu = _node("Relu", 1)                   # clamp_min(x, 0): NaN stays NaN
+Sigmoid = _node("Sigmoid", 1)         # 1 / (1 + exp(-x)); derivative s*(1-s), finite for any x
+Relu = _node("Relu", 1)               # clamp_min(x, 0): NaN stays NaN
 Erf = _node("Erf", 1)
 Erfc = _node("Erfc", 1)
-Sign = _node("Sign", 1)                   # -1, 0 or 1 (0 for NaN); zero gradient
-Maximum = _node("Maximum", 2)             # NaN-propagating; ties split the gradient
+Sign = _node("Sign", 1)               # -1, 0 or 1 (0 for NaN); zero gradient
+Maximum = _node("Maximum", 2)         # NaN-propagating; ties split the gradient
 Minimum = _node("Minimum", 2)
-Clamp = _node("Clamp", 3)                 # clamp(x, lo, hi); an absent bound is -oo / oo
-Where = _node("Where", 3)                 # where(condition, a, b)
+Clamp = _node("Clamp", 3)             # clamp(x, lo, hi); an absent bound is -oo / oo
+Where = _node("Where", 3)             # where(condition, a, b)
 
 # -- conditions (bool tensors) -------------------------------------------------------------
-Less = _node("Less", 2, "<", condition=True)
-LessEqual = _node("LessEqual", 2, "<=", condition=True)
-Greater = _node("Greater", 2, ">", condition=True)
-GreaterEqual = _node("GreaterEqual", 2, ">=", condition=True)
-Equal = _node("Equal", 2, "==", condition=True)
-NotEqual = _node("NotEqual", 2, "!=", condition=True)
-LogicalAnd = _node("LogicalAnd", 2, "&", condition=True)  # torch.logical_and
-LogicalOr = _node("LogicalOr", 2, "|", condition=True)  # torch.logical_or
+Less = _node("Less", 2, condition=True)
+LessEqual = _node("LessEqual", 2, condition=True)
+Greater = _node("Greater", 2, condition=True)
+GreaterEqual = _node("GreaterEqual", 2, condition=True)
+Equal = _node("Equal", 2, condition=True)
+NotEqual = _node("NotEqual", 2, condition=True)
+LogicalAnd = _node("LogicalAnd", 2, condition=True)# torch.logical_and
+LogicalOr = _node("LogicalOr", 2, condition=True)# torch.logical_or
 
 COMPARISONS = (Less, LessEqual, Greater, GreaterEqual, Equal, NotEqual)
 
@@ -276,37 +280,254 @@ class Function:
     optional: int = 0  # how many trailing params may be omitted (they pass None)
 
 
-def _unary(f):
-    return Function(("input",), f)
+# -- backward formulas (tools/autograd/derivatives.yaml, FunctionsManual.cpp) ------------------
+# formula(args, result, grad) -> [(argument, gradient contribution)]: `result` is
+# derivatives.yaml's `result`, the node itself.
+
+_ZERO, _ONE, _TWO = sympy.Integer(0), sympy.Integer(1), sympy.Integer(2)
+_TWO_OVER_SQRT_PI = sympy.Float(1.1283791670955126)  # 2.0 / sqrt(M_PI), in double as torch has it
+# F.softplus's defaults (beta=1, threshold=20): above the threshold it is x itself.
+SOFTPLUS_THRESHOLD = 20
 
 
-FUNCTIONS: dict[str, Function] = {
-    "abs": _unary(Abs),
-    "exp": _unary(Exp),
-    "expm1": _unary(Expm1),
-    "log": _unary(Log),
-    "log1p": _unary(Log1p),
-    "sqrt": _unary(Sqrt),
-    "rsqrt": _unary(Rsqrt),
-    "sin": _unary(Sin),
-    "cos": _unary(Cos),
-    "tan": _unary(Tan),
-    "tanh": _unary(Tanh),
-    "atan": _unary(Atan),
-    "sigmoid": _unary(Sigmoid),
-    "relu": _unary(relu),
-    "erf": _unary(Erf),
-    "erfc": _unary(Erfc),
-    "sign": _unary(Sign),
-    "maximum": Function(("input", "other"), Maximum),
-    "minimum": Function(("input", "other"), Minimum),
-    "clamp": Function(("input", "min", "max"), clamp, optional=2),
-    "pow": Function(("input", "exponent"), power),
-    "where": Function(("condition", "input", "other"), where),
-}
+def _erf_backward(c):
+    """(+-2/sqrt(pi)) * exp(-(self.pow(2))) * grad."""
+    return lambda a, r, g: [(a[0], mul(mul(c, Exp(neg(power(a[0], _TWO)))), g))]
+
+
+def _min_max_backward(maximum: bool):
+    """where(self == other, grad / 2, grad).masked_fill_(self < other, 0) for maximum's self."""
+    def formula(a, r, g):
+        x, y = a
+        split = Where(Equal(x, y), div(g, _TWO), g)
+        lose_x = Less(x, y) if maximum else Greater(x, y)
+        lose_y = Greater(x, y) if maximum else Less(x, y)
+        return [(x, Where(lose_x, _ZERO, split)), (y, Where(lose_y, _ZERO, split))]
+    return formula
+
+
+def _pow_backward(r, base, exponent, g):
+    """pow_backward, pow_backward_self and pow_backward_exponent (FunctionsManual.cpp)."""
+    if is_number(exponent):                             # tensor ** number
+        if exponent == 0:
+            return [(base, _ZERO)]                      # zeros_like(self)
+        e = number(float(exponent))
+        return [(base, mul(g, mul(e, power(base, sub(e, _ONE)))))]
+    out = []
+    if not is_number(base):                             # tensor ** tensor: d/dself
+        d = mul(g, mul(exponent, power(base, sub(exponent, _ONE))))
+        out.append((base, Where(Equal(exponent, _ZERO), _ZERO, d)))
+        zero_base = LogicalAnd(Equal(base, _ZERO), GreaterEqual(exponent, _ZERO))
+        out.append((exponent, mul(g, Where(zero_base, _ZERO, mul(r, Log(base))))))
+        return out
+    # number ** tensor: grad * (result * log(base)), masked where base == 0 and exponent >= 0
+    log_base = number(_log(float(base)))
+    if base == 0:
+        return [(exponent, mul(g, Where(GreaterEqual(exponent, _ZERO), _ZERO, Times(r, log_base))))]
+    return [(exponent, mul(g, Times(r, log_base)))]
+
+
+def _log(x: float) -> float:
+    """c10::Scalar::log of a real base: std::log in double."""
+    if x == 0:
+        return -math.inf
+    return math.log(x) if x > 0 else math.nan
+
+
+def _clamp_backward(x, lo, hi, g):
+    """clamp_backward and clamp_backward_min_max: x gets grad inside [lo, hi] (bounds
+    included); lo where x < lo < hi; hi where x > hi or hi < lo (torch returns hi then)."""
+    has_lo, has_hi = has_bound(lo), has_bound(hi)
+    if has_lo and has_hi:
+        inside = LogicalAnd(GreaterEqual(x, lo), LessEqual(x, hi))
+    elif has_lo:
+        inside = GreaterEqual(x, lo)
+    elif has_hi:
+        inside = LessEqual(x, hi)
+    else:
+        return [(x, g)]
+    out = [(x, Where(inside, g, _ZERO))]
+    if has_lo:
+        below = LogicalAnd(Less(x, lo), Less(lo, hi)) if has_hi else Less(x, lo)
+        out.append((lo, Where(below, g, _ZERO)))
+    if has_hi:
+        above = LogicalOr(Greater(x, hi), Less(hi, lo)) if has_lo else Greater(x, hi)
+        out.append((hi, Where(above, g, _ZERO)))
+    return out
+
+
+def _where_backward(a, r, g):
+    """where's branches get grad under a guard (spec.py selects it after the branch's own
+    backward): [(argument, contribution, ((condition, taken),))]."""
+    c, x, y = a
+    return [(x, g, ((c, True),)), (y, g, ((c, False),))]
+
+
+def _softplus_backward(a, r, g):
+    """softplus_backward (beta 1, threshold 20), as its kernel computes it: with z = exp(x),
+    x > threshold ? grad : grad * z / (z + 1)."""
+    (x,) = a
+    z = Exp(x)
+    return [(x, Where(Greater(x, sympy.Integer(SOFTPLUS_THRESHOLD)), g, div(mul(g, z), add(z, _ONE))))]
+
+
+# -- the table --------------------------------------------------------------------------------
+
+class _OnnxFormula:
+    """The `onnx` of a primitive that fusegen/pytorch/onnx.py spells as its own formula."""
+
+    def __repr__(self):
+        return "ONNX_FORMULA"
+
+
+ONNX_FORMULA = _OnnxFormula()
+UNARY = ("input",)
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """One function or operator of the language, everything about it in one place: every
+    other table (the parser's names, spec.py's backward formulas, printer.py's C spellings,
+    the eager torch callables of reference.py and composite.py, onnx.py's lowering,
+    notation.py's spellings) is derived from PRIMITIVES."""
+
+    node: type                      # the sympy node: one eager PyTorch operation
+    name: str                       # the spelling in the language: a function name or an operator
+    # derivatives.yaml's formula: (args, result, grad) -> [(argument, contribution)];
+    # None for a condition (a bool: no gradient flows into it).
+    backward: Callable | None
+    # C: a math function ("exp": expf in float), "fusegen::<helper>" of templates/fusegen-math.h
+    # (overloaded per compute type), or None where printer.py has its own _print_<Node>.
+    c: str | None
+    eager: str                      # the eager callable, dotted ("torch.exp"): reference and composite
+    # ONNX: one operator of the same arguments ("Exp"); a decomposition into other primitives
+    # (args -> tree), lowered node by node; or ONNX_FORMULA (onnx.py's own formula).
+    onnx: str | Callable | ONNX_FORMULA
+    params: tuple[str, ...] | None = None  # a function's parameters (torch's names); None: an operator
+    build: Callable | None = None   # the builder a call goes through (default: the node)
+    optional: int = 0               # trailing params that may be omitted
+    aliases: tuple[str, ...] = ()   # other names a call may use
+    # The C math function has a libmvec float variant (templates/fusegen-runtime.h declares
+    # it `simd`), so the CPU loop vectorizes it.
+    simd: bool = False
+    # The eager callable takes tensors (a number argument becomes a 0-dim tensor); False for
+    # Python's operators, which take a number as it is.
+    tensor_args: bool = True
+
+    def __post_init__(self):
+        self.node.user_name = self.name
+
+    @property
+    def function(self) -> Function | None:
+        if self.params is None:
+            return None
+        return Function(self.params, self.build or self.node, self.optional)
+
+
+def _op(node, name, backward, c, eager, onnx, **kw):
+    return Primitive(node, name, backward, c, eager, onnx, tensor_args=False, **kw)
+
+
+def _cmp(node, name, python, onnx):
+    return _op(node, name, None, None, f"operator.{python}", onnx)
+
+
+PRIMITIVES: tuple[Primitive, ...] = (
+    # -- arithmetic: Python's operators on tensors (the printer spells them infix) ----------
+    _op(Plus, "+", lambda a, r, g: [(a[0], g), (a[1], g)], None, "operator.add", "Add"),
+    _op(Minus, "-", lambda a, r, g: [(a[0], g), (a[1], neg(g))], None, "operator.sub", "Sub"),
+    _op(Times, "*", lambda a, r, g: [(a[0], mul(g, a[1])), (a[1], mul(g, a[0]))],  # grad * other
+        None, "operator.mul", "Mul"),
+    # grad / other, -grad * ((self / other) / other)
+    _op(Divide, "/", lambda a, r, g: [(a[0], div(g, a[1])), (a[1], mul(neg(g), div(r, a[1])))],
+        None, "operator.truediv", "Div"),
+    Primitive(Negative, "-", lambda a, r, g: [(a[0], neg(g))], None, "torch.neg", "Neg"),
+    Primitive(Reciprocal, "reciprocal", lambda a, r, g: [(a[0], mul(neg(g), mul(r, r)))],  # -grad * (result * result)
+              None, "torch.reciprocal", "Reciprocal"),
+    # -- functions, in the order the parser lists them ----------------------------------------
+    Primitive(Abs, "abs", lambda a, r, g: [(a[0], mul(g, Sign(a[0])))],  # grad * self.sgn()
+              "fabs", "torch.abs", "Abs", UNARY, aliases=("fabs", "absolute")),
+    Primitive(Exp, "exp", lambda a, r, g: [(a[0], mul(g, r))], "exp", "torch.exp", "Exp", UNARY, simd=True),
+    Primitive(Expm1, "expm1", lambda a, r, g: [(a[0], mul(g, add(r, _ONE)))],
+              "expm1", "torch.expm1", ONNX_FORMULA, UNARY, simd=True),
+    Primitive(Log, "log", lambda a, r, g: [(a[0], div(g, a[0]))], "log", "torch.log", "Log", UNARY, simd=True),
+    Primitive(Log1p, "log1p", lambda a, r, g: [(a[0], div(g, add(a[0], _ONE)))],
+              "log1p", "torch.log1p", ONNX_FORMULA, UNARY, simd=True),
+    Primitive(Sqrt, "sqrt", lambda a, r, g: [(a[0], div(g, mul(_TWO, r)))],  # grad / (2 * result)
+              "sqrt", "torch.sqrt", "Sqrt", UNARY),
+    # -0.5 * grad * result.pow(3)
+    Primitive(Rsqrt, "rsqrt", lambda a, r, g: [(a[0], mul(mul(number(-0.5), g), power(r, sympy.Integer(3))))],
+              None, "torch.rsqrt", ONNX_FORMULA, UNARY),
+    Primitive(Sin, "sin", lambda a, r, g: [(a[0], mul(g, Cos(a[0])))], "sin", "torch.sin", "Sin", UNARY, simd=True),
+    Primitive(Cos, "cos", lambda a, r, g: [(a[0], mul(g, neg(Sin(a[0]))))],
+              "cos", "torch.cos", "Cos", UNARY, simd=True),
+    Primitive(Tan, "tan", lambda a, r, g: [(a[0], mul(g, add(_ONE, power(r, _TWO))))],  # grad * (1 + result.pow(2))
+              "tan", "torch.tan", "Tan", UNARY, simd=True),
+    Primitive(Tanh, "tanh", lambda a, r, g: [(a[0], mul(g, sub(_ONE, mul(r, r))))],  # tanh_backward
+              "tanh", "torch.tanh", "Tanh", UNARY, simd=True),
+    Primitive(Atan, "atan", lambda a, r, g: [(a[0], div(g, add(mul(a[0], a[0]), _ONE)))],  # grad / (self*self + 1)
+              "atan", "torch.atan", "Atan", UNARY, simd=True),
+    # 1 / (1 + exp(-x)); grad * (1 - y) * y, finite for any x
+    Primitive(Sigmoid, "sigmoid", lambda a, r, g: [(a[0], mul(mul(g, sub(_ONE, r)), r))],
+              "fusegen::sigmoid", "torch.sigmoid", ONNX_FORMULA, UNARY),
+    # clamp_min(x, 0): NaN stays NaN; threshold_backward(grad, result, 0)
+    Primitive(Relu, "relu", lambda a, r, g: [(a[0], Where(LessEqual(r, _ZERO), _ZERO, g))],
+              "fusegen::relu", "torch.relu", "Relu", UNARY),
+    Primitive(Erf, "erf", _erf_backward(_TWO_OVER_SQRT_PI), "erf", "torch.erf", "Erf", UNARY, simd=True),
+    Primitive(Erfc, "erfc", _erf_backward(-_TWO_OVER_SQRT_PI), "erfc", "torch.erfc", ONNX_FORMULA, UNARY, simd=True),
+    # -1, 0 or 1 (0 for NaN); zeros_like(grad)
+    Primitive(Sign, "sign", lambda a, r, g: [(a[0], _ZERO)], "fusegen::sign", "torch.sign", ONNX_FORMULA, UNARY),
+    # NaN-propagating; ties split the gradient
+    Primitive(Maximum, "maximum", _min_max_backward(True), "fusegen::maximum", "torch.maximum", "Max",
+              ("input", "other"), aliases=("max",)),
+    Primitive(Minimum, "minimum", _min_max_backward(False), "fusegen::minimum", "torch.minimum", "Min",
+              ("input", "other"), aliases=("min",)),
+    # clamp(x, lo, hi); an absent bound is -oo / oo
+    Primitive(Clamp, "clamp", lambda a, r, g: _clamp_backward(*a, g), None, "torch.clamp", ONNX_FORMULA,
+              ("input", "min", "max"), build=clamp, optional=2, aliases=("clip",)),
+    # tensor ** number, number ** tensor, tensor ** tensor; powf has a libmvec variant
+    Primitive(Power, "pow", lambda a, r, g: _pow_backward(r, a[0], a[1], g), None, "torch.pow", ONNX_FORMULA,
+              ("input", "exponent"), build=power, simd=True),
+    Primitive(Where, "where", _where_backward, None, "torch.where", "Where",
+              ("condition", "input", "other"), build=where),
+    # F.softplus with beta 1, threshold 20
+    Primitive(_node("Softplus", 1), "softplus", _softplus_backward, "fusegen::softplus",
+              "torch.nn.functional.softplus",
+              lambda x: Where(Greater(x, sympy.Integer(SOFTPLUS_THRESHOLD)), x, Log1p(Exp(x))), UNARY),
+    # -- conditions (bool tensors) ------------------------------------------------------------
+    _cmp(Less, "<", "lt", "Less"),
+    _cmp(LessEqual, "<=", "le", "LessOrEqual"),
+    _cmp(Greater, ">", "gt", "Greater"),
+    _cmp(GreaterEqual, ">=", "ge", "GreaterOrEqual"),
+    _cmp(Equal, "==", "eq", "Equal"),
+    _cmp(NotEqual, "!=", "ne", ONNX_FORMULA),
+    Primitive(LogicalAnd, "&", None, None, "torch.logical_and", "And"),
+    Primitive(LogicalOr, "|", None, None, "torch.logical_or", "Or"),
+)
+
+BY_NODE: dict[type, Primitive] = {p.node: p for p in PRIMITIVES}
+# An entry may make its node inline (`_node("Softplus", 1)`): it is still this module's
+# attribute of its class name (fn.Softplus), where pickle and readers look for it.
+for _p in PRIMITIVES:
+    globals().setdefault(_p.node.__name__, _p.node)
+del _p
+
+FUNCTIONS: dict[str, Function] = {p.name: p.function for p in PRIMITIVES if p.params is not None}
 
 # Aliases PyTorch users type without thinking: torch.clip, math.fabs, torch.absolute.
-ALIASES = {"clip": "clamp", "fabs": "abs", "absolute": "abs", "max": "maximum", "min": "minimum"}
+ALIASES = {alias: p.name for p in PRIMITIVES for alias in p.aliases}
+
+_EAGER: dict[type, Callable] = {}
+
+
+def eager(p: Primitive) -> Callable:
+    """The eager PyTorch callable of a primitive (imported on first use: the IR needs no torch)."""
+    f = _EAGER.get(p.node)
+    if f is None:
+        module, _, attr = p.eager.rpartition(".")
+        f = _EAGER[p.node] = getattr(importlib.import_module(module), attr)
+    return f
+
 
 # Module prefixes accepted before a function name, as dotted paths.
 PREFIXES = ("torch", "torch.nn.functional", "F", "nn.functional", "math", "torch.special")
@@ -348,8 +569,7 @@ UNSUPPORTED: dict[str, str] = {
           "expression" for f in ("dropout", "rand_like", "randn_like", "bernoulli")},
     "silu": "{f} is not a built-in; write it: x * sigmoid(x)",
     "gelu": "{f} is not a built-in; write it: 0.5 * x * (1 + erf(x * 0.7071067811865476))",
-    "softplus": "{f} is not a built-in; write it (torch's threshold 20): where(x > 20, x, log1p(exp(x)))",
-    "mish": "{f} is not a built-in; write it: x * tanh(where(x > 20, x, log1p(exp(x))))",
+    "mish": "{f} is not a built-in; write it: x * tanh(softplus(x))",
     "elu": "{f} is not a built-in; write it: where(x > 0, x, alpha * expm1(x)) with a scalar alpha",
     "leaky_relu": "{f} is not a built-in; write it: where(x > 0, x, 0.01 * x)",
     "hardtanh": "{f} is not a built-in; write it: clamp(x, -1, 1)",

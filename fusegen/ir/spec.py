@@ -477,122 +477,24 @@ def _guarded(guard, g):
     return g
 
 
-_ZERO, _ONE, _TWO = sympy.Integer(0), sympy.Integer(1), sympy.Integer(2)
-_TWO_OVER_SQRT_PI = sympy.Float(1.1283791670955126)  # 2.0 / sqrt(M_PI), in double as torch has it
+_ZERO = sympy.Integer(0)
 
 
 def _vjp(node, g):
     """[(argument, its gradient contribution, where-branch guard)] for one node, given the
     gradient g of its result: derivatives.yaml's formula for that op (_FORMULAS)."""
-    if type(node) is fn.Where:
-        c, x, y = node.args
-        return [(x, g, ((c, True),)), (y, g, ((c, False),))]
     formula = _FORMULAS.get(type(node))
     if formula is None:
         raise SpecError(f"no backward formula for {type(node).__name__}")
     # `r` is `result` in derivatives.yaml: the node's own value.
+    if type(node) is fn.Where:
+        return formula(node.args, node, g)  # its own guards: the branch not taken gets 0
     return [(arg, d, ()) for arg, d in formula(node.args, node, g)]
 
 
-def _erf_backward(c):
-    """(+-2/sqrt(pi)) * exp(-(self.pow(2))) * grad."""
-    return lambda a, r, g: [(a[0], fn.mul(fn.mul(c, fn.Exp(fn.neg(fn.power(a[0], _TWO)))), g))]
-
-
-def _min_max_backward(t):
-    """where(self == other, grad / 2, grad).masked_fill_(self < other, 0) for maximum's self."""
-    def formula(a, r, g):
-        x, y = a
-        split = fn.Where(fn.Equal(x, y), fn.div(g, _TWO), g)
-        lose_x = fn.Less(x, y) if t is fn.Maximum else fn.Greater(x, y)
-        lose_y = fn.Greater(x, y) if t is fn.Maximum else fn.Less(x, y)
-        return [(x, fn.Where(lose_x, _ZERO, split)), (y, fn.Where(lose_y, _ZERO, split))]
-    return formula
-
-
-# node class -> formula(args, result, grad) -> [(argument, gradient contribution)].
-_FORMULAS = {
-    fn.Plus: lambda a, r, g: [(a[0], g), (a[1], g)],
-    fn.Minus: lambda a, r, g: [(a[0], g), (a[1], fn.neg(g))],
-    fn.Times: lambda a, r, g: [(a[0], fn.mul(g, a[1])), (a[1], fn.mul(g, a[0]))],  # grad * other
-    # grad / other, -grad * ((self / other) / other)
-    fn.Divide: lambda a, r, g: [(a[0], fn.div(g, a[1])), (a[1], fn.mul(fn.neg(g), fn.div(r, a[1])))],
-    fn.Negative: lambda a, r, g: [(a[0], fn.neg(g))],
-    fn.Reciprocal: lambda a, r, g: [(a[0], fn.mul(fn.neg(g), fn.mul(r, r)))],  # -grad * (result * result)
-    fn.Power: lambda a, r, g: _pow_backward(r, a[0], a[1], g),
-    fn.Exp: lambda a, r, g: [(a[0], fn.mul(g, r))],
-    fn.Expm1: lambda a, r, g: [(a[0], fn.mul(g, fn.add(r, _ONE)))],
-    fn.Log: lambda a, r, g: [(a[0], fn.div(g, a[0]))],
-    fn.Log1p: lambda a, r, g: [(a[0], fn.div(g, fn.add(a[0], _ONE)))],
-    fn.Sqrt: lambda a, r, g: [(a[0], fn.div(g, fn.mul(_TWO, r)))],  # grad / (2 * result)
-    # -0.5 * grad * result.pow(3)
-    fn.Rsqrt: lambda a, r, g: [(a[0], fn.mul(fn.mul(fn.number(-0.5), g), fn.power(r, sympy.Integer(3))))],
-    fn.Sin: lambda a, r, g: [(a[0], fn.mul(g, fn.Cos(a[0])))],
-    fn.Cos: lambda a, r, g: [(a[0], fn.mul(g, fn.neg(fn.Sin(a[0]))))],
-    fn.Tan: lambda a, r, g: [(a[0], fn.mul(g, fn.add(_ONE, fn.power(r, _TWO))))],  # grad * (1 + result.pow(2))
-    fn.Tanh: lambda a, r, g: [(a[0], fn.mul(g, fn.sub(_ONE, fn.mul(r, r))))],  # tanh_backward
-    fn.Atan: lambda a, r, g: [(a[0], fn.div(g, fn.add(fn.mul(a[0], a[0]), _ONE)))],  # grad / (self*self + 1)
-    fn.Sigmoid: lambda a, r, g: [(a[0], fn.mul(fn.mul(g, fn.sub(_ONE, r)), r))],  # grad * (1 - y) * y
-    fn.Erf: _erf_backward(_TWO_OVER_SQRT_PI),
-    fn.Erfc: _erf_backward(-_TWO_OVER_SQRT_PI),
-    fn.Abs: lambda a, r, g: [(a[0], fn.mul(g, fn.Sign(a[0])))],  # grad * self.sgn()
-    fn.Sign: lambda a, r, g: [(a[0], _ZERO)],  # zeros_like(grad)
-    # threshold_backward(grad, result, 0)
-    fn.Relu: lambda a, r, g: [(a[0], fn.Where(fn.LessEqual(r, _ZERO), _ZERO, g))],
-    fn.Maximum: _min_max_backward(fn.Maximum),
-    fn.Minimum: _min_max_backward(fn.Minimum),
-    fn.Clamp: lambda a, r, g: _clamp_backward(*a, g),
-}
-
-
-def _pow_backward(r, base, exponent, g):
-    """pow_backward, pow_backward_self and pow_backward_exponent (FunctionsManual.cpp)."""
-    if fn.is_number(exponent):                          # tensor ** number
-        if exponent == 0:
-            return [(base, _ZERO)]                      # zeros_like(self)
-        e = fn.number(float(exponent))
-        return [(base, fn.mul(g, fn.mul(e, fn.power(base, fn.sub(e, _ONE)))))]
-    out = []
-    if not fn.is_number(base):                          # tensor ** tensor: d/dself
-        d = fn.mul(g, fn.mul(exponent, fn.power(base, fn.sub(exponent, _ONE))))
-        out.append((base, fn.Where(fn.Equal(exponent, _ZERO), _ZERO, d)))
-        zero_base = fn.LogicalAnd(fn.Equal(base, _ZERO), fn.GreaterEqual(exponent, _ZERO))
-        out.append((exponent, fn.mul(g, fn.Where(zero_base, _ZERO, fn.mul(r, fn.Log(base))))))
-        return out
-    # number ** tensor: grad * (result * log(base)), masked where base == 0 and exponent >= 0
-    log_base = fn.number(_log(float(base)))
-    if base == 0:
-        return [(exponent, fn.mul(g, fn.Where(fn.GreaterEqual(exponent, _ZERO), _ZERO, fn.Times(r, log_base))))]
-    return [(exponent, fn.mul(g, fn.Times(r, log_base)))]
-
-
-def _log(x: float) -> float:
-    """c10::Scalar::log of a real base: std::log in double."""
-    if x == 0:
-        return -math.inf
-    return math.log(x) if x > 0 else math.nan
-
-
-def _clamp_backward(x, lo, hi, g):
-    """clamp_backward and clamp_backward_min_max: x gets grad inside [lo, hi] (bounds
-    included); lo where x < lo < hi; hi where x > hi or hi < lo (torch returns hi then)."""
-    has_lo, has_hi = fn.has_bound(lo), fn.has_bound(hi)
-    if has_lo and has_hi:
-        inside = fn.LogicalAnd(fn.GreaterEqual(x, lo), fn.LessEqual(x, hi))
-    elif has_lo:
-        inside = fn.GreaterEqual(x, lo)
-    elif has_hi:
-        inside = fn.LessEqual(x, hi)
-    else:
-        return [(x, g)]
-    out = [(x, fn.Where(inside, g, _ZERO))]
-    if has_lo:
-        below = fn.LogicalAnd(fn.Less(x, lo), fn.Less(lo, hi)) if has_hi else fn.Less(x, lo)
-        out.append((lo, fn.Where(below, g, _ZERO)))
-    if has_hi:
-        above = fn.LogicalOr(fn.Greater(x, hi), fn.Less(hi, lo)) if has_lo else fn.Greater(x, hi)
-        out.append((hi, fn.Where(above, g, _ZERO)))
-    return out
+# node class -> formula(args, result, grad) -> [(argument, gradient contribution)]: each
+# primitive's backward (primitives.PRIMITIVES); conditions have none (no gradient flows).
+_FORMULAS = {p.node: p.backward for p in fn.PRIMITIVES if p.backward is not None}
 
 
 def _check_printable(name: str, items, seen: set):

@@ -9,28 +9,16 @@ float as the kernels do). Nothing is compiled: it is plain torch calls.
 
 from __future__ import annotations
 
-import operator
-
 import sympy
 import torch
 
 from fusegen.ir import dag
 from fusegen.ir import primitives as fn
 
-_BINARY = {fn.Plus: operator.add, fn.Minus: operator.sub, fn.Times: operator.mul,
-           fn.Divide: operator.truediv, fn.Less: operator.lt, fn.LessEqual: operator.le,
-           fn.Greater: operator.gt, fn.GreaterEqual: operator.ge, fn.Equal: operator.eq,
-           fn.NotEqual: operator.ne}
-
-# Nodes whose torch function wants tensors (a number argument becomes a 0-dim tensor).
-_TENSOR_FUNCTIONS = {
-    fn.Negative: torch.neg, fn.Reciprocal: torch.reciprocal, fn.Abs: torch.abs, fn.Exp: torch.exp,
-    fn.Expm1: torch.expm1, fn.Log: torch.log, fn.Log1p: torch.log1p, fn.Sqrt: torch.sqrt,
-    fn.Rsqrt: torch.rsqrt, fn.Sin: torch.sin, fn.Cos: torch.cos, fn.Tan: torch.tan,
-    fn.Tanh: torch.tanh, fn.Atan: torch.atan, fn.Sigmoid: torch.sigmoid, fn.Relu: torch.relu,
-    fn.Erf: torch.erf, fn.Erfc: torch.erfc, fn.Sign: torch.sign, fn.Maximum: torch.maximum,
-    fn.Minimum: torch.minimum, fn.LogicalAnd: torch.logical_and, fn.LogicalOr: torch.logical_or,
-}
+# Each node's eager callable (primitives.PRIMITIVES). Python's operators take a number as
+# it is; the torch functions want tensors (a number argument becomes a 0-dim tensor).
+_BINARY = {p.node: fn.eager(p) for p in fn.PRIMITIVES if not p.tensor_args}
+_TENSOR_FUNCTIONS = {p.node: fn.eager(p) for p in fn.PRIMITIVES if p.tensor_args}
 
 
 def promoted_dtype(tensors) -> torch.dtype:
@@ -66,11 +54,11 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
                 else _BINARY[type(node)](tensor(a), b)
         elif type(node) is fn.Power:
             base, exponent = (value(x) for x in node.args)
-            result = torch.pow(base if isinstance(base, torch.Tensor) or isinstance(exponent, torch.Tensor)
+            result = _TENSOR_FUNCTIONS[fn.Power](base if isinstance(base, torch.Tensor) or isinstance(exponent, torch.Tensor)
                                else tensor(base), exponent)
         elif type(node) is fn.Where:
             c, a, b = (value(x) for x in node.args)
-            result = torch.where(tensor(c), a, b)
+            result = _TENSOR_FUNCTIONS[fn.Where](tensor(c), a, b)
         elif type(node) is fn.Clamp:
             x, lo, hi = (value(x) for x in node.args)
             bounds = [None if isinstance(v, float) and abs(v) == float("inf") else v for v in (lo, hi)]
@@ -79,7 +67,7 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
                 x, *rest = torch.broadcast_tensors(tensor(x), *[v for v in bounds if v is not None])
                 it = iter(rest)
                 bounds = [None if v is None else next(it) for v in bounds]
-            result = torch.clamp(tensor(x), *bounds)
+            result = _TENSOR_FUNCTIONS[fn.Clamp](tensor(x), *bounds)
         else:
             f = _TENSOR_FUNCTIONS[type(node)]
             result = f(*(tensor(value(x)) for x in node.args))

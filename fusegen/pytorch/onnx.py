@@ -13,7 +13,9 @@ Cast to float, computed, and Cast back once, float64 stays double. Only the forw
 exported (ONNX is for inference). Written against ONNX opset 18 (`OPSET`, torchlib's own),
 so it serves any model opset from 18 on (torch 2.13 exports opset 20 by default).
 
-Where ONNX has no operator, or onnxruntime's is not torch's, the node is a formula:
+Each node's lowering is its `onnx` in fusegen.ir.primitives.PRIMITIVES: one operator, a
+decomposition into other primitives, or one of the formulas below. Where ONNX has no
+operator, or onnxruntime's is not torch's, the node is a formula:
 
   torch              ONNX                                       why
   expm1, log1p       Kahan's exp(x)-1 / log(1+x) corrections    no operator; exp(x)-1 loses digits
@@ -25,6 +27,7 @@ Where ONNX has no operator, or onnxruntime's is not torch's, the node is a formu
   x != y             Not(Equal(x, y))                            no operator
   pow special cases  x*x, x*x*x, Sqrt, Reciprocal, ...           torch.pow's own spellings
   clamp              Clip (number bounds), Max/Min (tensor)      Clip's bounds must be scalars
+  softplus           Where(x > 20, x, log1p(Exp(x)))             no operator (Softplus has no threshold)
 
 onnxruntime's CPU provider has no double Atan, Erf or Tan: in a float64 model Tan is
 Sin/Cos and Atan/Erf compute in float (so they agree with torch to ~1e-7, not 1e-16).
@@ -66,14 +69,9 @@ _COMPUTE = {torch.float32: ir.DataType.FLOAT, torch.float64: ir.DataType.DOUBLE,
 
 # Nodes that are one ONNX operator computing what torch computes (onnxruntime >= 1.19
 # propagates NaN through Max/Min, as torch.maximum/minimum do; the ONNX text is silent).
-_OPERATORS = {
-    fn.Plus: "Add", fn.Minus: "Sub", fn.Times: "Mul", fn.Divide: "Div", fn.Negative: "Neg",
-    fn.Reciprocal: "Reciprocal", fn.Abs: "Abs", fn.Exp: "Exp", fn.Log: "Log", fn.Sqrt: "Sqrt",
-    fn.Sin: "Sin", fn.Cos: "Cos", fn.Tan: "Tan", fn.Tanh: "Tanh", fn.Atan: "Atan", fn.Erf: "Erf",
-    fn.Relu: "Relu", fn.Maximum: "Max", fn.Minimum: "Min", fn.Where: "Where",
-    fn.Less: "Less", fn.LessEqual: "LessOrEqual", fn.Greater: "Greater",
-    fn.GreaterEqual: "GreaterOrEqual", fn.Equal: "Equal", fn.LogicalAnd: "And", fn.LogicalOr: "Or",
-}
+_OPERATORS = {p.node: p.onnx for p in fn.PRIMITIVES if isinstance(p.onnx, str)}
+# Nodes lowered as a tree of other primitives (args -> tree), emitted node by node.
+_DECOMPOSITIONS = {p.node: p.onnx for p in fn.PRIMITIVES if callable(p.onnx)}
 
 # Operators onnxruntime's CPU provider implements in float but not in double.
 _DOUBLE_SPELLINGS: dict[str, Callable] = {"Tan": lambda x: op.Div(op.Sin(x), op.Cos(x))}
@@ -109,6 +107,8 @@ class _Emitter:
             return self.operator(_OPERATORS[kind], *map(self, expr.args))
         if kind in _FORMULAS:
             return _FORMULAS[kind](self, *expr.args)
+        if kind in _DECOMPOSITIONS:
+            return self(_DECOMPOSITIONS[kind](*expr.args))
         raise FusegenError(f"fusegen's ONNX export has no translation for {kind.__name__} in {expr}")
 
     def operator(self, name: str, *args):
@@ -213,6 +213,7 @@ def _clamp(e: _Emitter, x, lo, hi):
     return out
 
 
+# The primitives whose `onnx` is primitives.ONNX_FORMULA.
 _FORMULAS: dict[type, Callable] = {
     fn.NotEqual: _not_equal, fn.Rsqrt: _rsqrt, fn.Sigmoid: _sigmoid, fn.Sign: _sign,
     fn.Expm1: _expm1, fn.Log1p: _log1p, fn.Erfc: _erfc, fn.Power: _power, fn.Clamp: _clamp,

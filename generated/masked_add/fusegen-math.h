@@ -59,6 +59,12 @@ FUSEGEN_HD T sign(T x) {
 FUSEGEN_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 FUSEGEN_HD double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
+// F.softplus(x) (beta 1, threshold 20), as torch's kernel computes it: x above the
+// threshold, else log1p(exp(x)). Stable at both ends: exp never overflows (x <= 20), and
+// log1p keeps the digits of a tiny exp(x) (large negative x gives exp(x), not 0).
+FUSEGEN_HD float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+FUSEGEN_HD double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+
 }  // namespace fusegen
 
 #endif  // FUSEGEN_H_
