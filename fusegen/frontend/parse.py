@@ -65,6 +65,8 @@ def check_identifier(name: object, what: str) -> str:
 
 def check_op_name(name: object) -> str:
     check_identifier(name, "op name")
+    if name == names.RUNTIME_FOLDER:
+        raise SpecError(f"name {name!r} is reserved: generated/{name}/ holds the runtime every op builds with")
     for suffix in names.RESERVED_SUFFIXES:
         if name.endswith(suffix):
             raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "

@@ -118,7 +118,7 @@ def _run(args) -> int:
             args.out, args.temporary = tmp, True
             return _run(args)
     from fusegen.api import Request, generate, load_generated
-    from fusegen.files import write
+    from fusegen.files import RUNTIME_FOLDER, runtime_files, write
     from fusegen.build.index import record
 
     say = (lambda *a: None) if args.quiet else print
@@ -134,6 +134,7 @@ def _run(args) -> int:
     if not args.force:
         _check_overwrite(out_dir, spec)
     paths = write(generated.files, out_dir)
+    write(runtime_files(), out_dir.parent / RUNTIME_FOLDER)  # one copy for every op folder
     temporary = " (temporary: pass --out DIR or --name to keep them)" if getattr(args, "temporary", False) else ""
     say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}{temporary}")
     if args.show:
