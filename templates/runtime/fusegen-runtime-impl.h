@@ -50,7 +50,9 @@ struct Op {
 
 // A tensor argument off the dispatcher's stack; None (from Python) is an undefined tensor,
 // which check_defined reports by name.
-inline at::Tensor tensor_arg(const c10::IValue& v) { return v.isNone() ? at::Tensor() : v.toTensor(); }
+inline at::Tensor tensor_arg(const c10::IValue& v) {
+  return v.isNone() ? at::Tensor() : v.toTensor();
+}
 
 // The forward's arguments off the stack (tensors, then scalars), which stay on it.
 struct ForwardArgs {
