@@ -30,11 +30,17 @@ from fusegen.pytorch import autograd as _autograd
 from fusegen.build import builder as _build
 from fusegen.pytorch import decompose as _decompose
 from fusegen.build import index as _index
+from fusegen.build import keys as _keys
 from fusegen.ir import names
 from fusegen.errors import LoadError, SpecError
 
+# FusedOp.__call__'s checks, bound once
+_is_compiling = _autograd._is_compiling
+_functorch_active = _autograd._functorch_active
+_forward_ad = _autograd.forward_ad
+
 if TYPE_CHECKING:
-    from fusegen.frontend.parse import Parsed
+    from fusegen.ir.expr import Parsed
     from fusegen.ir.spec import OpSpec
 
 
@@ -87,30 +93,87 @@ class Generated:
     @functools.cached_property
     def digest(self) -> str:
         """Of the files: one name, one expression (hashed once, checked and indexed)."""
-        return _index.files_digest(self.files)
+        return _keys.files_digest(self.files)
+
+    def _of(self, name: str) -> set[str]:
+        return {f"{name}{ext}" for ext in _OP_FILES}
+
+    @property
+    def own_files(self) -> dict:
+        """What the op's library is built from: `files` without the auxiliary ops', which are
+        built on first use (`auxiliary_files`). A generated folder keeps them all."""
+        theirs = set().union(*(self._of(a.name) for a in self.auxiliary))
+        return {f: text for f, text in self.files.items() if f not in theirs}
+
+    def auxiliary_files(self, name: str) -> dict:
+        """What auxiliary op `name`'s library is built from: its files and the helper headers."""
+        mine = self._of(name)
+        return {f: text for f, text in self.files.items() if f in mine or f.startswith(_HELPER_PREFIX)}
+
+
+_OP_FILES = (".h", ".cu", ".cpp")  # an op's own files (codegen/render.py's TEMPLATES)
+_HELPER_PREFIX = "fusegen-"        # the hand-written headers beside them (no op name has a '-')
 
 
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
+    from fusegen.ir import limits
     from fusegen.codegen.printer import print_op
     from fusegen.codegen.render import render
     from fusegen.ir.spec import auxiliary_specs, differentiate
 
-    parsed = request.parse()                                                    # parse
-    spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
-    auxiliary = auxiliary_specs(spec)                                           # ... again
-    printed = [print_op(_with_c_names(s)) for s in (spec,) + auxiliary]         # print
-    files = render(spec, printed[0], tuple(zip(auxiliary, printed[1:])))        # render
+    with limits.scope(request.name):  # one deadline and graph budget for the whole family
+        parsed = request.parse()                                                    # parse
+        spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
+        auxiliary = auxiliary_specs(spec)                                           # ... again
+        printed = [print_op(_with_c_names(s)) for s in (spec,) + auxiliary]         # print
+        files = render(spec, printed[0], tuple(zip(auxiliary, printed[1:])))        # render
+        limits.check_source(spec.name, files)  # the runtime is not among them
     return Generated(spec, files, auxiliary)
 
 
 def _build_and_load(generated: list[Generated]) -> list["FusedOp"]:
-    library = _build.build([(g.spec.name, g.files) for g in generated])         # build
+    library = _build.build([(g.spec.name, g.own_files) for g in generated])     # build
     _build.load(library)                                                        # load
-    families = [_autograd.register(g.spec, g.auxiliary) for g in generated]     # autograd, torch.func
+    auxiliary = _Auxiliary(lambda: generated)                                   # ... on first use
+    families = [_autograd.register(g.spec, g.auxiliary, auxiliary) for g in generated]  # autograd, torch.func
     for g, f in zip(generated, families):
         _decompose.loaded(g.spec.name, f, g.digest)                             # torch.compile
     return [FusedOp(_entry(g, library, f), g) for g, f in zip(generated, families)]
+
+
+class _Auxiliary:
+    """Builds the auxiliary ops (`<name>_grad2`, `<name>_jvp`) of ops loaded together, on
+    the first use of one (autograd.load_auxiliary): the first double backward builds the
+    `_grad2` ops, the first forward-mode use the `_jvp` ops, of every op of the batch (one
+    `fuse_many`: one library, one compiler run, as the ops themselves), never both kinds
+    at once. `get()` returns the batch's Generated (for an op found in the index, its
+    pipeline runs then)."""
+
+    def __init__(self, get, entry: _index.Entry | None = None):
+        self._get = get
+        self._entry = entry  # an op found in the index: the auxiliary libraries it recorded
+
+    def __call__(self, name: str) -> list[str]:
+        recorded = self._entry and _index.auxiliary_library(self._entry, name)
+        if recorded:
+            try:
+                _build.load(recorded)  # built by an earlier process: no pipeline, no compiler
+                return [name]
+            except LoadError:
+                pass  # gone or unsafe since the lookup: the long way says why
+        generated = self._get()
+        suffix = next(a.name[len(g.spec.name):] for g in generated for a in g.auxiliary if a.name == name)
+        pending = set(_autograd.pending_auxiliary())
+        todo = [(g, g.spec.name + suffix) for g in generated if g.spec.name + suffix in pending]
+        library = _build.build([(a, g.auxiliary_files(a)) for g, a in todo])
+        _build.load(library)
+        with _LOCK:
+            for g, a in todo:  # for the next process's first use
+                for request, op in list(_MEMO.items()):
+                    if op.name == g.spec.name:
+                        _index.record_auxiliary(request, a, library.key)
+        return [a for _, a in todo]
 
 
 def _entry(g: Generated, library: _build.Library | None, family=()) -> _index.Entry:
@@ -167,13 +230,23 @@ class FusedOp:
         """"opaque" or "decompose": what torch.compile makes of this op (fusegen/pytorch/decompose.py)."""
         return _decompose.mode(self.name)
 
+    def load_auxiliary(self) -> "FusedOp":
+        """Build (or find in the cache) and load the op's auxiliary ops now. They are built
+        on first use otherwise: the first double backward builds `<name>_grad2`, the first
+        forward-mode derivative `<name>_jvp`. After this, `torch.ops.fusegen.<name>_grad2`
+        and `_jvp` exist, and no later call compiles. Returns the op."""
+        _autograd.load_family(self.name)
+        return self
+
     @property
     def backward_op(self):
         """torch.ops.fusegen.<name>_backward, or None when every gradient passes grad through."""
         return getattr(torch.ops.fusegen, f"{self.name}_backward") if self.entry.backward_kernel else None
 
     def __call__(self, *args, **kwargs):
-        if not kwargs and _autograd.eager():
+        # _autograd.eager() spelt out: one Python frame less on every call (at n = 1024 the
+        # call is host time; dynamo folds is_compiling to True first, as in eager()).
+        if not (kwargs or _is_compiling() or _functorch_active() or _forward_ad._current_level >= 0):
             try:
                 return self._raw(*args)
             except (RuntimeError, TypeError):
@@ -271,7 +344,8 @@ def _from_index(request: Request) -> FusedOp | None:
         op = _OPS[entry.name] = FusedOp(entry, request=request)
         # vmap rules and autograd kernels from the family's description; the derivatives
         # themselves (sympy) only when first needed.
-        _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary))
+        _autograd.register_cached(entry.family, lambda: (op.generated.spec, op.generated.auxiliary),
+                                  _Auxiliary(lambda: [op.generated], entry))
         _decompose.loaded(entry.name, entry.family, entry.digest)
     return _OPS[entry.name]
 
@@ -293,8 +367,11 @@ def load_requests(pending: list[tuple[Request, Generated | None]]):
     with _LOCK:
         todo = []
         for request, generated in pending:
-            if cached(request) is None:
+            op = cached(request)
+            if op is None:
                 todo.append((request, generated or generate(request)))
+            elif generated is not None and op._generated is None:
+                op._generated = generated  # found in the index: these are its files, no need to derive them again
         for (request, _), op in zip(todo, load_generated([g for _, g in todo])):
             _index.record(request, op.entry)
             _MEMO[request] = op
@@ -368,7 +445,7 @@ def _recorded(requests: list[dict]):
             request = Request(**fields)
         except TypeError:
             continue
-        yield request if _index.request_key(request) == data["_key"] else None
+        yield request if _keys.request_key(request) == data["_key"] else None
 
 
 def _not_found(name: str, total: int, other: bool) -> str:
@@ -409,7 +486,7 @@ def _load_folder(path: Path) -> FusedOp:
                         f"a folder that `fusegen EXPR --name NAME` wrote") from None
     if not isinstance(name, str) or not isinstance(expr, str):
         raise LoadError(f"fusegen.load({str(path)!r}): {folder}/spec.json has no op name and expression")
-    digest = _index.files_digest(files)
+    digest = _keys.files_digest(files)
     with _LOCK:
         known = _OPS.get(name)
         if known is not None and known.entry.digest == digest:

@@ -72,3 +72,12 @@ class BuildError(FusegenError):
 
 class LoadError(FusegenError):
     """A built library could not be loaded, or its op clashes with one already loaded."""
+
+
+class LimitError(FusegenError):
+    """An op would cost more work than fusegen allows (limits.py): the message names the
+    limit and its value; `limit` and `value` carry them."""
+
+    def __init__(self, message: str, limit: str, value):
+        self.limit, self.value = limit, value
+        super().__init__(message)

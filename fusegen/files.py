@@ -18,8 +18,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
-from fusegen.ir import names
-
 
 def write(files: Mapping[str, str], directory: str | os.PathLike) -> list[Path]:
     """Write `files` (name -> text) into `directory`, creating it; return their paths."""
@@ -70,7 +68,7 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 # The hand-written runtime: templates/runtime/ in fusegen, `_runtime/` beside the op
 # folders it writes (generated/_runtime/), one copy for all of them.
 RUNTIME_TEMPLATES = "runtime"
-RUNTIME_FOLDER = names.RUNTIME_FOLDER
+RUNTIME_FOLDER = "_runtime"  # no op may be called so (ir/names.py, check_op_name)
 
 
 @lru_cache(maxsize=None)

@@ -1,5 +1,5 @@
 """Shared fixtures. The expensive one is `corpus_ops`: the whole numeric corpus built once
-per session into one library (one compile instead of one per op)."""
+per test run into one library (one compile instead of one per op)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # `import corpus` from every test module
 
-# A private cache per session unless CI (or the user) chose one: tests must not depend on,
+# A private cache per test run unless CI (or the user) chose one: tests must not depend on,
 # or pollute, ~/.cache/fusegen. Set at import time, before anything can build; subprocesses
 # (the CLI tests) inherit it.
 if not os.environ.get("FUSEGEN_CACHE_DIR"):
@@ -38,7 +38,7 @@ def corpus_ops():
 
 
 def seed_runtime(cache: Path) -> Path:
-    """Copy the shared runtime (built once in the session's cache) into another cache
+    """Copy the shared runtime (built once in the test run's cache) into another cache
     folder, so a test with a fresh cache compiles only its ops, as a user's would."""
     import shutil
     from fusegen.build import builder as build
@@ -48,6 +48,19 @@ def seed_runtime(cache: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(lib.path.parent, target)
     return target
+
+
+def selected_params(request, param: str) -> list:
+    """The values of the parametrized argument `param` of the tests of this run that use the
+    requesting fixture (after -m/-k deselection), so that a fixture building one library for
+    a whole table builds only the rows that will run (the rest may be marked slow)."""
+    values = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if request.fixturename in getattr(item, "fixturenames", ()) and callspec and param in callspec.params:
+            if callspec.params[param] not in values:
+                values.append(callspec.params[param])
+    return values
 
 
 @pytest.fixture

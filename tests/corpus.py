@@ -2,7 +2,7 @@
 
 Each entry is an op fusegen builds and an eager PyTorch oracle written by hand, so the
 check is independent of fusegen's own reference evaluator. The whole corpus is built once
-per test session into one library (see conftest.py: `corpus_ops`).
+per test run into one library (see conftest.py: `corpus_ops`).
 
 Names carry a `cp_` prefix so they never clash with ops other test files register in the
 same process under the seed names (fma, silu, ...).

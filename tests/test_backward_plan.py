@@ -1,4 +1,4 @@
-"""What the backward reads and writes (spec._plan, issue 7): identical gradients computed
+"""What the backward reads and writes (spec._plan): identical gradients computed
 and written once, gradients of dout alone as eager ops with no kernel, the forward's output
 saved instead of inputs when that moves fewer bytes, and autograd's in-place check on it."""
 
@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from fusegen.ir import primitives as fn
-from fusegen.frontend.parse import parse, symbol
+from fusegen.frontend.parse import parse
+from fusegen.ir.expr import symbol
 from fusegen.ir.spec import GRAD, differentiate
 
 from helpers import TOL

@@ -46,7 +46,8 @@ def test_cache_key_names_sources_and_flags(monkeypatch):
     monkeypatch.setattr(build, "runtime_key", lambda cuda: "another runtime")
     assert build.cache_key(ops, cuda=False) != key  # a new runtime relinks every op
     monkeypatch.undo()
-    monkeypatch.setattr(build, "CXX_FLAGS", build.CXX_FLAGS + ["-DSOMETHING"])
+    from fusegen.build import toolchain
+    monkeypatch.setattr(toolchain, "CXX_FLAGS", toolchain.CXX_FLAGS + ["-DSOMETHING"])
     assert build.cache_key(ops, cuda=False) != key
     assert build.runtime_key(cuda=False) != runtime  # the runtime's flags changed too
 

@@ -252,6 +252,7 @@ def test_a_cache_that_lost_its_runtime_rebuilds_it(cache):
     assert again.runtime.is_file()
 
 
+@pytest.mark.slow
 def test_cache_deleted_during_a_real_compile(tmp_path, monkeypatch):
     """A real build (two compiles of the op): the cache, seeded with the runtime as a user's
     would be, is removed with rm -rf while the compiler runs on the op; fusegen recreates it,

@@ -114,10 +114,11 @@ def test_a_corrupt_library_is_never_loaded(fake_bytes):
 def test_the_index_does_not_hand_back_a_corrupt_library(fake_bytes, monkeypatch):
     from fusegen.build import index
     from fusegen.api import Request
+    from fusegen.ir.family import Member
     lib = fake_bytes.build()
     request = Request("a*b", name="fake")
     entry = index.Entry("fake", ("a", "b"), (), "a*b", True, "d", lib,
-                        (index.Member("fake", 2, True, False),))
+                        (Member("fake", 2, True, False),))
     index.record(request, entry)
     assert index.lookup(request).library.path == lib.path
     fcache._VERIFIED.clear()

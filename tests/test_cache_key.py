@@ -1,5 +1,5 @@
 """The cache key names the compilers by their real identity and the environment that
-changes a build, and the request index's key is built from the same list (build.key_parts).
+changes a build, and the request index's key is built from the same list (keys.key_parts).
 
 The compilers here are small shell scripts standing in for g++ (their `--version` ends in
 g++'s warranty line, which the key once took for the version); nothing is compiled."""
@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from fusegen.build import builder as build
-
-from fusegen.build import index
+from fusegen.build import keys as fkeys
 from fusegen.api import Request
 
 OPS = [("k", {"k.cpp": "int x;\n"})]
@@ -34,16 +33,16 @@ def compiler(folder: Path, first_line: str, machine: str = "x86_64-linux-gnu") -
 
 def keys() -> tuple[str, str, str]:
     return (build.cache_key(OPS, cuda=False), build.runtime_key(cuda=False),
-            index.request_key(Request("a*b", name="k")))
+            fkeys.request_key(Request("a*b", name="k")))
 
 
 def cxx_part() -> str:
-    return next(p for p in build.key_parts(False) if p.startswith("c++: "))
+    return next(p for p in fkeys.key_parts(False) if p.startswith("c++: "))
 
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in build.KEY_ENV:
+    for name in fkeys.KEY_ENV:
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -87,7 +86,7 @@ def test_the_compiler_is_found_as_the_build_finds_it(tmp_path, clean_env):
     assert all(a != b for a, b in zip(via_path, keys()))
 
 
-@pytest.mark.parametrize("name", build.KEY_ENV)
+@pytest.mark.parametrize("name", fkeys.KEY_ENV)
 def test_every_variable_that_changes_a_build_changes_both_keys(clean_env, name):
     if name in ("CXX", "CC", "PYTORCH_NVCC", "NVCC_CCBIN", "CUDA_HOME", "CUDA_PATH"):
         value = "/usr/bin/c++" if name == "CXX" else "/nonexistent/tool"
@@ -102,22 +101,22 @@ def test_every_variable_that_changes_a_build_changes_both_keys(clean_env, name):
 
 def test_the_key_lists_the_variables_the_compilers_read():
     assert {"CXX", "CC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "TORCH_CUDA_ARCH_LIST", "CPATH",
-            "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "CUDA_HOME"} <= set(build.KEY_ENV)
+            "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "CUDA_HOME"} <= set(fkeys.KEY_ENV)
 
 
 def test_the_index_key_is_built_from_the_cache_keys_list(monkeypatch):
-    """One list (build.key_parts) for both keys; the index's asks it not to run anything."""
+    """One list (keys.key_parts) for both keys; the index's asks it not to run anything."""
     request = Request("a*b", name="k")
     calls = []
-    real = build.key_parts
+    real = fkeys.key_parts
 
     def spy(cuda, probe=True):
         calls.append(probe)
         return real(cuda, probe) + (["changed"] if probe is False else [])
 
-    before = index.request_key(request)
-    monkeypatch.setattr(build, "key_parts", spy)
-    assert index.request_key(request) != before and calls == [False]
-    monkeypatch.setattr(build, "_run", lambda *a: pytest.fail("the index key ran a compiler"))
-    build._identity.cache_clear()
-    index.request_key(request)
+    before = fkeys.request_key(request)
+    monkeypatch.setattr(fkeys, "key_parts", spy)
+    assert fkeys.request_key(request) != before and calls == [False]
+    monkeypatch.setattr(fkeys, "_run", lambda *a: pytest.fail("the index key ran a compiler"))
+    fkeys._identity.cache_clear()
+    fkeys.request_key(request)

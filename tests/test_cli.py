@@ -1,7 +1,7 @@
 """The CLI's build progress and --quiet, the library's silence by default, and build errors
 that show the compiler's first error with its source line.
 
-Real builds here are small ops in a fresh cache seeded with the session's runtime (a
+Real builds here are small ops in a fresh cache seeded with the test run's runtime (a
 second or two each); the failing build is a real compile of a hand-written source with a
 syntax error."""
 
@@ -22,7 +22,8 @@ import pytest
 
 from conftest import seed_runtime
 from fusegen.build import builder as build
-from fusegen.tools.cli import _Progress, main
+from fusegen.tools.cli import main
+from fusegen.tools.console import Progress
 from fusegen.errors import BuildError, CompilerError
 
 
@@ -43,7 +44,7 @@ def fusegen(args, env, cwd, stderr=subprocess.PIPE):
                           text=True, env=env, cwd=cwd, timeout=600)
 
 
-# -- the progress handler, with records like build.py's ---------------------------------------------
+# -- the progress handler, with records like builder.py's --------------------------------------------
 
 def record(message: str, event: str | None = None) -> logging.LogRecord:
     fields = {"name": "fusegen", "msg": message, "levelno": logging.INFO, "levelname": "INFO"}
@@ -54,7 +55,7 @@ def record(message: str, event: str | None = None) -> logging.LogRecord:
 
 def test_progress_on_a_terminal_is_one_line_per_build():
     stream = io.StringIO()
-    progress = _Progress(live=True, stream=stream)
+    progress = Progress(live=True, stream=stream)
     progress.emit(record("building the fusegen runtime (once per torch version) for CPU", "start"))
     progress.emit(record("building op(s) fma for CPU", "start"))  # nested: the retry after a deleted cache
     progress.emit(record("built op(s) fma in 1.0 s", "done"))
@@ -73,7 +74,7 @@ def test_progress_on_a_terminal_is_one_line_per_build():
 
 def test_progress_elsewhere_is_plain_lines():
     stream = io.StringIO()
-    progress = _Progress(live=False, stream=stream)
+    progress = Progress(live=False, stream=stream)
     progress.emit(record("building op(s) fma for CPU", "start"))
     progress.emit(record("built op(s) fma in 1.0 s", "done"))
     assert stream.getvalue() == "building op(s) fma for CPU...\nbuilt op(s) fma in 1.0 s\n"
@@ -82,7 +83,7 @@ def test_progress_elsewhere_is_plain_lines():
 def test_install_and_uninstall_restore_the_logger():
     logger = logging.getLogger("fusegen")
     before = (logger.level, logger.propagate, list(logger.handlers))
-    progress = _Progress.install()
+    progress = Progress.install()
     assert logger.level == logging.INFO and progress in logger.handlers and not logger.propagate
     progress.uninstall()
     assert (logger.level, logger.propagate, list(logger.handlers)) == before
@@ -281,6 +282,35 @@ def test_the_cli_prints_a_build_error_once_prefixed(tmp_path, capsys, monkeypatc
                                 "    3 |   int x = ;",
                                 "      |     ^",
                                 "full compiler log: /k/build.log (the sources are beside it)"]
+
+
+def test_the_cli_loads_an_op_as_fuse_does(corpus_ops, tmp_path, capsys, monkeypatch):
+    """`fusegen EXPR` goes through fuse()'s load path: an op fuse() made (the memo, the
+    request index) is found without the build-and-load stage."""
+    import fusegen.api
+    from corpus import CORPUS
+
+    case = next(c for c in CORPUS if c.name == "cp_fma")
+    monkeypatch.setattr(fusegen.api, "load_generated",
+                        lambda todo: pytest.fail("the CLI built an op fuse() made") if todo else [])
+    argv = [case.expr, "--name", case.name, "--out", str(tmp_path)]
+    argv += ["--inputs", ",".join(case.inputs)] if case.inputs else []
+    argv += [a for s in case.scalars for a in ("--scalar", s)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "library  loaded from cache in" in out and (tmp_path / case.name / "spec.json").is_file()
+
+
+def test_subcommands_are_a_table(tmp_path):
+    """The first word picks a command from one table; anything else is an expression."""
+    from fusegen.tools import cli
+    from fusegen.bench import command
+
+    assert set(cli.COMMANDS) == {"cache", "package", "bench"}
+    assert set(cli.CACHE_COMMANDS) == {"list", "clear", "trim"}
+    assert set(command.SUBCOMMANDS) == {"build", "cpu", "layouts", "gp", "ffn", "compile"}
+    assert main(["(cache)", "--no-build", "--out", str(tmp_path), "-q"]) == 0
+    assert any(tmp_path.iterdir())  # the op of one input named cache
 
 
 @pytest.mark.parametrize("log, expected", [

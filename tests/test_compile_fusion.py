@@ -1,4 +1,4 @@
-"""Fusion across a fused op under torch.compile (fusegen/pytorch/decompose.py, issue 9 item 5).
+"""Fusion across a fused op under torch.compile (fusegen/pytorch/decompose.py).
 
 In "decompose" mode torch.compile sees the op as ATen ops of its expression (no fusegen op
 in the graphs AOTAutograd hands the compiler), through a FusedOp call and through
@@ -24,6 +24,7 @@ from torch._dynamo.backends.common import aot_autograd
 import fusegen
 from fusegen.pytorch import decompose
 from fusegen.errors import SpecError
+from helpers import forward_backward
 
 GELU = "0.5*x*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))"
 KINKS = "relu(x) + abs(y) + slope*maximum(x, y) + where(y > 0, log(y), y)"
@@ -71,8 +72,9 @@ def _block_inputs(dtype=torch.float64):
 
 
 def _forward_backward(f, inputs):
-    out = f(*inputs)
-    return [out, *torch.autograd.grad(out, inputs, torch.ones_like(out))]
+    """[out, *gradients] for grad = 1 (helpers.forward_backward, flattened for zip)."""
+    out, grads = forward_backward(f, inputs, grad=1.0)
+    return [out, *grads]
 
 
 def _block(act):
@@ -148,22 +150,6 @@ def test_fused_decorator_takes_the_mode():
         fusegen.fused(name="cf_bad", compile="yes")(swiglu.eager)
 
 
-def test_an_unbuilt_fused_function_compiles_with_fullgraph():
-    """torch.compile(fullgraph=True) of a function calling a @fused function that waits for
-    its first call: the waiting functions build before dynamo traces (a build cannot be
-    traced), so the first compiled call works."""
-    @fusegen.fused(name="cf_unbuilt")
-    def scaled_tanh(x, scale: float):
-        return torch.tanh(x) * scale
-
-    from fusegen.frontend import decorator
-    assert scaled_tanh._op is None and scaled_tanh in decorator._PENDING
-    compiled = torch.compile(lambda x: scaled_tanh(x, 2.0) + 1, backend="eager", fullgraph=True)
-    x = torch.randn(5, dtype=torch.float64)
-    torch.testing.assert_close(compiled(x), torch.tanh(x) * 2.0 + 1)
-    assert scaled_tanh._op is not None and scaled_tanh not in decorator._PENDING
-
-
 def test_torch_export_keeps_the_op(ops):
     class Block(torch.nn.Module):
         def forward(self, x):
@@ -206,6 +192,7 @@ def test_cached_load_with_decompose_by_environment_imports_no_sympy(ops):
     assert out == ["True", "True", "decompose", "False"]
 
 
+@pytest.mark.slow
 def test_bench_compile_runs_on_the_cpu(tmp_path):
     """The benchmark's smoke run: every form, the decomposed step runs no fusegen op and
     computes what the compiled PyTorch expression computes."""

@@ -22,6 +22,7 @@ def failures(tmp_path_factory):
     return run_ranks(tmp_path_factory, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", list(CHECKS))
 def test_on_two_ranks(failures, check):
     if check in failures:
@@ -49,6 +50,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["fusegen-first", "dtensor-first"])
 def test_import_order(order):
     from dtensor_ranks import free_port
@@ -61,7 +63,7 @@ def test_a_failed_registration_warns(monkeypatch):
     """A torch whose private DTensor API moved: a warning naming the op, never an error in
     `fuse` or in `import torch.distributed.tensor` (where the import hook registers)."""
     from fusegen.pytorch import dtensor
-    from fusegen.pytorch.autograd import Member
+    from fusegen.ir.family import Member
 
     def moved(members):
         raise AttributeError("module 'torch.distributed.tensor._ops.utils' has no attribute 'register_op_strategy'")

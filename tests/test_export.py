@@ -78,6 +78,7 @@ def test_exported_model_backward(corpus_ops):
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.slow
 def test_aoti_package_runs(corpus_ops, tmp_path):
     """AOTInductor (CPU): the exported model compiled into a .pt2 package, loaded and run. The
     fused op stays a call (through AOTInductor's proxy executor) to the registered kernel;

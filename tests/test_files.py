@@ -103,7 +103,7 @@ def test_build_stage_does_not_import_the_render_stage():
 
 
 # Calls that write a file: Path.write_text (not fusegen.files.write_text), os.replace,
-# json.dump, open for writing. The lock files build.py opens with "a" hold no data.
+# json.dump, open for writing. The lock files builder.py opens with "a" hold no data.
 _WRITERS = {"mkstemp", "NamedTemporaryFile", "write_text", "write_bytes", "replace", "dump"}
 
 

@@ -1,7 +1,7 @@
 """The three front ends: the CLI (as a subprocess), fuse(), and @fused.
 
 Builds are the cost here (~15-20 s each on two cores), so: one real CLI build, two
-decorator builds (bare and named), and fuse() tests that reuse the session's corpus
+decorator builds (bare and named), and fuse() tests that reuse the test run's corpus
 library (fuse with a corpus op's expression and name finds it already loaded)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cached path (issue 6, point 4): a request built before, in any process, is loaded
+"""The cached path: a request built before, in any process, is loaded
 through the request index (fusegen/build/index.py) without importing sympy or Jinja, and the
 index never hands back a library that is gone or that another generator made. And @fused
 functions defined together are built together, in one library."""
@@ -16,7 +16,7 @@ import torch
 
 import fusegen
 from fusegen import api
-from fusegen.build import index
+from fusegen.build import index, keys
 from fusegen.build import builder as fbuild
 from fusegen.api import Request
 
@@ -81,7 +81,9 @@ print(light, op.library.cached)
 def test_higher_order_and_torch_func_after_a_cached_load(corpus_ops):
     """The index's family description registers vmap rules and autograd kernels without
     sympy; second order runs on the C++ kernels; third order and torch.func derive on
-    first need and match eager."""
+    first need and match eager. The auxiliary ops, built on first use in an earlier
+    process, are found through the index too (no pipeline)."""
+    corpus_ops["cp_silu"].load_auxiliary()
     assert _run(HIGHER_ORDER_AFTER_A_CACHED_LOAD, str(TESTS)) == ["True", "True"]
 
 
@@ -98,16 +100,16 @@ def test_the_index_points_at_the_library_the_pipeline_finds(corpus_ops):
     assert entry.library.runtime == op.library.runtime
     assert (entry.name, entry.inputs, entry.scalars, entry.text) == (op.name, op.spec.inputs, op.spec.scalars,
                                                                       op.spec.text)
-    assert entry.digest == index.files_digest(op.files)
+    assert entry.digest == keys.files_digest(op.files)
 
 
 def test_a_miss_on_anything_that_changes_the_files(corpus_ops, monkeypatch):
     request = _request(corpus_ops)
-    key = index.request_key(request)
-    assert index.request_key(Request(request.expr, "other_name", request.inputs)) != key
-    assert index.request_key(Request(request.expr, request.name, ("c", "b", "a"))) != key
-    monkeypatch.setattr(index, "_generator_digest", lambda: "an edited template")
-    assert index.request_key(request) != key
+    key = keys.request_key(request)
+    assert keys.request_key(Request(request.expr, "other_name", request.inputs)) != key
+    assert keys.request_key(Request(request.expr, request.name, ("c", "b", "a"))) != key
+    monkeypatch.setattr(keys, "generator_digest", lambda: "an edited template")
+    assert keys.request_key(request) != key
     assert index.lookup(request) is None
 
 
@@ -125,7 +127,7 @@ def test_an_index_entry_whose_library_is_gone_or_corrupt_is_a_miss(own_cache, mo
     request = Request("x*3.5 - y", name="ix_gone")
     op = fusegen.fuse_many([request])[0]
     assert index.lookup(request).library.path == op.library.path
-    path = own_cache / "index" / f"{index.request_key(request)}.json"
+    path = own_cache / "index" / f"{keys.request_key(request)}.json"
     data = json.loads(path.read_text())
     path.write_text("{not json")
     assert index.lookup(request) is None
@@ -185,3 +187,15 @@ def test_build_pending_builds_now_and_a_failed_build_keeps_them_waiting(own_cach
     assert later._op is not None
     x = torch.randn(5, dtype=torch.float64)
     torch.testing.assert_close(later(x), torch.sigmoid(x) * x)
+
+
+def test_an_op_found_in_the_index_keeps_the_files_at_hand(corpus_ops, monkeypatch):
+    """load_requests given a request's generated files (the CLI has them) and finding its op
+    in the index: the op takes those files, so its spec is not derived again."""
+    op, request = corpus_ops["cp_fma"], _request(corpus_ops)
+    generated = op.generated
+    found = api.FusedOp(op.entry, request=request)  # as a lookup in the index makes it: no spec yet
+    monkeypatch.setattr(api, "cached", lambda r: found)
+    monkeypatch.setattr(api, "generate", lambda r: pytest.fail("the spec was derived again"))
+    api.load_requests([(request, generated)])
+    assert found.generated is generated

@@ -1,4 +1,4 @@
-"""Real tensors as eager takes them (issue 8): broadcast, transposed, sliced and
+"""Real tensors as eager takes them: broadcast, transposed, sliced and
 channels_last inputs run without copies and give eager's values, dtypes, shapes, strides
 and memory format, forward and backward; Python numbers and 0-d tensors stand for tensor
 arguments; bool and integer tensors promote as eager does. CUDA twins: tests/gpu/test_cuda.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import TOL, forward_backward
+from helpers import compare, same_layout
 
 CL = torch.channels_last
 F64, F32 = torch.float64, torch.float32
@@ -16,26 +16,6 @@ F64, F32 = torch.float64, torch.float32
 
 def scale_bias(x, s, b):
     return x * s + b
-
-
-def same_layout(got: torch.Tensor, want: torch.Tensor, what: str):
-    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape, got.dtype, want.dtype)
-    assert got.stride() == want.stride(), (what, got.stride(), want.stride())
-    for fmt in (torch.contiguous_format, CL):
-        if got.dim() == 4:
-            assert got.is_contiguous(memory_format=fmt) == want.is_contiguous(memory_format=fmt), (what, fmt)
-
-
-def compare(op, eager, tensors, dtype=F64, requires=None):
-    """Values against eager (float64 oracle), and the layout of the output and of every
-    gradient against eager's own."""
-    got, got_grads = forward_backward(op, tensors, requires=requires)
-    want, want_grads = forward_backward(eager, tensors, requires=requires)
-    same_layout(got, want, "forward")
-    torch.testing.assert_close(got, want, **TOL[dtype])
-    for k, (g, w) in enumerate(zip(got_grads, want_grads)):
-        same_layout(g, w, f"gradient {k}")
-        torch.testing.assert_close(g, w, **TOL[dtype])
 
 
 def nchw(dtype=F64, memory_format=torch.contiguous_format, seed=0):

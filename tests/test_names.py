@@ -98,6 +98,7 @@ def test_locals_cannot_collide_with_a_user_name():
     assert names.DOUT in names.LOCALS
 
 
+@pytest.mark.slow
 def test_every_cu_compiles_with_nvcc(tmp_path):
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
     if nvcc is None:

@@ -1,5 +1,6 @@
 """Every corpus op against its hand-written eager oracle, forward and backward, over
-sizes, views, dtypes and broadcasting."""
+sizes, views, dtypes and broadcasting: values, shapes and dtypes (strides and memory
+formats are test_layouts.py's)."""
 
 from __future__ import annotations
 
@@ -7,30 +8,20 @@ import pytest
 import torch
 
 from corpus import CORPUS, Case
-from helpers import TOL, assert_no_worse_than_eager, forward_backward
+from helpers import assert_no_worse_than_eager, compare, forward_backward
 
 SIZES = [0, 1, 3, 4096, 4097]
 NON_BROADCAST = [c for c in CORPUS if not c.broadcast]
+
 MULTI_INPUT = [c for c in NON_BROADCAST if len(c.domains) >= 2]
-
-
-def compare(case: Case, op, tensors, dtype):
-    scalars = list(case.scalar_values)
-    got_out, got_grads = forward_backward(op, tensors, scalars)
-    want_out, want_grads = forward_backward(case.eager, tensors, scalars)
-    assert got_out.dtype == want_out.dtype
-    assert got_out.shape == want_out.shape
-    torch.testing.assert_close(got_out, want_out, **TOL[dtype], msg=lambda m: f"{case.name} forward: {m}")
-    for name, got, want, t in zip(case.inputs or op.spec.inputs, got_grads, want_grads, tensors):
-        assert got.shape == t.shape and got.dtype == t.dtype, name
-        torch.testing.assert_close(got, want, **TOL[dtype], msg=lambda m: f"{case.name} d/d{name}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("case", CORPUS, ids=repr)
 def test_corpus_matches_eager(corpus_ops, case, n, dtype):
-    compare(case, corpus_ops[case.name], case.sample(n, dtype, seed=n), dtype)
+    compare(corpus_ops[case.name], case.eager, case.sample(n, dtype, seed=n), dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 def _views(case: Case, kind: str, dtype):
@@ -51,7 +42,8 @@ def _views(case: Case, kind: str, dtype):
 def test_views(corpus_ops, case, kind, dtype):
     tensors = _views(case, kind, dtype)
     assert not all(t.is_contiguous() for t in tensors) or kind == "slice"
-    compare(case, corpus_ops[case.name], tensors, dtype)
+    compare(corpus_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
@@ -62,14 +54,16 @@ def test_broadcast_gradients_sum_back(corpus_ops, case, dtype):
     n, m = 33, 4
     shapes = [(m, n), (1, n), (n,)][: len(case.domains)][::-1]  # the small ones first, too
     tensors = case.sample(0, dtype, shapes=shapes)
-    compare(case, corpus_ops[case.name], tensors, dtype)
+    compare(corpus_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 def test_broadcast_scalar_shaped_tensor(corpus_ops):
     """A 0-d tensor broadcasts against everything."""
     case = next(c for c in CORPUS if c.name == "cp_fma")
     a, b, c = case.sample(0, torch.float64, shapes=[(), (5, 6), (6,)])
-    compare(case, corpus_ops[case.name], [a, b, c], torch.float64)
+    compare(corpus_ops[case.name], case.eager, [a, b, c], torch.float64, case.scalar_values, what=case.name,
+            layout=False)
 
 
 # -- dtypes ----------------------------------------------------------------------------------

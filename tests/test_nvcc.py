@@ -35,6 +35,7 @@ def test_every_seed_has_its_kernels():
     assert not missing and len(KERNELS) == len(GOLDEN) == 7, missing
 
 
+@pytest.mark.slow
 def test_every_generated_cu_compiles(tmp_path):
     if NVCC is None:
         if os.environ.get("CI") == "true":
@@ -58,6 +59,7 @@ def test_cold_op_units_split_its_own_cu_by_three_dtype_groups(monkeypatch):
     assert per_cu == {"fma.cu": 6, "fma_grad2.cu": 4, "fma_jvp.cu": 4} and len(units) <= 16
 
 
+@pytest.mark.slow
 def test_cuda_host_code_compiles(tmp_path):
     """The CUDA half of the shared runtime (under FUSEGEN_WITH_CUDA: device guard, stream,
     launch check) compiles against torch's c10/cuda headers, together with the CUDA half
@@ -94,6 +96,7 @@ _FWD, _BWD = "FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY"
 _WIDE, _16, _FP16, _BF16 = "FUSEGEN_WIDE_ONLY", "FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY", "FUSEGEN_BF16_ONLY"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cores, macros", [
     (2, [(_FWD,), (_BWD,)]),
     (4, [(_FWD, _WIDE), (_FWD, _16), (_BWD, _WIDE), (_BWD, _16)]),

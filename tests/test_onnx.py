@@ -124,7 +124,8 @@ def inputs(case, dtype) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.float64, marks=pytest.mark.slow)],
+                         ids=["float32", "float64"])
 def test_corpus_matches_eager(corpus_ops, dtype):
     cases = list(CORPUS)
     # Every other op through its FusedOp, the rest through torch.ops.fusegen.<name>.
@@ -143,7 +144,8 @@ def test_corpus_matches_eager(corpus_ops, dtype):
                                    msg=lambda m, case=case: f"{case.name}: {m}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, marks=pytest.mark.slow), torch.bfloat16],
+                         ids=["float16", "bfloat16"])
 def test_half_types_compute_in_float(corpus_ops, dtype):
     """fp16/bf16 inputs are Cast to float, computed and Cast back once, as the kernels do:
     the results are the fused op's, give or take one rounding of a float math function
@@ -182,6 +184,7 @@ def test_promotion_and_numbers(corpus_ops):
         torch.testing.assert_close(got, want, rtol=0, atol=0)  # exact: +, * and a comparison
 
 
+@pytest.mark.slow
 def test_formulas_over_wide_ranges(formula_ops):
     """expm1/log1p near 0 (where exp(x)-1 and log(1+x) keep no digit), erfc far into its
     tail (where 1-erf(x) is 0), sigmoid at large |x|, torch.pow's special exponents, and a

@@ -452,6 +452,24 @@ def test_cli_package_refuses_a_foreign_folder_without_force(tmp_path, capsys):
     assert "fusegen package" in setup_text(project)
 
 
+def test_cli_package_exit_status_is_the_errors_class(tmp_path, capsys, monkeypatch):
+    """A wheel that fails to build is a failed build (1), as an op's is; a folder that is
+    not an op is a bad argument (2). The class decides, not the message."""
+    from fusegen.tools.cli import main
+
+    def fail(project, out):
+        raise package.WheelBuildError("pip said no")
+
+    monkeypatch.setattr(package, "build_wheel", fail)
+    assert main(["package", str(FMA), "--name", "myops", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == "fusegen: error: pip said no\n"
+    monkeypatch.setattr(package, "build_wheel", lambda project, out: (_ for _ in ()).throw(
+        package.PackageError("building the wheel failed, says the message")))
+    assert main(["package", str(FMA), "--name", "myops", "--out", str(tmp_path)]) == 2
+    assert main(["package", str(tmp_path), "--name", "myops", "--out", str(tmp_path / "o"), "--no-build"]) == 2
+    assert "not a generated op folder" in capsys.readouterr().err
+
+
 def test_package_name_is_checked_as_an_op_name_is(tmp_path):
     for bad in ["my-ops", "class", "__x", "caf\u00e9", 'x"\nimport os']:
         with pytest.raises(package.PackageError, match="Python package name"):

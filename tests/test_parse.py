@@ -9,8 +9,9 @@ import pytest
 
 import fusegen
 from fusegen.errors import FusegenError, ParseError, SpecError
-from fusegen.frontend.notation import text as as_text
-from fusegen.frontend.parse import MAX_DEPTH, MAX_LENGTH, parse, parse_function, symbol
+from fusegen.frontend.parse import MAX_DEPTH, MAX_LENGTH, parse, parse_function
+from fusegen.ir.expr import symbol
+from fusegen.ir.notation import text as as_text
 
 x, y = symbol("x"), symbol("y")
 

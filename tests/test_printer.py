@@ -6,7 +6,8 @@ import pytest
 import sympy
 
 from fusegen.ir import primitives as fn
-from fusegen.frontend.parse import parse, symbol
+from fusegen.frontend.parse import parse
+from fusegen.ir.expr import symbol
 from fusegen.codegen.printer import CPrinter, print_op, print_program
 from fusegen.ir.spec import differentiate
 

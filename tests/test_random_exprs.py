@@ -1,18 +1,19 @@
 """Random expressions of the language against eager PyTorch, forward and every gradient.
 
 A fixed batch of expressions over inputs a, b, c is drawn with hypothesis, derandomized
-(the same batch in every session and on every machine), from the function table the
+(the same batch in every run and on every machine), from the function table the
 parser uses (fusegen.ir.primitives.FUNCTIONS) and the language's operators. The whole batch
-builds into one library, once per session. Each expression is then compared in float64
+builds into one library, once per test run. Each expression is then compared in float64
 with the expression as written, evaluated by eager PyTorch (fusegen.tools.reference.evaluate_text,
 the `--check` oracle, which never sees fusegen's simplified sympy form), at ordinary random
 inputs and at a few special values (±0, ±1, ±inf, NaN, 1e-300, 1e300, and all three inputs
 equal, for ties).
 
-Comparison: NaN must be NaN, ±inf the same inf, finite values within a tight relative
-tolerance; the sign of a zero is not compared here (test_special_values.py does that).
+Comparison (`mismatches`, tests/helpers.py, as test_special_values.py compares): NaN must
+be NaN, ±inf the same inf, 0 must be 0, finite values within a tight relative tolerance;
+the sign of a zero is not compared here (test_special_values.py does that).
 Skipped points: where eager is nondeterministic (its vectorized and strided paths disagree
-on NaN/inf/finite), and the documented difference in README "Unchosen branches": in an
+on NaN/inf/finite), and the documented difference in the README ("Semantics in brief"): in an
 expression with `where`, a gradient eager makes NaN (0 * inf from the masked-out branch)
 where fusegen keeps a finite value.
 """
@@ -29,15 +30,17 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from conftest import selected_params
 from fusegen.api import Request, fuse_many, generate
 from fusegen.ir.primitives import FUNCTIONS
 from fusegen.tools.reference import evaluate_text
+from helpers import forward_backward_named, mismatches, point_names
 
 N_EXPRESSIONS = 16
 MAX_DEPTH = 3
 EXAMPLES_PER_SEED = 6
 INPUTS = ("a", "b", "c")
-RTOL, ATOL = 1e-9, 1e-12
+RTOL = 1e-9
 INF, NAN = math.inf, math.nan
 SPECIAL = [0.0, -0.0, 1.0, -1.0, INF, -INF, NAN, 1e-300, 1e300]
 
@@ -82,7 +85,7 @@ def size(text: str) -> int:
 
 def draw_batch(n: int) -> list[str]:
     """The first few examples hypothesis draws for seed 0, then seed 1, ...: derandomized
-    (a fixed seed per run), so the batch is the same in every session. Within one run
+    (a fixed seed per run), so the batch is the same in every run. Within one run
     hypothesis mutates earlier examples, so a handful per seed keeps the batch varied."""
     batch: list[str] = []
 
@@ -101,19 +104,24 @@ def draw_batch(n: int) -> list[str]:
 
 BATCH = draw_batch(N_EXPRESSIONS)
 BUILD_SECONDS = {}
+QUICK = 4  # the first QUICK expressions run by default; the whole batch is slow
+INDICES = [pytest.param(i, marks=() if i < QUICK else pytest.mark.slow) for i in range(len(BATCH))]
+IDS = [f"{i:02d}:{t}" for i, t in enumerate(BATCH)]
 
 
 @pytest.fixture(scope="session")
-def random_ops():
-    """index -> FusedOp, or the exception fusegen raised making it; one library for all."""
+def random_ops(request):
+    """index -> FusedOp, or the exception fusegen raised making it; one library for the
+    expressions of the tests selected in this run."""
     start = time.perf_counter()
     made = {}
-    for i, text in enumerate(BATCH):
+    wanted = selected_params(request, "index")
+    for i in wanted:
         try:
-            generate(Request(text, f"rx_{i:02d}"))
+            generate(Request(BATCH[i], f"rx_{i:02d}"))
         except Exception as err:  # noqa: BLE001 - reported by that expression's test
             made[i] = err
-    todo = [i for i in range(len(BATCH)) if i not in made]
+    todo = [i for i in wanted if i not in made]
     made |= dict(zip(todo, fuse_many([Request(BATCH[i], f"rx_{i:02d}") for i in todo])))
     BUILD_SECONDS["random"] = time.perf_counter() - start
     return made
@@ -135,53 +143,37 @@ def sample(names, seed: int, n: int = 256) -> dict[str, torch.Tensor]:
     return values
 
 
-def forward_backward(f, tensors, strided=False):
-    leaves = {}
-    for k, t in tensors.items():
-        base = torch.zeros(2 * t.numel(), dtype=t.dtype)[::2] if strided else torch.empty_like(t)
-        leaves[k] = base.copy_(t).requires_grad_(True)
-    out = f(**leaves)
-    if not out.requires_grad:
-        return out.detach(), {k: torch.zeros_like(t) for k, t in leaves.items()}
-    grads = torch.autograd.grad(out, list(leaves.values()), torch.ones_like(out), allow_unused=True)
-    return out.detach(), {k: torch.zeros_like(leaves[k]) if gr is None else gr for k, gr in zip(leaves, grads)}
-
-
-def kind(x):
-    return torch.where(x.isnan(), 0, torch.where(x.isinf(), 1, 2))
-
-
-def mismatches(what, got, want, want_alt, tensors, has_where) -> list[str]:
-    got, want = got.broadcast_to(want.shape), want
-    same_special = (got.isnan() & want.isnan()) | (got == want)
-    close = torch.isfinite(got) & ((got - want).abs() <= RTOL * want.abs() + ATOL)
-    ok = torch.where(torch.isfinite(want), close, same_special)
-    skip = kind(want) != kind(want_alt)
-    if has_where:  # README "Unchosen branches": fusegen keeps the finite value
-        skip |= want.isnan() & torch.isfinite(got) & (what != "forward")
-    bad = (~ok & ~skip).nonzero().flatten().tolist()
-    point = lambda i: ", ".join(f"{k}={t[i].item()!r}" for k, t in tensors.items())  # noqa: E731
-    return [f"{what} at {point(i)}: fusegen {got[i].item()!r}, eager {want[i].item()!r}" for i in bad]
-
-
-@pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
-def test_random_expression_matches_eager(random_ops, index):
-    text = BATCH[index]
+def op_of(random_ops, index: int):
     op = random_ops[index]
     if isinstance(op, Exception):
-        pytest.fail(f"fusegen could not make {text!r}: {type(op).__name__}: {op}")
+        pytest.fail(f"fusegen could not make {BATCH[index]!r}: {type(op).__name__}: {op}")
+    return op
+
+
+def compare_points(got_out, got_grads, want_out, want_grads, alt_out, alt_grads, tensors, text) -> list[str]:
+    """mismatches (tests/helpers.py) of the forward and every gradient; the sign of a zero is
+    not compared here, and `where`'s unchosen branch may keep a finite gradient."""
+    points = point_names(tensors)
+    options = dict(signed_zeros=False, unchosen_branches="where(" in text)
+    problems = mismatches("forward", got_out, want_out, alt_out, points, torch.float64, RTOL, **options)
+    for k in tensors:
+        problems += mismatches(f"d/d{k}", got_grads[k], want_grads[k], alt_grads[k], points, torch.float64,
+                               RTOL, **options)
+    return problems
+
+
+@pytest.mark.parametrize("index", INDICES, ids=IDS)
+def test_random_expression_matches_eager(random_ops, index):
+    text, op = BATCH[index], op_of(random_ops, index)
     tensors = sample(list(op.spec.inputs), seed=index)
-    got_out, got_grads = forward_backward(op, tensors)
+    got_out, got_grads = forward_backward_named(op, tensors)
 
     def eager(**kw):
         return evaluate_text(text, kw)
 
-    want_out, want_grads = forward_backward(eager, tensors)
-    alt_out, alt_grads = forward_backward(eager, tensors, strided=True)
-    has_where = "where(" in text
-    problems = mismatches("forward", got_out, want_out, alt_out, tensors, has_where)
-    for k in tensors:
-        problems += mismatches(f"d/d{k}", got_grads[k], want_grads[k], alt_grads[k], tensors, has_where)
+    want_out, want_grads = forward_backward_named(eager, tensors)
+    alt_out, alt_grads = forward_backward_named(eager, tensors, strided=True)
+    problems = compare_points(got_out, got_grads, want_out, want_grads, alt_out, alt_grads, tensors, text)
     shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
     assert not problems, f"{text}:\n" + "\n".join(shown)
 
@@ -212,17 +204,16 @@ def second_order(f, tensors):
     return {k: zeros[k] if s is None else s for k, s in zip(leaves, second)}
 
 
-@pytest.mark.parametrize("index", range(len(BATCH)), ids=[f"{i:02d}:{t}" for i, t in enumerate(BATCH)])
+@pytest.mark.parametrize("index", INDICES, ids=IDS)
 def test_random_expression_second_order_matches_eager(random_ops, index):
     """The fused double backward (<name>_grad2_backward) against eager's, at ordinary values."""
-    text = BATCH[index]
-    op = random_ops[index]
-    if isinstance(op, Exception):
-        pytest.fail(f"fusegen could not make {text!r}: {type(op).__name__}: {op}")
+    text, op = BATCH[index], op_of(random_ops, index)
     tensors = {k: t[:256] for k, t in sample(list(op.spec.inputs), seed=index).items()}
     got = second_order(op, tensors)
     want = second_order(lambda **kw: evaluate_text(text, kw), tensors)
+    points = point_names(tensors)
     problems = []
     for k in tensors:
-        problems += mismatches(f"d2/d{k}", got[k], want[k], want[k], tensors, "where(" in text)
+        problems += mismatches(f"d2/d{k}", got[k], want[k], want[k], points, torch.float64, RTOL,
+                               signed_zeros=False, unchosen_branches="where(" in text)
     assert not problems, f"{text}:\n" + "\n".join(problems[:20])

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 RUNTIME_DOC = ROOT / "docs" / "runtime.md"  # the standalone build of an op folder
@@ -50,10 +52,10 @@ def two_commands() -> list[str]:
 
 
 def env() -> dict[str, str]:
-    """The user's environment: no PYTHONWARNINGS, the session's fusegen cache (conftest)."""
+    """The user's environment: no PYTHONWARNINGS, the test run's fusegen cache (conftest)."""
     e = dict(os.environ)
     e.pop("PYTHONWARNINGS", None)
-    assert e.get("FUSEGEN_CACHE_DIR"), "tests/conftest.py sets a cache for the session"
+    assert e.get("FUSEGEN_CACHE_DIR"), "tests/conftest.py sets a cache for the test run"
     return e
 
 
@@ -69,6 +71,8 @@ def test_ci_runs_the_two_commands():
     for command in two_commands():
         assert command in ci, f".ci/run does not run the README's command {command!r}"
     assert "python3 -m venv" in " ".join(ci)  # a fresh virtualenv, not the machine's packages
+    # then the slow tests the README's command leaves out
+    assert ci.index("python -m pytest -m slow") > ci.index(two_commands()[1])
 
 
 def test_cli_prints_no_warning(tmp_path):
@@ -132,6 +136,7 @@ CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_standalone_build_runs(tmp_path):
     """The marked block of docs/runtime.md, run from a folder holding a copy of
     generated/fma/ and generated/_runtime/ (so nothing but their files is on the include path)."""

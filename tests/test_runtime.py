@@ -1,10 +1,15 @@
-"""The shared runtime's host fp16/bf16 conversions (fusegen-runtime.h) round exactly as
+"""The shared runtime's host fp16/bf16 conversions (fusegen-half.h) round exactly as
 c10::Half and c10::BFloat16 do: an op computes in float and stores, so `a + b` in fp16 or
 bf16 must equal eager's `(a.float() + b.float()).to(dtype)` bit for bit, ties to even,
-subnormals, overflow to inf and NaN included. And how the runtime's backward reaches its
-kernel: directly, or through the dispatcher where a mode could see the call."""
+subnormals, overflow to inf and NaN included, in every layout the CPU loop converts. That a
+large call runs on torch's threads. And how the runtime's backward reaches its kernel:
+directly, or through the dispatcher where a mode could see the call."""
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 import pytest
 import torch
@@ -24,6 +29,63 @@ def test_fp16_bf16_rounding_matches_c10(corpus_ops, dtype):
     nan = want.isnan()
     assert torch.equal(got.isnan(), nan)
     assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_fp16_bf16_value_converts_as_c10_in_every_layout(corpus_ops, dtype):
+    """Every bit pattern of the dtype through `a + 0`: the vectorized block conversions
+    (F16C/AVX2 where the CPU has them) give c10's scalar results, in a contiguous run whose
+    length leaves a scalar tail, a strided one (gathered and converted a block at a time),
+    a broadcast one and a transposed one; a NaN is stored as the scalar conversion stores it
+    (fp16: 0x7E00 with its sign, bf16: 0x7FC0), whatever its payload."""
+    every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    a = torch.cat([every, every[:7]])  # 65543 values: the last block ends in a tail of 7
+    zero = torch.zeros((), dtype=dtype)
+    layouts = {
+        "contiguous": (a, torch.zeros_like(a)),
+        "strided": (torch.stack([a, a], 1)[:, 0], torch.zeros_like(a)),
+        "broadcast": (a, zero.expand(a.shape)),
+        "transposed": (every.view(256, 256).t(), torch.zeros(256, 256, dtype=dtype)),
+    }
+    canonical = {torch.float16: {0x7E00, -0x200}, torch.bfloat16: {0x7FC0}}[dtype]  # -0x200: 0xFE00
+    for layout, (x, y) in layouts.items():
+        got = corpus_ops["cp_add"](x, y)
+        want = (x.float() + y.float()).to(dtype)
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan), layout
+        assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16)), layout
+        assert set(got[nan].view(torch.int16).tolist()) <= canonical, layout
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2, reason="needs Linux, 2 CPUs")
+def test_a_large_contiguous_call_runs_on_every_thread(corpus_ops):
+    """A contiguous call of many elements is split over torch's intra-op threads, as
+    eager's ops split it: some thread besides the caller's spends CPU time in the calls."""
+    def ticks():
+        out = {}
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[task] = int(fields[11]) + int(fields[12])  # utime + stime
+        return out
+
+    x = torch.randn(1 << 22)
+    op = corpus_ops["cp_silu"]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        op(x)
+        me = str(threading.get_native_id())
+        before, start = ticks(), time.monotonic()
+        while time.monotonic() - start < 20:
+            for _ in range(10):
+                op(x)
+            others = {t: v - before.get(t, 0) for t, v in ticks().items() if t != me}
+            if max(others.values(), default=0) >= 5:
+                break
+        assert max(others.values(), default=0) >= 5, others
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_every_dtype_pair_promotes_like_eager(corpus_ops):

@@ -15,7 +15,8 @@ from fusegen.ir import primitives as fn
 from fusegen.ir import names
 from fusegen.api import Request, fuse_many
 from fusegen.errors import FusegenError, SpecError
-from fusegen.frontend.parse import parse, symbol
+from fusegen.frontend.parse import parse
+from fusegen.ir.expr import symbol
 from fusegen.codegen.printer import print_program
 from fusegen.ir.spec import GRAD, default_name, differentiate
 
@@ -248,7 +249,7 @@ def test_constant_division_by_zero_is_refused():
         parse("a + 1/0")
 
 
-# -- the defects of issue 5, item 3: the built op against eager, in float64 -----------------------
+# -- known pitfalls: the built op against eager, in float64 ------------------------------------
 #
 # Each case is (expression, eager PyTorch as the user writes it, inputs, and what to check). One
 # library holds them all (one compile). `assert_exact` wants NaN where eager has NaN, the same

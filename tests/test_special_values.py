@@ -9,7 +9,7 @@ bounds is hit. Forward and every gradient (for grad = 1) are compared in float64
 float32. Then the cases an independent random-expression check found, reproduced by hand,
 each with the value eager PyTorch gives. All ops build into one library (one compile).
 
-How values are compared (`mismatches`):
+How values are compared (`mismatches`, tests/helpers.py):
 - NaN must be NaN, ±inf must be the same inf, 0 must be 0: special values are exact.
 - The sign of a zero must match eager's where eager's is deterministic. Eager CPU kernels
   have a vectorized path (contiguous tensors) and a scalar path (strided ones), and the two
@@ -38,7 +38,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import selected_params
 from fusegen.api import Request, fuse_many, generate
+from helpers import forward_backward_named, mismatches, same_bits
 from fusegen.tools.reference import evaluate_text
 
 INF, NAN = math.inf, math.nan
@@ -188,10 +190,12 @@ REPRODUCED = [
 # -- building: every op above in one library -----------------------------------------------------
 
 @pytest.fixture(scope="module")
-def built():
+def built(request):
     """name -> FusedOp, or name -> the exception fusegen raised making it (that case fails
-    with it; the others still build, together, in one compile)."""
-    exprs = {c.name: c.expr for c in CASES} | {r.name: r.expr for r in REPRODUCED}
+    with it; the others still build, together, in one compile). Only the cases of the
+    tests selected in this run are built."""
+    wanted = {c.name for c in selected_params(request, "case")}
+    exprs = {c.name: c.expr for c in [*CASES, *REPRODUCED] if c.name in wanted}
     refused = {}
     for name, expr in exprs.items():
         try:
@@ -211,55 +215,6 @@ def op_of(built, name):
 
 # -- evaluation and comparison -------------------------------------------------------------------
 
-def forward_backward(f, tensors: dict[str, torch.Tensor], strided=False):
-    """f(**tensors) and d/d<each> for grad = 1. A gradient eager does not produce is None."""
-    leaves = {}
-    for k, t in tensors.items():
-        if strided:  # the same values through eager's scalar (non-vectorized) loops
-            leaves[k] = torch.zeros(2 * t.numel(), dtype=t.dtype)[::2].copy_(t).requires_grad_(True)
-        else:
-            leaves[k] = t.detach().clone().requires_grad_(True)
-    out = f(**leaves)
-    if not out.requires_grad:
-        return out.detach(), {k: None for k in leaves}
-    grads = torch.autograd.grad(out, list(leaves.values()), torch.ones_like(out), allow_unused=True)
-    return out.detach(), dict(zip(leaves, grads))
-
-
-def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Elementwise: the same value, NaN matching NaN, zeros of the same sign."""
-    return ((x == y) & (torch.signbit(x) == torch.signbit(y))) | (x.isnan() & y.isnan())
-
-
-def kind(x: torch.Tensor) -> torch.Tensor:
-    """0 NaN, 1 ±inf, 2 zero, 3 finite nonzero: what must agree between eager's two paths."""
-    return torch.where(x.isnan(), 0, torch.where(x.isinf(), 1, torch.where(x == 0, 2, 3)))
-
-
-def mismatches(what: str, got, want, want_alt, points: list[str], dtype) -> list[str]:
-    """One line per point where `got` (fusegen) differs from `want` (eager); see the module
-    docstring. `want_alt` is eager through its other (strided) path; None for no gradient."""
-    n = len(points)
-    if want is None:  # eager has no gradient: any zero
-        want, want_alt, any_sign = torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=dtype), torch.ones(n, dtype=torch.bool)
-    else:
-        any_sign = ~same_bits(want, want_alt) & (want == 0) & (want_alt == 0)
-    if got is None:
-        got = torch.zeros(n, dtype=dtype)
-    got, want, want_alt = got.flatten(), want.flatten(), want_alt.flatten()
-    if got.dtype != want.dtype:
-        return [f"{what}: dtype {got.dtype}, eager {want.dtype}"]
-    skip = kind(want) != kind(want_alt)  # eager itself is nondeterministic here
-    tiny = torch.finfo(dtype).tiny
-    subnormal = (got != 0) & (got.abs() < tiny)  # against an eager 0: rounding, not a special value
-    close = (got - want).abs() <= RTOL[dtype] * want.abs() + tiny
-    ok = torch.where(want.isnan() | want.isinf(), same_bits(got, want),
-                     torch.where(want == 0, ((got == 0) & (any_sign | same_bits(got, want))) | subnormal,
-                                 torch.isfinite(got) & close))
-    bad = (~ok & ~skip).nonzero().flatten().tolist()
-    return [f"{what} at {points[i]}: fusegen {got[i].item()!r}, eager {want[i].item()!r}" for i in bad]
-
-
 def grid_inputs(names: list[str], dtype) -> tuple[dict[str, torch.Tensor], list[str]]:
     values = GRID[dtype]
     combos = list(itertools.product(values, repeat=len(names)))
@@ -269,12 +224,12 @@ def grid_inputs(names: list[str], dtype) -> tuple[dict[str, torch.Tensor], list[
 
 
 def compare_all(op, eager, tensors, points, dtype, limit=25) -> list[str]:
-    got_out, got_grads = forward_backward(op, tensors)
-    want_out, want_grads = forward_backward(eager, tensors)
-    alt_out, alt_grads = forward_backward(eager, tensors, strided=True)
-    problems = mismatches("forward", got_out, want_out, alt_out, points, dtype)
+    got_out, got_grads = forward_backward_named(op, tensors)
+    want_out, want_grads = forward_backward_named(eager, tensors)
+    alt_out, alt_grads = forward_backward_named(eager, tensors, strided=True)
+    problems = mismatches("forward", got_out, want_out, alt_out, points, dtype, RTOL[dtype])
     for k in tensors:
-        problems += mismatches(f"d/d{k}", got_grads[k], want_grads[k], alt_grads[k], points, dtype)
+        problems += mismatches(f"d/d{k}", got_grads[k], want_grads[k], alt_grads[k], points, dtype, RTOL[dtype])
     if len(problems) > limit:
         problems = problems[:limit] + [f"... and {len(problems) - limit} more"]
     return problems
@@ -282,8 +237,13 @@ def compare_all(op, eager, tensors, points, dtype, limit=25) -> list[str]:
 
 # -- the tests ---------------------------------------------------------------------------------
 
+# The kinks, ties and masks of every family run by default; the whole grid is slow.
+QUICK_GRID = {"relu", "abs", "sign", "maximum", "where_gt", "clamp_t", "pow_op", "div", "sigmoid", "log1p"}
+
+
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c.name in QUICK_GRID else pytest.mark.slow)
+                                  for c in CASES], ids=lambda c: c.id)
 def test_grid(built, case, dtype):
     op = op_of(built, case.name)
     assert op.spec.inputs == tuple(case.inputs), "the table's lambda must name the inputs in order"
@@ -298,8 +258,8 @@ def test_reference_evaluator_is_eager_on_the_grid(case, dtype):
     """reference.evaluate_text (the --check oracle) computes exactly what the hand-written
     eager expression computes, forward and gradients, on the whole grid."""
     tensors, points = grid_inputs(case.inputs, dtype)
-    got_out, got_grads = forward_backward(lambda **kw: evaluate_text(case.expr, kw), tensors)
-    want_out, want_grads = forward_backward(case.eager, tensors)
+    got_out, got_grads = forward_backward_named(lambda **kw: evaluate_text(case.expr, kw), tensors)
+    want_out, want_grads = forward_backward_named(case.eager, tensors)
     assert bool(same_bits(got_out, want_out).all()), case.expr
     for k in tensors:
         g, w = got_grads[k], want_grads[k]
@@ -316,8 +276,8 @@ def _stated_ok(got: float, want: float) -> bool:
 def test_reproduced(built, case):
     tensors = {k: torch.tensor(v, dtype=case.dtype) for k, v in case.at.items()}
     points = [", ".join(f"{k}={case.at[k][i]!r}" for k in case.at) for i in range(len(next(iter(case.at.values()))))]
-    # eager gives what the issue says it gives
-    want_out, want_grads = forward_backward(case.eager, tensors)
+    # eager gives what the case states it gives
+    want_out, want_grads = forward_backward_named(case.eager, tensors)
     eager_values = {"forward": want_out} | {f"d/d{k}": g for k, g in want_grads.items()}
     for what, stated in case.stated.items():
         got = eager_values[what].tolist()

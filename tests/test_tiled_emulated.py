@@ -41,6 +41,7 @@ def _emulated_headers(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_tiled_kernel_emulated(tmp_path):
     runtime = ROOT / "templates" / "runtime"

@@ -1,4 +1,4 @@
-"""Benchmark of fusion across a fused op under torch.compile (decompose.py, issue 9 item 5).
+"""Benchmark of fusion across a fused op under torch.compile (decompose.py).
 
     python -m fusegen.bench.compile                       # GPU if present: tokens 8192, 1024 -> 4096
     python -m fusegen.bench.compile --device cpu          # smoke run at small sizes

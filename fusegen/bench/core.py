@@ -1,15 +1,15 @@
 """`fusegen bench`: fusegen against eager PyTorch, torch.compile, jiterator and CuPy.
 
-    fusegen bench                              # the seed ops, fp32/bf16/fp16, 2^12..2^28
+    fusegen bench                              # the seed ops, fp32/bf16/fp16, 2^12..2^28 (CPU: ..2^20)
     fusegen bench "a*b+c" "x*tanh(x)"          # any expressions
-    fusegen bench --quick --json b.json --plot b.png   # also: python -m fusegen.bench.core
-    fusegen bench ffn                          # issue 8's FFN block and SwiGLU/GeGLU (bench_ffn.py)
+    fusegen bench --quick --json b.json --plot b.png   # also: python -m fusegen.bench
+    fusegen bench ffn                          # the FFN block and SwiGLU/GeGLU (ffn.py)
     fusegen bench build | cpu | layouts | gp   # build latency, CPU kernels, layouts, gradient penalty
-    fusegen bench compile                      # fusion across a fused op under torch.compile (bench_compile.py)
+    fusegen bench compile                      # fusion across a fused op under torch.compile (compile.py)
 
 For each expression, dtype and size: the median time of one call, forward and
 forward+backward (`torch.autograd.grad` of every input), of each implementation
-(bench_peers.py), with CUDA events after warm-up. Small sizes would sit in L2 between
+(peers.py), with CUDA events after warm-up. Small sizes would sit in L2 between
 calls, so each timed sample runs the call over a rotation of input sets that together hold
 more than twice the L2 cache. Beside each time: the effective bandwidth (the bytes an ideal
 fused kernel moves, `moved_tensors`, over the time) as a % of a device-to-device copy of
@@ -17,6 +17,9 @@ the same bytes timed the same way, and the time relative to the best peer. Host
 microseconds per call at n = 4096, forward and forward+backward, against the cheapest
 PyTorch calls (`x*2`; `x*2` and `torch.autograd.grad`) measured in the same run. On a
 machine without CUDA everything runs on the CPU (no jiterator or CuPy), which the tests use.
+Each median is printed with its spread (half the interquartile range, as a % of the
+median), and figures that cannot be right (faster than a copy of the same bytes by a
+margin, a time near zero, a wide spread: a loaded machine) are listed as warnings.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 from fusegen.bench.peers import FORWARD_ONLY, IMPLS, Impl, build_impls, configure_compile, failure, optional_module
 from fusegen.files import write_text
 
-# The seed ops of issue 7: label -> expression.
+# The seed ops, benchmarked when no expression is given: label -> expression.
 SEEDS = {
     "fma": "a*b+c",
     "addmul": "(x+y)*w",
@@ -47,12 +50,17 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
           "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
 DIRECTIONS = ("fwd", "fwd+bwd")
 HOST_N = 4096            # host overhead is measured at this size, where launch costs dominate
-HOST_TARGET = 1.15       # issue 7 item 3: fusegen per call at most this times PyTorch's floor
+HOST_TARGET = 1.15       # target: fusegen's host time per call at most this times PyTorch's floor
 DEFAULT_SIZES = {"cuda": "2^12..2^28", "cpu": "2^12..2^20"}
-QUICK_SIZES = "2^12..2^28:16"
+# --quick: every 16x instead of every 4x; on the CPU also fp32 only, up to 2^20, and a
+# shorter timing budget: 1-2 minutes on 2 cores (torch.compile's compiles are most of it),
+# where the 1 GiB tensors of 2^28 took over half an hour.
+QUICK_SIZES = {"cuda": "2^12..2^28:16", "cpu": "2^12..2^20:16"}
+QUICK_DTYPES = {"cuda": None, "cpu": "fp32"}   # None: the --dtypes default
+QUICK_BUDGET = {"cuda": 0.04, "cpu": 0.02}
+DEFAULT_DTYPES = "fp32,bf16,fp16"
 L2_MULTIPLE = 2          # a rotation of input sets holds this many times the L2 cache
 MAX_SETS = 64
-SUBCOMMANDS = ("build", "cpu", "layouts", "gp", "ffn", "compile")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -95,17 +103,41 @@ def timed_ms(fn, reps: int, device: str, warm: int = 5, calls: int = 10) -> floa
     return statistics.median(_sample_ms(fn, sets, device) for _ in range(reps))
 
 
-def rotating_ms(call, sets, device: str, budget_s: float, min_samples: int = 5,
-                max_samples: int = 30) -> tuple[float, int]:
-    """(median ms per call, samples): one warm-up pass over the sets, then as many samples
-    as fit in about `budget_s` seconds, within [min_samples, max_samples]."""
+def rotating_times(call, sets, device: str, budget_s: float, min_samples: int = 5,
+                   max_samples: int = 30) -> list[float]:
+    """Every sample's ms per call: one warm-up pass over the sets, then as many samples as
+    fit in about `budget_s` seconds, within [min_samples, max_samples]."""
     _sample_ms(call, sets, device)  # warm-up: caches, allocator, autotuning, lazy compiles
     _sync(device)
     first = _sample_ms(call, sets, device)
     per_sample = first * len(sets) / 1e3
     count = int(min(max_samples, max(min_samples, budget_s / max(per_sample, 1e-9))))
-    times = [first] + [_sample_ms(call, sets, device) for _ in range(count - 1)]
-    return statistics.median(times), count
+    return [first] + [_sample_ms(call, sets, device) for _ in range(count - 1)]
+
+
+def rotating_ms(call, sets, device: str, budget_s: float, min_samples: int = 5,
+                max_samples: int = 30) -> tuple[float, int]:
+    """(median ms per call, samples) of rotating_times."""
+    times = rotating_times(call, sets, device, budget_s, min_samples, max_samples)
+    return statistics.median(times), len(times)
+
+
+def spread_pct(times) -> float:
+    """How far the samples scatter: half their interquartile range as a % of their median
+    (robust to one slow sample; 0 for fewer than two samples)."""
+    times = list(times)
+    if len(times) < 2:
+        return 0.0
+    median = statistics.median(times)
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return 100 * (q3 - q1) / 2 / median if median > 0 else math.inf
+
+
+def quick_plan(device: str) -> dict:
+    """What --quick measures on a device: sizes, dtypes (None: the --dtypes default) and the
+    timing budget per measurement."""
+    return {"sizes": parse_sizes(QUICK_SIZES[device]), "dtypes": QUICK_DTYPES[device],
+            "budget_s": QUICK_BUDGET[device]}
 
 
 def host_us(fn, device: str, calls: int = 2000) -> float:
@@ -269,6 +301,7 @@ class _Copies:
     def __init__(self, device: str, l2: int, budget_s: float):
         self.device, self.l2, self.budget = device, l2, budget_s
         self.ms: dict[int, float] = {}
+        self.spread: dict[int, float] = {}  # spread_pct of each copy's samples
 
     def time(self, nbytes: int) -> float:
         """Milliseconds to copy nbytes (read nbytes / 2, write nbytes / 2)."""
@@ -277,7 +310,8 @@ class _Copies:
             sets = [(torch.empty(half, dtype=torch.uint8, device=self.device),
                      torch.empty(half, dtype=torch.uint8, device=self.device))
                     for _ in range(rotation(nbytes, self.l2))]
-            self.ms[nbytes] = rotating_ms(lambda dst, src: dst.copy_(src), sets, self.device, self.budget)[0]
+            times = rotating_times(lambda dst, src: dst.copy_(src), sets, self.device, self.budget)
+            self.ms[nbytes], self.spread[nbytes] = statistics.median(times), spread_pct(times)
         return self.ms[nbytes]
 
 
@@ -315,7 +349,8 @@ def run(cases, dtypes, sizes, wanted, directions, device: str, static: bool, bud
             impls = runner.case(case, dtype, sorted(sizes, reverse=True))
             if host and not any(r["expr"] == case.label for r in host_rows):
                 host_rows.extend(_host_rows(case, impls, dtype, device, directions, floors))
-            result["copy"] = [{"bytes": b, "ms": ms} for b, ms in sorted(runner.copies.ms.items())]
+            result["copy"] = [{"bytes": b, "ms": ms, "spread_pct": runner.copies.spread[b]}
+                              for b, ms in sorted(runner.copies.ms.items())]
             result["summary"] = summarize(result["rows"])
             if host:
                 result["host"] = _host_result(floors, host_rows, device)
@@ -376,7 +411,8 @@ class _Runner:
             else:
                 call = _grad_call(impl.forward)
                 sets = [[x.detach().requires_grad_() for x in s] + [g] for s, g in zip(inputs, grads)]
-            ms, samples = rotating_ms(call, sets, self.device, self.budget_s)
+            times = rotating_times(call, sets, self.device, self.budget_s)
+            ms, samples = statistics.median(times), len(times)
             copy_ms = self.copies.time(nbytes) if nbytes else None
         except Exception as err:  # OOM, a peer failing: reported, the run goes on
             self.skipped.append({**key, "reason": failure(err)})
@@ -384,8 +420,9 @@ class _Runner:
                 self.failed.add((key["expr"], key["dtype"], key["impl"], key["direction"]))
             _release(self.device)
             return
-        self.rows.append({**key, "ms": ms, "gbs": nbytes / ms / 1e6 if nbytes else None,
-                          "pct_copy": 100 * copy_ms / ms if copy_ms else None, "samples": samples,
+        self.rows.append({**key, "ms": ms, "gbs": nbytes / ms / 1e6 if nbytes and ms > 0 else None,
+                          "pct_copy": 100 * copy_ms / ms if copy_ms and ms > 0 else None, "samples": samples,
+                          "spread_pct": spread_pct(times),
                           "calls_per_sample": len(sets)})
 
 
@@ -482,9 +519,14 @@ def summarize(rows) -> list[dict]:
             continue
         best = min(peers, key=peers.get)
         out.append({"expr": expr, "dtype": dtype, "n": n, "direction": direction, "fusegen_ms": times["fusegen"],
-                    "best_peer": best, "best_peer_ms": peers[best], "vs_best": times["fusegen"] / peers[best],
-                    "speedup": {k: v / times["fusegen"] for k, v in peers.items()}})
+                    "best_peer": best, "best_peer_ms": peers[best], "vs_best": _ratio(times["fusegen"], peers[best]),
+                    "speedup": {k: _ratio(v, times["fusegen"]) for k, v in peers.items()}})
     return out
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, infinite for a zero b (a broken timing is reported as implausible, not raised)."""
+    return a / b if b > 0 else math.inf
 
 
 # -- a gradient-penalty training step (double backward through fused activations) ------------
@@ -552,16 +594,16 @@ def run_gp(batch: int, width: int, dtypes, out_json: str | None):
 
 # -- the command ------------------------------------------------------------------------------
 
-def _parser():
-    from fusegen.tools.cli import _Parser
+def _parser(subcommands):
+    from fusegen.tools.console import Parser
 
-    p = _Parser(prog="fusegen bench", description=__doc__.splitlines()[0],
-                epilog=f"subcommands: fusegen bench {{{','.join(SUBCOMMANDS)}}} ...; to bench an expression "
-                       "spelled like one, write it in parentheses: fusegen bench \"(build)\"")
+    p = Parser(prog="fusegen bench", description=__doc__.splitlines()[0],
+               epilog=f"subcommands: fusegen bench {{{','.join(subcommands)}}} ...; to bench an expression "
+                      "spelled like one, write it in parentheses: fusegen bench \"(build)\"")
     p.add_argument("exprs", nargs="*", metavar="EXPR", help="expressions (default: the seed ops: "
                    + ", ".join(f"{k} {v}" for k, v in list(SEEDS.items())[:4]) + ", gelu_tanh)")
-    p.add_argument("--dtypes", type=name_list("dtype", DTYPES), default="fp32,bf16,fp16",
-                   help="comma-separated: fp32, bf16, fp16 (default: all three)")
+    p.add_argument("--dtypes", type=name_list("dtype", DTYPES), default=None,
+                   help="comma-separated: fp32, bf16, fp16 (default: all three; fp32 with --quick on the CPU)")
     p.add_argument("--sizes", type=parse_sizes, default=None,
                    help="element counts: 4096,2^20 or a range 2^12..2^28 (powers of 4) or 2^12..2^28:16 "
                         f"(default: {DEFAULT_SIZES['cuda']} on CUDA, {DEFAULT_SIZES['cpu']} on the CPU)")
@@ -573,10 +615,12 @@ def _parser():
                    help="torch.compile with dynamic shapes, compiled once per expression and dtype at the "
                         "largest size (default), or static shapes, compiled again for every size (slow)")
     p.add_argument("--quick", action="store_true",
-                   help=f"sizes {QUICK_SIZES} (unless --sizes) and shorter timing: the whole default "
-                        "comparison in a few minutes on an H200")
+                   help=f"sizes {QUICK_SIZES['cuda']} on CUDA, {QUICK_SIZES['cpu']} and fp32 only on the CPU "
+                        "(unless --sizes, --dtypes), and shorter timing: a few minutes on an H200, 1-2 "
+                        "minutes on a 2-core CPU")
     p.add_argument("--budget", type=float, default=None, metavar="S",
-                   help="seconds of timed samples per measurement (default 0.1; 0.04 with --quick)")
+                   help=f"seconds of timed samples per measurement (default 0.1; with --quick "
+                        f"{QUICK_BUDGET['cuda']} on CUDA, {QUICK_BUDGET['cpu']} on the CPU)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--no-host", action="store_true", help=f"skip the host overhead at n = {HOST_N}")
     p.add_argument("--json", metavar="PATH", help="write every measurement to this file")
@@ -588,9 +632,10 @@ def _parser():
     return p
 
 
-def bench_main(argv) -> int:
+def bench_main(argv, subcommands=()) -> int:
+    """`fusegen bench [EXPR ...]`; `subcommands`, the other first words (command.py), for --help."""
     from fusegen.bench import report as bench_report
-    args = _parser().parse_args(argv)
+    args = _parser(subcommands).parse_args(argv)
     if args.plot and bench_report.pyplot() is None:
         missing = "--plot needs matplotlib: pip install 'fusegen[bench]' (or pip install matplotlib)"
         if args.report:
@@ -619,23 +664,32 @@ def bench_main(argv) -> int:
     return 0
 
 
+def plan(args, device: str) -> tuple[list[int], list[str], float]:
+    """(sizes, dtype names, budget per measurement) of a run: what was asked for, else the
+    --quick plan or the defaults of the device."""
+    quick = quick_plan(device) if args.quick else {}
+    sizes = args.sizes or quick.get("sizes") or parse_sizes(DEFAULT_SIZES[device])
+    dtypes = args.dtypes or name_list("dtype", DTYPES)(quick.get("dtypes") or DEFAULT_DTYPES)
+    budget = args.budget if args.budget is not None else quick.get("budget_s", 0.1)
+    return sizes, dtypes, budget
+
+
 def _measure(args) -> dict | None:
     from fusegen.bench import report as bench_report
-    from fusegen.tools.cli import _Progress
+    from fusegen.tools.console import Progress
     from fusegen.errors import FusegenError
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device == "cuda" and not torch.cuda.is_available():
         print("fusegen: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return None
-    sizes = args.sizes or parse_sizes(QUICK_SIZES if args.quick else DEFAULT_SIZES[device])
-    budget = args.budget if args.budget is not None else (0.04 if args.quick else 0.1)
-    dtypes = list(dict.fromkeys(DTYPES[d] for d in args.dtypes))
+    sizes, dtype_names, budget = plan(args, device)
+    dtypes = list(dict.fromkeys(DTYPES[d] for d in dtype_names))
     info = device_info(device)
     print(f"fusegen bench on {info['name']} ({device}), torch {info['torch']}: {len(args.exprs) or len(SEEDS)} "
           f"expression(s), {', '.join(map(dtype_name, dtypes))}, sizes {', '.join(map(str, sizes))}", flush=True)
     start = time.perf_counter()
-    building = _Progress.install()  # the build's progress lines, as `fusegen EXPR` shows them
+    building = Progress.install()  # the build's progress lines, as `fusegen EXPR` shows them
     try:
         cases = make_cases(args.exprs)
     except FusegenError as err:
@@ -652,36 +706,3 @@ def _measure(args) -> dict | None:
     if args.json:
         write_text(args.json, json.dumps(result, indent=1))
     return result
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["build"]:  # build latency: fusegen/bench/build.py
-        from fusegen.bench import build as bench_build
-        return bench_build.main(argv[1:]) or 0
-    if argv[:1] in (["cpu"], ["layouts"]):
-        from fusegen.bench import layouts as bench_layouts
-        bench_layouts.main(argv)
-        return 0
-    if argv[:1] == ["ffn"]:
-        from fusegen.bench import ffn as bench_ffn
-        return bench_ffn.main(argv[1:])
-    if argv[:1] == ["compile"]:  # fusion across a fused op under torch.compile
-        from fusegen.bench import compile as bench_compile
-        bench_compile.main(argv[1:])
-        return 0
-    if argv[:1] == ["gp"]:  # gradient-penalty training step
-        p = argparse.ArgumentParser(prog="fusegen bench gp",
-                                    description="a gradient-penalty training step, fusegen vs eager")
-        p.add_argument("--batch", type=int, default=4096)
-        p.add_argument("--width", type=int, default=4096)
-        p.add_argument("--dtypes", default="float32")
-        p.add_argument("--json", help="write all rows to this file")
-        args = p.parse_args(argv[1:])
-        run_gp(args.batch, args.width, [getattr(torch, d) for d in args.dtypes.split(",")], args.json)
-        return 0
-    return bench_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

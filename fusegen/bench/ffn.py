@@ -1,4 +1,4 @@
-"""Issue 8's user-level benchmarks: a transformer FFN block's training step with a fused
+"""User-level benchmarks: a transformer FFN block's training step with a fused
 activation, and the gated activations alone against Liger Kernel.
 
     fusegen bench ffn [--tokens 8192] [--dim 1024] [--hidden 4096] [--dtypes fp32,bf16] [--json out.json]

@@ -1,5 +1,6 @@
 """What `fusegen bench` shows of its result dict (bench.py): the progress over the runs,
-the terminal tables (markdown, to paste as they are), issue 7's targets, and the plot.
+the terminal tables (markdown, to paste as they are), each median with its spread, the
+targets, warnings about figures that cannot be right, and the plot.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from fusegen.bench.peers import IMPLS, optional_module
 
-# Issue 7's "done when", checked on the largest size measured:
+# The run-time targets, checked on the largest size measured:
 # (direction, dtype, peers fusegen must not be slower than on any expression, geomean
 #  speedup over torch.compile it must reach, or None).
 TARGETS = (
@@ -21,6 +22,65 @@ TARGETS = (
     ("fwd+bwd", "float32", ("compile", "eager"), 1.15),
     ("fwd+bwd", "bfloat16", ("compile", "eager"), 1.40),
 )
+
+
+# When a figure cannot be right (bench.py's timing on a loaded machine, or a broken timer):
+MAX_PCT_COPY = 150       # faster than a device copy of the same bytes by more than 1.5x
+MIN_MS = 5e-4            # under half a microsecond per call: nothing real is that fast
+MAX_SPREAD_PCT = 25      # samples scattered by more than ±25 % of their median
+RATIO_RANGE = (0.05, 20)  # fusegen / best peer outside this: one of the two times is off
+SHOWN_WARNINGS = 12      # warnings printed in full; the rest are counted
+
+
+def with_spread(ms: float, spread: float | None) -> str:
+    """A median and its spread, `0.4898 ±1%` (the median alone when the JSON has no spread)."""
+    if spread is None:
+        return f"{ms:.4g}"
+    return f"{ms:.4g} ±{spread:.0f}%" if math.isfinite(spread) else f"{ms:.4g} ±inf%"
+
+
+def implausible(result: dict) -> list[str]:
+    """One line per figure of the result that cannot be right: a time near zero, a time
+    faster than the copy of the same bytes by more than MAX_PCT_COPY %, samples spread wider
+    than MAX_SPREAD_PCT %, a copy baseline spread as wide, a fusegen / best peer ratio
+    outside RATIO_RANGE. Empty when every figure is plausible."""
+    lines = []
+    for r in result.get("rows", []):
+        where = f"{r['expr']} {r['dtype']} n={size_label(r['n'])} {r['direction']} {r['impl']}"
+        if r["ms"] < MIN_MS:
+            lines.append(f"{where}: {r['ms']:.3g} ms per call is too fast to be real (timer or sync problem)")
+        elif r.get("pct_copy") and r["pct_copy"] > MAX_PCT_COPY:
+            lines.append(f"{where}: {r['pct_copy']:.0f}% of the copy rate, faster than copying its bytes: "
+                         "the copy baseline or this time is off (a loaded machine?)")
+        if r.get("spread_pct") is not None and r["spread_pct"] > MAX_SPREAD_PCT:
+            lines.append(f"{where}: samples spread ±{r['spread_pct']:.0f}% over {r.get('samples', '?')} "
+                         "samples (a loaded machine?)")
+    for c in result.get("copy", []):
+        if c.get("spread_pct") is not None and c["spread_pct"] > MAX_SPREAD_PCT:
+            lines.append(f"copy of {c['bytes']} bytes (the % of copy baseline): samples spread "
+                         f"±{c['spread_pct']:.0f}% (a loaded machine?)")
+        if c["ms"] < MIN_MS:
+            lines.append(f"copy of {c['bytes']} bytes (the % of copy baseline): {c['ms']:.3g} ms is too fast "
+                         "to be real")
+    low, high = RATIO_RANGE
+    for s in result.get("summary", []):
+        if not low <= s["vs_best"] <= high:
+            lines.append(f"{s['expr']} {s['dtype']} n={size_label(s['n'])} {s['direction']}: fusegen / best peer "
+                         f"{s['vs_best']:.3g} ({s['fusegen_ms']:.3g} ms against {s['best_peer']}'s "
+                         f"{s['best_peer_ms']:.3g} ms) is implausible: one of the two times is off")
+    return lines
+
+
+def print_warnings(lines, stream=None):
+    stream = stream or sys.stdout
+    if not lines:
+        return
+    print(f"\nwarnings: {len(lines)} figure(s) look implausible; rerun on an idle machine "
+          "(or with a larger --budget)", file=stream)
+    for line in lines[:SHOWN_WARNINGS]:
+        print(f"  warning  {line}", file=stream)
+    if len(lines) > SHOWN_WARNINGS:
+        print(f"  ... and {len(lines) - SHOWN_WARNINGS} more", file=stream)
 
 
 class Progress:
@@ -93,8 +153,8 @@ def _impls(rows):
 
 def print_report(result: dict):
     """The tables: per dtype and direction, every implementation at the largest size (ms
-    and % of copy) and fusegen's time over the best peer's at every size; host overhead;
-    the skipped peers; issue 7's targets."""
+    ± spread and % of copy) and fusegen's time over the best peer's at every size; host
+    overhead; the targets; the skipped peers; warnings about implausible figures."""
     device = result["device"]
     print(f"\n{device['name']} ({device['kind']}), torch {device['torch']}, CUDA {device['cuda']}, "
           f"fusegen {result['fusegen']}, {result['date']}; torch.compile: {result['settings']['compile']} shapes")
@@ -116,9 +176,10 @@ def print_report(result: dict):
             if r is None:
                 return "-"
             pct = f" ({r['pct_copy']:.0f}%)" if r.get("pct_copy") else ""
-            return f"{r['ms']:.4g}{pct}"
+            return with_spread(r["ms"], r.get("spread_pct")) + pct
 
-        table(f"{direction}, {dtype}, n = {size_label(big)}: median ms (% of copy rate)",
+        spread = " ±spread" if any(r.get("spread_pct") is not None for r in mine) else ""
+        table(f"{direction}, {dtype}, n = {size_label(big)}: median ms{spread} (% of copy rate)",
                ["expr"] + impls + ["fusegen / best peer"],
                [[e] + [shown(e, i) for i in impls]
                 + [f"{ratio[(e, big)]['vs_best']:.2f} ({ratio[(e, big)]['best_peer']})" if (e, big) in ratio else "-"]
@@ -133,6 +194,7 @@ def print_report(result: dict):
     for s in result.get("skipped", []):
         where = " ".join(str(s[k]) for k in ("expr", "dtype", "n", "direction") if k in s)
         print(f"skipped  {s['impl']} ({where}): {s['reason']}")
+    print_warnings(implausible(result))
 
 
 def _print_host(host, exprs):
@@ -157,7 +219,8 @@ def _print_host(host, exprs):
 
 
 def _print_targets(summary, host):
-    """Issue 7's done-when criteria on the largest size measured per dtype and direction."""
+    """The run-time targets (TARGETS, HOST_TARGET) on the largest size measured per dtype
+    and direction."""
     lines = []
     for direction, dtype, peers, geomean_min in TARGETS:
         mine = [s for s in summary if (s["dtype"], s["direction"]) == (dtype, direction)]
@@ -182,7 +245,8 @@ def _print_targets(summary, host):
                 if r["impl"] == "fusegen" and r["vs_floor"] > host["target"]]
         lines.append(f"host    fusegen <= {host['target']}x floor: {'met' if not over else 'NOT met: ' + ', '.join(over)}")
     if lines:
-        print("\nissue 7 targets")
+        print("\ntargets (largest size: no slower than the peers named, geomean speedup over torch.compile; "
+              "host time against the floor)")
         for line in lines:
             print(f"  {line}")
 

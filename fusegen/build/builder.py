@@ -9,7 +9,7 @@ build a whole corpus into one); its sources include no torch header (only the ru
 own headers, from `_runtime/` in its build folder), so it compiles in about a second, and
 it links against the runtime (-l and an
 rpath relative to its own folder, `$ORIGIN/../runtime-<key>`), whose key is part of the
-op's key. The cache key names everything that changes the binary (key_parts): the sources,
+op's key. The cache key (keys.py) names everything that changes the binary: the sources,
 the flags, torch, CUDA, the compilers' real identities, the GPU architectures, fusegen's
 version and the environment variables the compilers read. A build runs in a private temp
 directory under an flock (released by the kernel if the process dies, so no stale locks;
@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import itertools
 import logging
 import os
 import re
-import shlex
 import shutil
 import stat
 import subprocess
@@ -44,13 +42,14 @@ import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from fusegen.build import cache as _cache
+from fusegen.build import keys as _keys
 from fusegen.build.cache import cache_dir
+from fusegen.build.toolchain import build_flags, cuda_enabled, libmvec
 from fusegen.errors import BuildError, CompilerError, FusegenError, LoadError
 from fusegen.files import RUNTIME_FOLDER, runtime_files, write, write_text
 from fusegen.version import FUSEGEN_VERSION
@@ -94,11 +93,6 @@ log.addHandler(DEFAULT_HANDLER)
 if log.level == logging.NOTSET:  # a level the application set before importing fusegen stays
     log.setLevel(logging.INFO)
 
-# -fno-math-errno: C math functions that never set errno, so the CPU loop vectorizes them
-# (libmvec below) and sqrt is one instruction; values are unchanged.
-CXX_FLAGS = ["-O3", "-Wall", "-fno-math-errno"]
-# Accurate math by default: no --use_fast_math, so results match eager PyTorch.
-NVCC_FLAGS = ["-O3"]  # cpp_extension adds the -std= that matches torch
 # The macros that compile only the forward or only the backward launchers of an op's .cu
 # (templates/op_kernels.cu.j2), one nvcc run each, when a build has cores to spare.
 SPLIT_MACROS = ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY")
@@ -111,7 +105,7 @@ DTYPE_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY",))
 HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY"),
                ("FUSEGEN_16BIT_ONLY", "FUSEGEN_BF16_ONLY"))
 # C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
-# a few share one unit (a new op and its two auxiliary ops: one unit).
+# a few share one unit (a batch of ops; a new op's auxiliary ops, built on first use).
 CPP_PER_UNIT = 6
 # The runtime's translation units (templates/runtime/*.cpp), compiled in parallel: each
 # includes only the torch headers of its own concern.
@@ -173,151 +167,17 @@ def _check_entry(library: Path, error: type[FusegenError]):
                    "rebuilt)", error)
 
 
-def cuda_enabled() -> bool:
-    """Build the CUDA impls when torch sees a GPU and nvcc is there. FUSEGEN_CPU_ONLY=1
-    forces the CPU-only build (the same generated files, without FUSEGEN_WITH_CUDA)."""
-    if os.environ.get("FUSEGEN_CPU_ONLY") == "1" or torch.version.cuda is None or not torch.cuda.is_available():
-        return False
-    return _cuda_home() is not None
-
-
-def _cuda_home() -> str | None:
-    """The CUDA toolkit, found as torch.utils.cpp_extension finds CUDA_HOME ($CUDA_HOME or
-    $CUDA_PATH, then the nvcc on the PATH, then /usr/local/cuda), without importing it: it
-    imports setuptools, 0.13 s that a cached load on the GPU machine must not pay (measured
-    there with cProfile)."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home is None:
-        nvcc = shutil.which("nvcc")
-        home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
-    return home if os.path.exists(home) else None
-
-
-# The environment variables that change what the compilers make (read by gcc/clang, nvcc or
-# torch.utils.cpp_extension): part of every cache key, and of the request index's key.
-KEY_ENV = ("CXX", "CC", "NVCC_CCBIN", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS",
-           "TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "CUDA_PATH", "CPATH", "C_INCLUDE_PATH",
-           "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH", "LD_RUN_PATH",
-           "FUSEGEN_CPU_ONLY")
-
-
-def _compilers(cuda: bool) -> list[tuple[str, str]]:
-    """(role, command) of each compiler a build runs, as cpp_extension picks them: $CXX or
-    c++; for CUDA, $PYTORCH_NVCC or $CUDA_HOME/bin/nvcc and nvcc's host compiler ($CC,
-    which cpp_extension passes as -ccbin, else $NVCC_CCBIN, else gcc)."""
-    tools = [("c++", os.environ.get("CXX") or "c++")]
-    if cuda:
-        nvcc = os.environ.get("PYTORCH_NVCC") or os.path.join(_cuda_home() or "/usr/local/cuda", "bin", "nvcc")
-        tools += [("nvcc", nvcc), ("host", os.environ.get("CC") or os.environ.get("NVCC_CCBIN") or "gcc")]
-    return tools
-
-
-def _binary(command: str) -> tuple[str, tuple]:
-    """A compiler command's binary, resolved (PATH, symlinks: `c++` -> /usr/bin/x86_64-linux-gnu-g++-12),
-    and its stat (size, mtime, inode): what changes when it is replaced or upgraded."""
-    words = shlex.split(command) or [command]
-    found = shutil.which(words[0])
-    path = os.path.realpath(found) if found else words[0]
-    try:
-        st = os.stat(path)
-        return path, (st.st_size, st.st_mtime_ns, st.st_ino)
-    except OSError:
-        return path, ()
-
-
-def _run(command: str, *args: str) -> str:
-    try:
-        words = shlex.split(command) or [command]
-        out = subprocess.run(words + list(args), capture_output=True, text=True, timeout=60).stdout
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return "unavailable"
-    return out.strip()
-
-
-@lru_cache(maxsize=None)
-def _identity(role: str, command: str, binary: str, stamp: tuple) -> str:
-    """What a compiler is, asked once per process and binary (`stamp` is in the memo's key:
-    a compiler replaced in place is asked again). Not the last line of `--version`, which
-    for g++ is its warranty notice, the same for every version: for gcc/clang the first line
-    (name and version) and the target (-dumpmachine); for nvcc the whole `--version` (its
-    release and build lines); always the resolved binary."""
-    if role == "nvcc":
-        return f"{binary}\n{_run(command, '--version')}"
-    first = (_run(command, "--version").splitlines() or ["unknown"])[0]
-    return f"{binary}\n{first}\n{_run(command, '-dumpmachine')}"
-
-
-def key_parts(cuda: bool, probe: bool = True) -> list[str]:
-    """Everything besides the sources that decides a library's bytes, in one list for both
-    keys. The cache key (probe=True) names each compiler by its identity (running it, once
-    per process); the request index's key (probe=False) by its resolved binary and that
-    file's stat, since a cached load must run no process: a compiler replaced in place then
-    misses the index, and the cache key, which asks it, decides whether to rebuild."""
-    parts = [FUSEGEN_VERSION, torch.__version__, str(torch.version.cuda), sys.version, sys.platform, str(cuda)]
-    parts += [f"{name}={os.environ.get(name)!r}" for name in KEY_ENV]  # unset and "" differ
-    if cuda:
-        parts.append(repr(cuda_arch_flags()))
-    for role, command in _compilers(cuda):
-        binary, stamp = _binary(command)
-        parts.append(f"{role}: {_identity(role, command, binary, stamp) if probe else (binary, stamp)}")
-    if probe:
-        parts.append(repr(build_flags(cuda)))  # libmvec's presence: asks ldconfig
-    return parts
-
-
-def cuda_arch_flags() -> list[str]:
-    """-gencode for every visible GPU's architecture (e.g. sm_90 on an H200), or for
-    TORCH_CUDA_ARCH_LIST when set ("9.0;8.0")."""
-    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if env:
-        archs = sorted({a.replace("+PTX", "").strip() for a in env.replace(",", ";").split(";") if a.strip()})
-    else:
-        archs = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
-    flags = []
-    for arch in archs:
-        num = arch.replace(".", "")
-        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
-    return flags
-
-
-@lru_cache(maxsize=None)
-def libmvec() -> bool:
-    """glibc's vector math library (x86-64 Linux): the CPU loop's exp, tanh, ... run 4
-    (float) or 2 (double) at a time through it (fusegen-runtime.h, FUSEGEN_LIBMVEC)."""
-    import ctypes.util
-    import platform
-    return sys.platform == "linux" and platform.machine() == "x86_64" and ctypes.util.find_library("mvec") is not None
-
-
-def build_flags(cuda: bool) -> dict[str, list[str]]:
-    cflags = list(CXX_FLAGS) + (["-DFUSEGEN_WITH_CUDA"] if cuda else []) + (["-DFUSEGEN_LIBMVEC"] if libmvec() else [])
-    return {"cflags": cflags, "cuda_cflags": (NVCC_FLAGS + cuda_arch_flags()) if cuda else []}
-
-
 def runtime_sources() -> dict[str, str]:
     """The shared runtime's sources (templates/runtime/), as written to generated/_runtime/."""
     return runtime_files()
 
 
 def runtime_key(cuda: bool) -> str:
-    h = hashlib.sha256()
-    for part in ["runtime"] + key_parts(cuda):
-        h.update(part.encode() + b"\0")
-    for fname, text in sorted(runtime_sources().items()):
-        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
-    return h.hexdigest()[:32]
+    return _keys.runtime_key(cuda, runtime_sources())
 
 
 def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
-    h = hashlib.sha256()
-    parts = key_parts(cuda) + [runtime_key(cuda)]
-    for part in parts:
-        h.update(part.encode() + b"\0")
-    for name, files in sorted(ops):
-        h.update(name.encode() + b"\0")
-        for fname in sorted(files):
-            h.update(fname.encode() + b"\0" + files[fname].encode() + b"\0")
-    return h.hexdigest()[:32]
+    return _keys.cache_key(ops, cuda, runtime_key(cuda))
 
 
 _locked = _cache.build_lock  # taken by builds; `fusegen cache` takes it without waiting
@@ -332,8 +192,7 @@ def _own(files: dict[str, str], suffix: str) -> list[str]:
 def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     """Translation units that #include the ops' sources: CPP_PER_UNIT .cpp files each, and
     the .cu files spread over as many units as there are cores (nvcc is the long pole of a
-    CUDA build: a new op's own .cu and its auxiliary ops' then compile in parallel, so the
-    auxiliary ops cost no wall time on a machine with a few cores); with at least two cores
+    CUDA build: the .cu files of a batch then compile in parallel); with at least two cores
     per .cu, each .cu's forward and backward kernels are two units (SPLIT_MACROS), with
     four, each of those two again, by dtype (DTYPE_MACROS), and an op's own .cu by three
     dtype groups where that leaves a core per unit (HALF_MACROS)."""

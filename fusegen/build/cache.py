@@ -2,7 +2,7 @@
 the temp folders of killed builds without ever breaking a build in progress, or touching
 anything fusegen did not make.
 
-Layout of `$FUSEGEN_CACHE_DIR` (default `~/.cache/fusegen`), written by `build.py`:
+Layout of `$FUSEGEN_CACHE_DIR` (default `~/.cache/fusegen`), written by `builder.py`:
 
     CACHEDIR.TAG                the cache's marker (a cache directory tag naming fusegen)
     <key>/                      an op library: fusegen_<key>.so, the ops' sources, entry.json

@@ -7,12 +7,10 @@ names the library a request was built into and what a FusedOp needs to exist wit
 spec (the op's name, parameters, whether it has a backward kernel, a digest of its files).
 A cached `fuse("a*b+c")` in a new process is then a hash, a small JSON read and a dlopen.
 
-The request key hashes the request (all its fields), fusegen's own sources and templates
-(so editing the generator never finds a stale library) and the cache key's own list of
-what decides a library besides its sources (build.key_parts: versions, the environment
-the compilers read, the compilers), except that a compiler is named by its resolved file
-and that file's stat rather than by running it: a cached load runs no process. A compiler
-replaced or upgraded is then a miss, and the long way decides by the compiler's identity.
+The request key (keys.request_key) hashes the request (all its fields), fusegen's own
+sources and templates and the cache key's own list of what decides a library besides its
+sources (keys.key_parts), naming a compiler by its file rather than by running it: a cached
+load runs no process.
 A miss, a corrupt entry or an entry whose library was trimmed from the cache, or whose
 library or runtime is not the one published (cache.verify), falls back to the long way,
 which then rewrites (or rebuilds) it. The index holds keys, never paths: the library is
@@ -21,18 +19,15 @@ always looked for under the current cache directory and goes through build.load'
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from fusegen.build import builder as build
 from fusegen.build import cache as _cache
-from fusegen.pytorch.autograd import Member
-from fusegen.files import templates_dir, write_text
-
-_FORMAT = 3  # bump when the entry's fields change
+from fusegen.build import keys
+from fusegen.ir.family import Member
+from fusegen.files import write_text
 
 
 @dataclass(frozen=True)
@@ -46,36 +41,8 @@ class Entry:
     backward_kernel: bool     # whether <name>_backward exists
     digest: str               # of the generated files: one name, one expression
     library: build.Library | None
-    family: tuple = ()        # autograd.Member per op of the family (the op, its auxiliary ops)
-
-
-@lru_cache(maxsize=None)
-def _generator_digest() -> str:
-    """fusegen's Python sources and templates, hashed once per process (about 1 ms)."""
-    h = hashlib.sha256()
-    package = Path(__file__).resolve().parent.parent
-    for folder in (package, templates_dir()):
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".j2", ".h", ".cuh", ".cpp"):
-                h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def files_digest(files: dict[str, str]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
-    return h.hexdigest()[:32]
-
-
-def request_key(request) -> str:
-    """The index key of a Request (api.Request: a frozen dataclass of strings and tuples)."""
-    parts = [f"index-{_FORMAT}", _generator_digest(), repr(request)]
-    parts += build.key_parts(build.cuda_enabled(), probe=False)
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode() + b"\0")
-    return h.hexdigest()[:32]
+    family: tuple = ()        # family.Member per op of the family (the op, its auxiliary ops)
+    auxiliary: tuple = ()     # (auxiliary op, its library's key): those built so far (on first use)
 
 
 def _path(key: str) -> Path:
@@ -86,8 +53,8 @@ def lookup(request) -> Entry | None:
     """The request's op and library when the index knows them and the library (and the
     runtime it links against) are still in the cache; None otherwise."""
     try:
-        data = json.loads(_path(request_key(request)).read_text())
-        if data.get("format") != _FORMAT:
+        data = json.loads(_path(keys.request_key(request)).read_text())
+        if data.get("format") != keys.INDEX_FORMAT:
             return None
         root = build.cache_dir()
         key, runtime_key = data["library"], data["runtime"]
@@ -98,8 +65,9 @@ def lookup(request) -> Entry | None:
         family = tuple(Member(str(n), int(t), bool(b), bool(c)) for n, t, b, c in data["family"])
         if not family or family[0].name != data["name"]:
             return None
+        auxiliary = tuple((str(n), str(k)) for n, k in sorted(data.get("auxiliary", {}).items()))
         return Entry(data["name"], tuple(data["inputs"]), tuple(data["scalars"]), data["text"],
-                     bool(data["backward_kernel"]), data["digest"], library, family)
+                     bool(data["backward_kernel"]), data["digest"], library, family, auxiliary)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # no entry, or one we cannot read: the long way, which rewrites it
 
@@ -107,21 +75,45 @@ def lookup(request) -> Entry | None:
 def record(request, entry: Entry):
     """Remember where `request` was built. Best effort: a cache we cannot write loses only
     the fast path, never the op."""
-    data = {"format": _FORMAT, "name": entry.name, "inputs": list(entry.inputs),
+    data = {"format": keys.INDEX_FORMAT, "name": entry.name, "inputs": list(entry.inputs),
             "scalars": list(entry.scalars), "text": entry.text, "backward_kernel": entry.backward_kernel,
             "digest": entry.digest, "library": entry.library.key,
             "family": [[m.name, m.tensors, m.backward, m.composite] for m in entry.family],
             "runtime": entry.library.runtime.parent.name.removeprefix("runtime-"),
+            "auxiliary": dict(entry.auxiliary),
             # the request itself, so that fusegen.load(name) can find it by name and check
             # that its key is still this environment's
             "request": {f: list(v) if isinstance(v, tuple) else v for f, v in vars(request).items()}}
     try:
-        path = _path(request_key(request))
+        path = _path(keys.request_key(request))
         path.parent.mkdir(mode=0o700, exist_ok=True)
         write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     except OSError as err:
         build.log.debug("fusegen: could not write the index entry for %s: %s", entry.name, err)
 
+
+def record_auxiliary(request, name: str, key: str):
+    """Remember that auxiliary op `name` of the request's op was built into library `key`,
+    so that a later process loads it on first use without the pipeline. Best effort."""
+    path = _path(keys.request_key(request))
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != keys.INDEX_FORMAT or data.get("auxiliary", {}).get(name) == key:
+            return
+        data.setdefault("auxiliary", {})[name] = key
+        write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    except (OSError, ValueError, AttributeError) as err:
+        build.log.debug("fusegen: could not record %s in the index: %s", name, err)
+
+
+def auxiliary_library(entry: Entry, name: str) -> build.Library | None:
+    """The library auxiliary op `name` of a cached entry was built into, when the index
+    recorded it and it is still the one published in the cache."""
+    key = dict(entry.auxiliary).get(name)
+    if key is None or entry.library is None:
+        return None
+    library = build.Library(build.cache_dir() / key / f"fusegen_{key}.so", key, 0.0, True, entry.library.runtime)
+    return library if _cache.verify(library.path) is None else None
 
 
 def named(name: str) -> tuple[list[dict], int]:
@@ -137,7 +129,7 @@ def named(name: str) -> tuple[list[dict], int]:
     for path in paths:
         try:
             data = json.loads(path.read_text())
-            if data.get("format") == _FORMAT and data.get("name") == name and isinstance(data.get("request"), dict):
+            if data.get("format") == keys.INDEX_FORMAT and data.get("name") == name and isinstance(data.get("request"), dict):
                 found.append((path.stat().st_mtime, path.stem, data["request"]))
         except (OSError, ValueError):
             continue
@@ -155,7 +147,7 @@ def names() -> list[str]:
     for path in paths:
         try:
             data = json.loads(path.read_text())
-            if data.get("format") == _FORMAT and isinstance(data.get("name"), str):
+            if data.get("format") == keys.INDEX_FORMAT and isinstance(data.get("name"), str):
                 out.add(data["name"])
         except (OSError, ValueError):
             continue

@@ -18,6 +18,7 @@ from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
 from fusegen.ir import primitives as fn
+from fusegen.ir.notation import _Memo
 from fusegen.ir.spec import OpSpec, Program
 
 COMPUTE_TYPES = {"float": float32, "double": float64}
@@ -40,13 +41,18 @@ _HELPERS = {fn.Sigmoid: "sigmoid", fn.Sign: "sign", fn.Relu: "relu",
             fn.Maximum: "maximum", fn.Minimum: "minimum"}
 
 
-class CPrinter(C99CodePrinter):
+class CPrinter(_Memo, C99CodePrinter):
     """functions.py's nodes -> C for one compute type."""
 
     def __init__(self, compute_type: str):
         super().__init__({"type_aliases": {real: COMPUTE_TYPES[compute_type]}})
         self.ctype = compute_type
         self.suffix = LITERAL_SUFFIX[compute_type]
+
+    def _handle_UnevaluatedExpr(self, expr):
+        # sympy's pass replaces re(...) around UnevaluatedExpr, which fusegen's trees never
+        # hold; it walks the tree recursively (every path), so it is skipped.
+        return expr
 
     @property
     def _fsuffix(self):

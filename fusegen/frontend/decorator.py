@@ -18,9 +18,13 @@ builds every waiting one into one library in one compiler run. So a module with 
 
 from __future__ import annotations
 
+import ast
+import builtins
+import collections
 import functools
 import inspect
 import numbers
+import sys
 import textwrap
 import threading
 
@@ -44,12 +48,29 @@ def fused(fn=None, *, name: str | None = None, compile: str | None = None):
     """Decorate a function; usable bare (`@fused`) or with a name (`@fused(name="silu")`).
     `compile`: what torch.compile makes of the op, as for `fusegen.fuse`."""
     if fn is None:
-        return lambda f: fused(f, name=name, compile=compile)
+        def decorate(f):
+            return fused(f, name=name, compile=compile)
+        decorate.__fusegen_fused__ = True  # so that _is_fused knows `@fused(name=...)`
+        return decorate
+    if hasattr(fn, "__wrapped__"):
+        # functools.wraps: the source is the wrapped function's, the behaviour the wrapper's.
+        raise SpecError(f"@fused function '{getattr(fn, '__name__', fn)}' is wrapped by another "
+                        "decorator (it has __wrapped__): fusegen reads the source, which is not "
+                        "what the wrapper computes; put @fused directly above the def, or apply the "
+                        "other decorator to the result")
+    # The scope the def is in, where its decorators' names are looked up: the caller, or
+    # the caller of `decorate` for @fused(name=...).
+    frame = sys._getframe(1)
+    if frame.f_code is _DECORATE_CODE:
+        frame = frame.f_back
+    scope = collections.ChainMap(frame.f_locals if frame is not None else {}, getattr(fn, "__globals__", {}))
+    del frame
     try:
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError) as err:
         raise ParseError(f"@fused needs the source of '{getattr(fn, '__name__', fn)}' ({err})",
                          repr(fn)) from None
+    _check_decorators(fn, source, scope)
     signature = inspect.signature(fn)
     for p in signature.parameters.values():
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
@@ -64,6 +85,55 @@ def fused(fn=None, *, name: str | None = None, compile: str | None = None):
                       command=f"@fusegen.fused on {fn.__module__}.{fn.__qualname__}")
     _decompose.set_mode(request.name, compile)  # applied when the op is loaded
     return FusedFunction(fn, signature, request)
+
+
+def _check_decorators(fn, source: str, scope):
+    """Refuse a decorator between @fused and the def: it changes what the function computes,
+    but fusegen reads the source, so the op would compute the undecorated body while
+    `.eager` computed the decorated one. Decorators above @fused apply to the op: fine."""
+    try:
+        func = ast.parse(source).body[0]
+    except (SyntaxError, IndexError):
+        return  # parse_function reports it
+    if not isinstance(func, ast.FunctionDef) or not func.decorator_list:
+        return
+    decorators = func.decorator_list
+    ours = [i for i, d in enumerate(decorators) if _is_fused(scope, d)]
+    below = decorators[ours[-1] + 1:] if ours else decorators
+    if below:
+        spelled = ", ".join("@" + ast.unparse(d) for d in below)
+        line = source.splitlines()[below[0].lineno - 1]
+        raise ParseError(f"@fused function '{fn.__name__}' has another decorator below @fused ({spelled}): "
+                         "fusegen reads the source, so the op would ignore it while the function "
+                         "(and .eager) would not", line, line.find("@"),
+                         "put @fused directly above the def, or apply the other decorator to the result")
+
+
+def _is_fused(scope, decorator: ast.expr) -> bool:
+    """Whether a decorator expression is fusegen's @fused (bare, called, or under another
+    name), its names looked up in `scope` (the def's locals and globals) and the builtins;
+    a name that cannot be looked up counts when it is spelled `fused`."""
+    node = decorator.func if isinstance(decorator, ast.Call) else decorator
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return False
+    parts.append(node.id)
+    parts.reverse()
+    value = scope[parts[0]] if parts[0] in scope else getattr(builtins, parts[0], _MISSING)
+    for attr in parts[1:]:
+        if value is _MISSING:
+            break
+        value = getattr(value, attr, _MISSING)
+    if value is _MISSING:
+        return parts[-1] == "fused"  # e.g. imported inside the enclosing function
+    return value is fused or getattr(value, "__fusegen_fused__", False) is True
+
+
+_MISSING = object()
+_DECORATE_CODE = fused(name=None).__code__
 
 
 class FusedFunction:

@@ -1,7 +1,7 @@
 """The only reader of user text.
 
 An expression is parsed with `ast.parse(mode="eval")` and walked against an allowlist
-of node types and function names (see functions.py). Nothing the user wrote is ever
+of node types and function names (see ir/primitives.py). Nothing the user wrote is ever
 evaluated: no eval, exec, sympify or parse_expr. Names become real sympy symbols.
 """
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from dataclasses import dataclass
 
 import sympy
 
+from fusegen.ir import dag
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
+from fusegen.ir.expr import Parsed, symbol
+from fusegen.ir.names import check_identifier
 from fusegen.errors import ParseError, SpecError
 
 MAX_LENGTH = 4000      # characters of expression text
@@ -23,7 +25,7 @@ MAX_DEPTH = 48         # nesting depth of the syntax tree
 MAX_NODES = 2000       # syntax nodes in one expression
 MAX_INT = 2 ** 53      # integer literals beyond this are not exact in double anyway
 
-# Python's operators on tensors, one eager op each (functions.py keeps them as written).
+# Python's operators on tensors, one eager op each (ir/primitives.py keeps them as written).
 _BINOPS = {
     ast.Add: fn.add,
     ast.Sub: fn.sub,
@@ -37,43 +39,6 @@ _COMPARE = {ast.Lt: fn.Less, ast.LtE: fn.LessEqual, ast.Gt: fn.Greater, ast.GtE:
             ast.Eq: fn.Equal, ast.NotEq: fn.NotEqual}
 
 
-@dataclass(frozen=True)
-class Parsed:
-    """What the parser hands on: the sympy tree and the ordered names it uses."""
-
-    text: str
-    tree: sympy.Expr
-    inputs: tuple[str, ...]
-    scalars: tuple[str, ...]
-
-
-def symbol(name: str) -> sympy.Symbol:
-    return sympy.Symbol(name, real=True)
-
-
-def name_problem(name: object) -> str | None:
-    """Why `name` cannot name an input, scalar or op, or None when it can (names.py)."""
-    return names.name_problem(name)
-
-
-def check_identifier(name: object, what: str) -> str:
-    problem = name_problem(name)
-    if problem:
-        raise SpecError(f"{what} {name!r} {problem}")
-    return name
-
-
-def check_op_name(name: object) -> str:
-    check_identifier(name, "op name")
-    if name == names.RUNTIME_FOLDER:
-        raise SpecError(f"name {name!r} is reserved: generated/{name}/ holds the runtime every op builds with")
-    for suffix in names.RESERVED_SUFFIXES:
-        if name.endswith(suffix):
-            raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "
-                            f"got {name!r}")
-    return name
-
-
 class _Converter:
     """Walks an allowlisted ast and builds sympy. `source` is the text columns refer to."""
 
@@ -83,6 +48,9 @@ class _Converter:
         self.bindings = dict(bindings or {})
         self.line_offset = line_offset
         self.seen: list[str] = []  # input names in order of first appearance
+        # A @fused function's parameters and locals: Python would call or look into these,
+        # not the function or module of that name (`def f(exp): return exp(exp)`).
+        self.shadowing: dict[str, str] = {}
 
     # -- errors ---------------------------------------------------------------
     def fail(self, node: ast.AST | None, message: str, hint: str | None = None, col: int | None = None):
@@ -109,7 +77,7 @@ class _Converter:
         if isinstance(value, int) and abs(value) > MAX_INT:
             self.fail(node, f"integer literal too large (limit 2**53), got {value}")
         if not fn.literal_ok(float(value)):
-            self.fail(node, f"literal {value!r} is outside the float32 range")
+            self.fail(node, f"literal {value!r} is outside the float32 range ({fn.LITERAL_RANGE})")
         return _number(float(value))
 
     def _Name(self, node):
@@ -118,7 +86,7 @@ class _Converter:
         name = node.id
         if name in self.bindings:
             return self.bindings[name]
-        problem = name_problem(name)
+        problem = names.name_problem(name)
         if problem:
             self.fail(node, f"input name '{name}' {problem}")
         if name not in self.seen:
@@ -128,6 +96,7 @@ class _Converter:
     def _Attribute(self, node):
         dotted = _dotted(node)
         if dotted in fn.CONSTANTS:
+            self._check_shadowed(node, dotted)
             return fn.CONSTANTS[dotted]
         self.fail(node, f"unknown name '{dotted}'",
                   "expected an input name, math.pi or math.e")
@@ -141,12 +110,25 @@ class _Converter:
         self.fail(node, f"unsupported unary operator {type(node.op).__name__}", "expected - or +")
 
     def _BinOp(self, node):
+        # A chain a + b + c + ... nests to the left, one level per operator: it is walked
+        # with a list, not by recursion, so a long flat sum meets no recursion limit. The
+        # order is recursion's: every operator checked outside in, then the operands.
+        spine = []
+        while isinstance(node, ast.BinOp):
+            op = type(node.op)
+            if op not in _BINOPS:
+                spelled = _BINOP_SPELLING.get(op, op.__name__)
+                self.fail(node, f"unsupported operator '{spelled}'", "expected + - * / or **",
+                          col=self._operator_col(node, spelled))
+            spine.append(node)
+            node = node.left
+        value = self.convert(node)
+        for node in reversed(spine):
+            value = self._binop(node, value, self.convert(node.right))
+        return value
+
+    def _binop(self, node, left, right):
         op = type(node.op)
-        if op not in _BINOPS:
-            spelled = _BINOP_SPELLING.get(op, op.__name__)
-            self.fail(node, f"unsupported operator '{spelled}'", "expected + - * / or **",
-                      col=self._operator_col(node, spelled))
-        left, right = self.convert(node.left), self.convert(node.right)
         if op is ast.Pow:
             return self._pow(node, left, right)
         try:
@@ -173,7 +155,7 @@ class _Converter:
             except (OverflowError, ZeroDivisionError):
                 value = float("inf")
             if isinstance(value, complex) or not fn.literal_ok(value):
-                self.fail(node, "constant power is not a finite real float32 value")
+                self.fail(node, f"constant power is not a finite real float32 value ({fn.LITERAL_RANGE})")
             return _number(value)
         return fn.power(base, exponent)
 
@@ -196,6 +178,7 @@ class _Converter:
         name = fn.resolve(dotted)
         if name is None:
             self._unknown_function(node, dotted)
+        self._check_shadowed(node, dotted)
         spec = fn.FUNCTIONS[name]
         args = self._bind(node, name, spec)
         return spec.build(*args)
@@ -213,6 +196,20 @@ class _Converter:
         hint = ("did you mean " + " or ".join(f"'{n}'" for n in near) + "?") if near \
             else "known: " + ", ".join(fn.known_names())
         self.fail(node, f"unknown function '{dotted}'", hint)
+
+    def _check_shadowed(self, node, dotted):
+        """In a @fused function, a function or constant whose name (or module) is one of the
+        function's own names: eager Python would not run it as fusegen reads it."""
+        root = dotted.partition(".")[0]
+        if root in self.shadowing:
+            what = self.shadowing[root]
+            if "." in dotted:
+                message = (f"{what} '{root}' shadows the module '{root}' of '{dotted}': eager Python "
+                           f"would look up '{dotted.partition('.')[2]}' on the {what}")
+            else:
+                message = (f"{what} '{root}' shadows the function {root}(): eager Python would call "
+                           f"the {what}")
+            self.fail(node, message, f"rename the {what}")
 
     def _bind(self, node, name, spec):
         """Positional and keyword arguments in torch's parameter names, converted to sympy."""
@@ -315,9 +312,10 @@ def _char_col(line: str, byte_col: int) -> int:
 
 def _check_literals(text: str, tree: sympy.Expr):
     """sympy folds constants (1e30 * 1e30); what it folds must still fit in float."""
-    for atom in tree.atoms(sympy.Number):
-        if atom.is_finite is not False and not fn.literal_ok(float(atom)):
-            raise ParseError(f"constant {atom} is outside the float32 range", text)
+    for atom in dag.postorder([tree]):
+        if isinstance(atom, sympy.Number) and atom.is_finite is not False \
+                and not fn.literal_ok(float(atom)):
+            raise ParseError(f"constant {atom} is outside the float32 range ({fn.LITERAL_RANGE})", text)
 
 
 def _order_names(text: str, seen: list[str], inputs, scalars) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -400,6 +398,7 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
         raise ParseError("@fused expects a plain function definition", source.splitlines()[0])
     _check_limits(source, func)
     conv = _Converter(source)
+    conv.shadowing = {p: "parameter" for p in params}
     body = list(func.body)
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
             and isinstance(body[0].value.value, str):
@@ -411,13 +410,17 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
                 and isinstance(stmt.targets[0], ast.Name)):
             conv.fail(stmt, "only 'name = expression' lines may precede the return",
                       "the body of a @fused function is one expression, with local names allowed")
+    # A name assigned anywhere in the body is local to all of it, in Python.
+    for stmt in body[:-1]:
+        conv.shadowing.setdefault(stmt.targets[0].id, "local name")
+    for stmt in body[:-1]:
         target = stmt.targets[0].id
         if target in params:
             conv.fail(stmt, f"assignment to parameter '{target}' is not supported", "use a new name")
         check_identifier(target, "local name")
         conv.bindings[target] = conv.convert(stmt.value)
     expr = conv.convert(body[-1].value)
-    text = ast.unparse(body[-1].value)
+    text = _unparse(source, body[-1].value)
     _check_literals(text, expr)
     tensors = [p for p in params if p not in scalars]
     seen = [p for p in params if p in conv.seen]
@@ -425,14 +428,23 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
     if unknown:
         raise SpecError(f"@fused function '{func.name}' uses '{unknown[0]}', which is not a parameter")
     ordered, scalars = _order_names(text, seen, tensors, scalars)
-    return Parsed(_flatten_text(body, text), expr, ordered, scalars)
+    return Parsed(_flatten_text(source, body, text), expr, ordered, scalars)
 
 
-def _flatten_text(body, text):
+def _unparse(source, node) -> str:
+    """`node` as Python text; ast.unparse recurses, so a long flat chain (a 400-term sum,
+    within the limits) falls back to the source as written, on one line."""
+    try:
+        return ast.unparse(node)
+    except RecursionError:
+        return " ".join((ast.get_source_segment(source, node) or "").split())
+
+
+def _flatten_text(source, body, text):
     """The function body as one line of text, for headers and spec.json."""
     if len(body) == 1:
         return text
-    parts = [f"{s.targets[0].id} = {ast.unparse(s.value)}" for s in body[:-1]]
+    parts = [f"{s.targets[0].id} = {_unparse(source, s.value)}" for s in body[:-1]]
     return "; ".join(parts + [text])
 
 

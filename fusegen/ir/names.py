@@ -19,6 +19,9 @@ from __future__ import annotations
 import keyword
 import re
 
+from fusegen import files
+from fusegen.errors import SpecError
+
 # role -> what an identifier `<role>_<name>` holds.
 ROLES = {
     "in": "the value of input or scalar <name>: math parameter, functor member, schema name",
@@ -63,7 +66,7 @@ RESERVED_SUFFIXES = (BACKWARD_SUFFIX, GRAD2_SUFFIX, JVP_SUFFIX)
 
 # The folder beside the op folders that holds the one copy of the runtime they build with
 # (generated/_runtime/): no op may be called so, or its folder would be the runtime's.
-RUNTIME_FOLDER = "_runtime"
+RUNTIME_FOLDER = files.RUNTIME_FOLDER
 
 # Input names of the auxiliary ops beside the user's names: the incoming gradient of
 # <name>_grad2, the gradient arriving at grad_<x> (gg_<x>) and the tangent of <x> (t_<x>).
@@ -100,6 +103,30 @@ def name_problem(name: object) -> str | None:
     return None
 
 
+def check_identifier(name: object, what: str) -> str:
+    problem = name_problem(name)
+    if problem:
+        raise SpecError(f"{what} {name!r} {problem}")
+    return name
+
+
+MAX_OP_NAME = 100  # characters: <name>_grad2.cpp and the cache's file names stay far below 255
+
+
+def check_op_name(name: object) -> str:
+    check_identifier(name, "op name")
+    if len(name) > MAX_OP_NAME:
+        raise SpecError(f"op name too long ({len(name)} characters, limit {MAX_OP_NAME}): it names "
+                        f"files (<name>_grad2.cpp, ...); got {name[:40]}...")
+    if name == RUNTIME_FOLDER:
+        raise SpecError(f"name {name!r} is reserved: generated/{name}/ holds the runtime every op builds with")
+    for suffix in RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "
+                            f"got {name!r}")
+    return name
+
+
 def fresh(base: str, taken) -> str:
     """`base`, or `base_`, `base__`, ... : the first spelling not in `taken` (deterministic)."""
     while base in taken:
@@ -125,13 +152,17 @@ def role(role_name: str, name: str) -> str:
 
 def for_c(program, user_names):
     """`program` (a spec.Program) with every user name renamed to its C name (`x` -> `in_x`),
-    ready for the C printer. The incoming gradient is already `dout` (functions.GRAD)."""
+    ready for the C printer. The incoming gradient is already `dout` (primitives.GRAD)."""
     import sympy
 
+    from fusegen.ir import dag
+
     rename = {sympy.Symbol(n, real=True): sympy.Symbol(value(n), real=True) for n in user_names}
+    exprs = dag.substitute([e for _, e in program.temps] + [e for _, e in program.results], rename)
+    temps = len(program.temps)
     return type(program)(
-        temps=tuple((s, e.xreplace(rename)) for s, e in program.temps),
-        results=tuple((r, e.xreplace(rename)) for r, e in program.results),
+        temps=tuple((s, e) for (s, _), e in zip(program.temps, exprs)),
+        results=tuple((r, e) for (r, _), e in zip(program.results, exprs[temps:])),
     )
 
 

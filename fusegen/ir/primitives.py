@@ -20,6 +20,7 @@ fills 1 there, NaN included). Nothing else is simplified, so `x*0` stays a produ
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,7 +29,7 @@ import sympy
 from fusegen.ir import names
 # The incoming gradient (d loss / d out) in every gradient expression: the one constant
 # that names it. A Symbol without assumptions, so it never equals a user's name, even one
-# spelled the same (parse.symbol makes those real=True, and names.for_c renames only
+# spelled the same (expr.symbol makes those real=True, and names.for_c renames only
 # those). In C it is names.DOUT, the backward's parameter; in text (notation.py), `grad`.
 GRAD = sympy.Symbol(names.DOUT)
 
@@ -41,11 +42,37 @@ class Node(sympy.Function):
     # A condition (comparison, and, or): a bool in C, only ever the first argument of Where.
     boolean = False
 
+    def __new__(cls, *args, **options):
+        # One object per distinct node (hash-consing): sympy's own cache forgets after 1000
+        # nodes, and two equal copies of a shared graph compare by walking every path of
+        # both. Interned, equal nodes are the same object and compare at once.
+        key = (cls, args)
+        if options:
+            return super().__new__(cls, *args, **options)
+        node = _INTERNED.get(key)
+        if node is not None:
+            return node
+        if len(args) == cls._nargs[0] and all(isinstance(a, sympy.Basic) for a in args):
+            # What Function.__new__ makes of a node (nothing to evaluate, no evalf: see
+            # _should_evalf), without its per-call bookkeeping (a FiniteSet of the arity,
+            # argument sorting): a tenth of the cost, on the derivation's hottest path.
+            node = sympy.Basic.__new__(cls, *args)
+            node.nargs = _NARGS[cls._nargs[0]]
+        else:
+            node = super().__new__(cls, *args)
+        _INTERNED[key] = node
+        return node
+
     @classmethod
     def _should_evalf(cls, arg):
         return -1  # never replace a node of Float arguments by a number
 
     # Function.eval returns None by default: sympy builds the node as it is.
+
+
+# Every node alive, by (class, arguments): an entry goes when its node does.
+_INTERNED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_NARGS = {n: sympy.FiniteSet(n) for n in (1, 2, 3)}
 
 
 def _node(name: str, nargs: int, user_name: str | None = None, condition: bool = False):
@@ -116,7 +143,9 @@ def number(value: float) -> sympy.Expr:
 
 
 def is_number(expr) -> bool:
-    return isinstance(expr, sympy.Expr) and (expr.is_Number or expr in (sympy.oo, -sympy.oo, sympy.nan))
+    # oo, -oo and nan are singletons: `is`, not `==` (which every node of a large graph pays)
+    return isinstance(expr, sympy.Expr) and (expr.is_Number or expr is sympy.oo or expr is sympy.S.NegativeInfinity
+                                             or expr is sympy.nan)
 
 
 def _value(expr) -> float:
@@ -287,26 +316,6 @@ CONSTANTS = {"math.pi": sympy.Float(math.pi), "math.e": sympy.Float(math.e),
              "torch.pi": sympy.Float(math.pi), "torch.e": sympy.Float(math.e),
              "math.inf": sympy.oo, "torch.inf": sympy.oo}
 
-# Names an input may not take: they would shadow a function or a C/CUDA spelling in the
-# generated code, or collide with the generated code's own variables.
-_C_KEYWORDS = """alignas alignof and and_eq asm auto bitand bitor bool break case catch char
-char8_t char16_t char32_t class compl concept const consteval constexpr constinit const_cast
-continue co_await co_return co_yield decltype default delete do double dynamic_cast else enum
-explicit export extern false float for friend goto if inline int long mutable namespace new
-noexcept not not_eq nullptr operator or or_eq private protected public register
-reinterpret_cast requires restrict return short signed sizeof static static_assert static_cast
-struct switch template this thread_local throw true try typedef typeid typename union unsigned
-using virtual void volatile wchar_t while xor xor_eq __global__ __device__ __host__ __shared__
-__constant__ __restrict__ __forceinline__ half nv_bfloat16 dim3 threadIdx blockIdx blockDim
-gridDim warpSize INFINITY NAN int64_t size_t at c10 std torch fusegen""".split()
-_C_MATH = """exp expf expm1 expm1f log logf log1p log1pf sqrt sqrtf rsqrt rsqrtf sin sinf cos cosf
-tan tanf tanh tanhf atan atanf erf erff erfc erfcf pow powf fabs fabsf fmax fmaxf fmin fminf
-isnan signbit""".split()
-_GENERATED = "grad out n i k v stride scalar_t acc_t kVec self ctx m args".split()
-RESERVED = frozenset(_C_KEYWORDS + _C_MATH + _GENERATED + list(FUNCTIONS) + list(ALIASES)
-                     + ["pi", "e", "inf", "nan", "math", "torch", "F", "nn"])
-
-
 def resolve(dotted: str) -> str | None:
     """'torch.nn.functional.relu' -> 'relu'; None when the name is not a known function."""
     prefix, _, base = dotted.rpartition(".")
@@ -390,7 +399,13 @@ def _edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+# float32's maximum as numpy prints it (3.4028234663852886e38 exactly, torch.finfo's max):
+# every double up to it rounds to a finite float32 (inf starts halfway to 2**128).
+LITERAL_MAX = 3.4028235e38
+LITERAL_RANGE = "|value| <= 3.4028235e38"
+
+
 def literal_ok(value: float) -> bool:
     """Literals must be finite float32-representable magnitudes: the kernels compute in
     float for fp32/fp16/bf16, and a literal that overflows there is a bug, not a number."""
-    return math.isfinite(value) and abs(value) <= 3.0e38
+    return math.isfinite(value) and abs(value) <= LITERAL_MAX

@@ -6,10 +6,14 @@ output, carries the incoming gradient as an expression in the symbol GRAD, appli
 node's own PyTorch backward formula (tools/autograd/derivatives.yaml and
 FunctionsManual.cpp: `exp` uses its result, `maximum` splits ties with where(), `clamp`
 selects, never multiplies by a 0/1 mask) and sums what reaches each input. Then one
-sympy.cse over the forward and every gradient, so the backward reuses what the forward
-computes.
+common-subexpression pass (sympy's cse, as dag.cse computes it without recursion) over the
+forward and every gradient, so the backward reuses what the forward computes.
 
-One deliberate difference from eager (README, "Unchosen branches"): the gradient that
+The tree is a graph: a subexpression used twice is one node, visited once by every walk
+here (dag.py), so sharing is never expanded into paths; what the derivation builds counts
+against the op's budget (limits.py).
+
+One deliberate difference from eager (README, "Semantics in brief"): the gradient that
 `where(c, a, b)` sends into `a` is selected *after* it has flowed through `a`'s subtree
 (`where(c, d a, 0)`), not before (`d a` of `where(c, grad, 0)`), so a branch that is not
 chosen never turns the gradient into NaN (0 * inf), and contributes +0.
@@ -26,11 +30,14 @@ from dataclasses import dataclass
 
 import sympy
 
+from fusegen.ir import dag
+from fusegen.ir import limits
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
 from fusegen.errors import SpecError
-from fusegen.frontend.notation import text
-from fusegen.frontend.parse import Parsed, check_op_name, symbol
+from fusegen.ir.expr import Parsed, symbol
+from fusegen.ir.names import check_op_name
+from fusegen.ir.notation import text
 from fusegen.version import FUSEGEN_VERSION
 
 GRAD = fn.GRAD  # the incoming gradient, d loss / d out (functions.py defines it)
@@ -172,14 +179,20 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
         name = check_op_name(name)
     else:
         name = default_name(parsed)
+    with limits.scope(name) as budget:
+        return _differentiate(parsed, name, command, auxiliary, budget)
+
+
+def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bool,
+                   budget: limits.Budget) -> OpSpec:
     forward = parsed.tree
-    _check_printable(name, "the expression", forward)
+    checked = set()
+    _check_printable(name, [("the expression", forward)], checked)
     wanted = [symbol(i) for i in parsed.inputs]
     derived = backward(forward, wanted)
-    exprs = []
-    for inp, sym in zip(parsed.inputs, wanted):
-        _check_printable(name, f"the gradient for '{inp}'", derived[sym])
-        exprs.append(derived[sym])
+    exprs = [derived[sym] for sym in wanted]
+    _check_printable(name, [(f"the gradient for '{inp}'", e) for inp, e in zip(parsed.inputs, exprs)], checked)
+    budget.add_nodes(dag.count([forward] + exprs), f"the forward and gradients of '{name}'")
 
     # What the backward reads (`_plan`): the inputs, or the forward's output when that
     # lets it read fewer tensors. The auxiliary ops keep their inputs: the double backward
@@ -205,15 +218,14 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
 
     # One cse over forward + backward: shared subterms (sigmoid(x) in silu) are found once,
     # then each program keeps only the temporaries its own results reach.
-    temps, reduced = sympy.cse([forward] + list(backward_exprs),
-                               symbols=sympy.numbered_symbols("__cse"), order="none")
-    forward_program = _program(temps, [("out", reduced[0])])
+    temps, reduced = dag.cse([forward] + list(backward_exprs), sympy.numbered_symbols("__cse"))
+    temp_reads = {s: dag.free_symbols([e]) for s, e in temps}  # once, for both programs
+    forward_program = _program(temps, [("out", reduced[0])], temp_reads)
     owners = [next(g for g in gradients if g.output == k) for k in range(len(backward_exprs))]
-    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])])
+    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])],
+                                temp_reads)
 
-    used = set()
-    for e in backward_exprs:
-        used |= {s.name for s in e.free_symbols if s != GRAD}
+    used = {s.name for s in dag.free_symbols(backward_exprs) if s != GRAD}
     reads = tuple(_reads_of(backward_exprs, parsed.inputs, plan.saved_output if plan else None))
     if plan is not None:
         plan = dataclasses.replace(plan, reads=reads)
@@ -265,7 +277,7 @@ def _in_terms_of_output(forward, exprs, out):
     kink = _KINKS.get(type(forward))
     if kink is not None:
         rules.update(kink(forward.args[0], out))
-    return [e.xreplace(rules) for e in exprs]
+    return dag.substitute(exprs, rules)
 
 
 def _bytes(num_inputs: int, reads: int, outputs: int) -> dict:
@@ -275,7 +287,7 @@ def _bytes(num_inputs: int, reads: int, outputs: int) -> dict:
 
 
 def _reads_of(exprs, inputs, out=None) -> list[str]:
-    used = set().union(*(e.free_symbols for e in exprs)) if exprs else set()
+    used = dag.free_symbols(exprs)
     names_used = {s.name for s in used if s != GRAD}
     return ([out] if out is not None and out in names_used else []) + [i for i in inputs if i in names_used]
 
@@ -293,8 +305,9 @@ def _plan(forward, exprs, inputs, out_name):
             "no backward kernel"
         return Plan(None, tuple(by_inputs), cost_inputs, None, why), list(exprs)
     rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
-    by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in kernel], inputs, out_name)
-    cost_output = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in kernel}))
+    in_kernel = set(kernel)  # a set: `in` a list compares deep trees pairwise
+    by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in in_kernel], inputs, out_name)
+    cost_output = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in in_kernel}))
     if len(by_output) < len(by_inputs):
         why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of the output, "
                f"{cost_inputs[4] - cost_output[4]} bytes per element less than reading {', '.join(by_inputs)} "
@@ -357,9 +370,10 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
         gg.append(names.fresh(names.GRAD2_GG.format(g.input), taken))
         taken.add(gg[-1])
     tree = None
-    for e, gname in zip(spec.backward_exprs, gg):
-        term = fn.mul(symbol(gname), e.xreplace({GRAD: symbol(dout)}))
+    for e, gname in zip(dag.substitute(spec.backward_exprs, {GRAD: symbol(dout)}), gg):
+        term = fn.mul(symbol(gname), e)
         tree = term if tree is None else fn.add(tree, term)
+    _check_size(tree, f"the double backward of '{spec.name}'")
     inputs = (dout,) + spec.backward_inputs + tuple(gg)
     parsed = Parsed(text(tree), tree, inputs, spec.backward_scalars)
     return differentiate(parsed, name=spec.name + names.GRAD2_SUFFIX, command=spec.command, auxiliary=True)
@@ -376,15 +390,22 @@ def jvp_spec(spec: OpSpec) -> OpSpec | None:
         t = names.fresh(names.JVP_TANGENT.format(g.input), taken)
         taken.add(t)
         tangents.append(t)
-        term = g.expr.xreplace({GRAD: symbol(t)})
+        (term,) = dag.substitute([g.expr], {GRAD: symbol(t)})
         tree = term if tree is None else fn.add(tree, term)
     if tree is None:
         return None  # every gradient is zero (sign(x)): nothing moves, no op
-    used = {s.name for s in tree.free_symbols}
+    _check_size(tree, f"the forward-mode derivative of '{spec.name}'")
+    used = {s.name for s in dag.free_symbols([tree])}
     inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents)
     scalars = tuple(s for s in spec.scalars if s in used)
     parsed = Parsed(text(tree), tree, inputs, scalars)
     return differentiate(parsed, name=spec.name + names.JVP_SUFFIX, command=spec.command, auxiliary=True)
+
+
+def _check_size(tree, what: str):
+    """An auxiliary op's forward, before it is differentiated: within the graph budget."""
+    with limits.scope() as budget:
+        budget.check_nodes(dag.count([tree]), what)
 
 
 def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
@@ -401,20 +422,37 @@ def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
 
 def backward(forward: sympy.Expr, wanted: list[sympy.Symbol]) -> dict[sympy.Symbol, sympy.Expr]:
     """d(GRAD . forward)/d(symbol) for each wanted symbol, by PyTorch's backward formulas."""
+    with limits.scope() as budget:
+        return _backward(forward, wanted, budget)
+
+
+def _backward(forward, wanted, budget: limits.Budget):
+    # The reverse pass works on the graph: a node shared by several parents is visited once,
+    # with the sum of what they send it. What can still grow is the number of (node, guard)
+    # terms, one per distinct path of `where` branches; each is at least one operation of
+    # the result, so they count against MAX_GRAPH_NODES as they are made.
     order = _postorder(forward)
     flowing: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {forward: {(): GRAD}}
+    work = 0
+    what = "the gradients"
     for node in reversed(order):
         if not isinstance(node, fn.Node):
             continue  # an input or scalar: what reached it stays in `flowing`
+        budget.check_time()
         terms = flowing.pop(node, None)
         for guard, g in (terms or {}).items():
             for arg, contribution, branch in _vjp(node, g):
                 if _differentiable(arg):
                     _accumulate(flowing.setdefault(arg, {}), guard + branch, contribution)
+                    work += 1 + len(branch)
+            budget.check_nodes(work, what)
     result = {}
     for s in wanted:
         total = None
         for guard, g in flowing.get(s, {}).items():
+            work += 1 + len(guard)
+            budget.check_nodes(work, what)
+            budget.check_time()
             total = _guarded(guard, g) if total is None else fn.add(total, _guarded(guard, g))
         result[s] = sympy.Integer(0) if total is None else total
     return result
@@ -422,19 +460,7 @@ def backward(forward: sympy.Expr, wanted: list[sympy.Symbol]) -> dict[sympy.Symb
 
 def _postorder(root) -> list:
     """Every distinct subexpression, children before parents (iterative: no recursion limit)."""
-    seen, order, stack = set(), [], [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.append((node, True))
-        if isinstance(node, fn.Node):
-            stack.extend((a, False) for a in reversed(node.args) if a not in seen)
-    return order
+    return dag.postorder([root])
 
 
 def _differentiable(arg) -> bool:
@@ -569,31 +595,33 @@ def _clamp_backward(x, lo, hi, g):
     return out
 
 
-def _check_printable(name: str, what: str, expr: sympy.Expr):
-    """Every function must be one of functions.py's nodes (the printer knows no other)."""
-    bad = [a for a in sympy.preorder_traversal(expr)
-           if a == sympy.zoo or (isinstance(a, sympy.Function) and not isinstance(a, fn.Node))]
-    if bad:
-        raise SpecError(f"fusegen op '{name}': {what} contains {bad[0]}, which has no finite value in C; "
-                        "expected an expression defined for real inputs")
+def _check_printable(name: str, items, seen: set):
+    """Every function must be one of functions.py's nodes (the printer knows no other).
+    `items`: (what, expr) in order; `seen`: nodes already checked (shared by the calls)."""
+    for what, expr in items:
+        for a in dag.preorder(expr, seen):
+            if a is sympy.zoo or (isinstance(a, sympy.Function) and not isinstance(a, fn.Node)):
+                raise SpecError(f"fusegen op '{name}': {what} contains {a}, which has no finite value in C; "
+                                "expected an expression defined for real inputs")
 
 
-def _program(temps, results) -> Program:
-    """Keep the temporaries `results` depend on, in order, renamed t0, t1, ..."""
+def _program(temps, results, reads) -> Program:
+    """Keep the temporaries `results` depend on, in order, renamed t0, t1, ...
+    `reads`: each temporary's free symbols."""
     needed: set[sympy.Symbol] = set()
-    frontier = set().union(*(e.free_symbols for _, e in results)) if results else set()
-    defs = dict(temps)
+    frontier = dag.free_symbols([e for _, e in results])
     while frontier:
         s = frontier.pop()
-        if s in defs and s not in needed:
+        if s in reads and s not in needed:
             needed.add(s)
-            frontier |= defs[s].free_symbols
+            frontier |= reads[s]
     kept = [(s, e) for s, e in temps if s in needed]
     # No assumptions: a temporary never equals a user's name (real=True), even `t0`.
     rename = {s: sympy.Symbol(f"{names.TEMP_PREFIX}{i}") for i, (s, _) in enumerate(kept)}
+    renamed = dag.substitute([e for _, e in kept] + [e for _, e in results], rename)
     return Program(
-        temps=tuple((rename[s], e.xreplace(rename)) for s, e in kept),
-        results=tuple((n, e.xreplace(rename)) for n, e in results),
+        temps=tuple((rename[s], e) for (s, _), e in zip(kept, renamed)),
+        results=tuple((n, e) for (n, _), e in zip(results, renamed[len(kept):])),
     )
 
 

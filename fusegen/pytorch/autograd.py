@@ -39,6 +39,13 @@ vmap (both paths): every op is elementwise with broadcasting, so a batched call 
 call with the batch dimension moved to the front and the ranks aligned
 (`torch.library.register_vmap` for every op; no per-sample loop, no fallback warning).
 
+The auxiliary ops (<name>_grad2, <name>_jvp and their backwards) are compiled on first
+use, not with the op: `register(..., auxiliary_loader)` leaves them pending, and the first
+call that needs one (the runtime's double-backward node and forward-mode tangent, through
+fusegen::__auxiliary; torch.func's path, through `_op`) builds and loads its library, then
+registers it here as it registers the op. An op used only in plain forward and backward
+never compiles them.
+
 The registration itself is light: a `Member` describes each op of a family by its name, its
 number of tensor arguments, whether it is a backward op and whether it has a fused
 derivative, which is all torch.library needs. A cached load (index.py) registers from that
@@ -47,22 +54,15 @@ description without sympy; the derivatives (derivatives.py) are derived on first
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
 from typing import Callable
 
 import torch
 from torch.autograd import forward_ad
 
+from fusegen.ir.family import Member
+from fusegen.ir import names
 from fusegen.pytorch import dtensor as _dtensor
-@dataclass(frozen=True)
-class Member:
-    """One op of a family, as torch.library sees it."""
-
-    name: str
-    tensors: int              # tensor arguments, first in its schema
-    backward: bool            # a `<x>_backward` op: Tensor[] result, trailing output_mask
-    composite: bool           # no fused derivative: the composite autograd kernel is registered
-
 
 _LIBRARIES: list = []                   # torch.library.Library objects: alive for the process
 _MEMBERS: dict[str, Member] = {}        # op name -> Member, every op of every loaded family
@@ -70,6 +70,12 @@ _INFOS: dict = {}                       # op name -> derivatives.OpInfo, once de
 _PROVIDERS: dict[str, Callable] = {}    # op name -> () -> (spec, auxiliary), for a cached load
 _OPS: dict = {}                         # op name -> torch.ops.fusegen.<name>.default
 _FAMILIES: dict[str, tuple[Member, ...]] = {}  # op name -> its family, the op first
+# Auxiliary ops not built yet: op name (<name>_grad2, <name>_jvp) -> the loader that builds
+# and loads its library (returning the auxiliary ops it loaded: this one, and any built
+# with it), and the family's members it holds, registered once it is loaded.
+_PENDING: dict[str, tuple[Callable, tuple[Member, ...]]] = {}
+_OWNER: dict[str, str] = {}             # a pending member's name -> its auxiliary op's name
+_PENDING_LOCK = threading.RLock()       # one build per auxiliary op, whichever thread asks
 _unpack_dual = torch._C._VariableFunctions._unpack_dual
 _is_compiling = torch.compiler.is_compiling
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -79,8 +85,27 @@ _Tensor = torch.Tensor
 def _op(name: str):
     op = _OPS.get(name)
     if op is None:
+        owner = _OWNER.get(name)
+        if owner is not None:
+            load_auxiliary(owner)
         op = _OPS[name] = getattr(torch.ops.fusegen, name).default
     return op
+
+
+def load_auxiliary(name: str):
+    """Build (or find in the cache) and load the auxiliary op `name` and register it, once;
+    nothing when it is loaded already or is no pending auxiliary op (the runtime asks for
+    any op it does not find)."""
+    with _PENDING_LOCK:
+        pending = _PENDING.get(name)
+        if pending is None:
+            return
+        loader = pending[0]
+        for loaded in loader(name):  # `name` and the ops built with it
+            _, members = _PENDING.pop(loaded)
+            for m in members:
+                _OWNER.pop(m.name, None)
+            _register_members(members, torch.library.Library("fusegen", "IMPL"))
 
 
 def _info(name: str):
@@ -89,7 +114,7 @@ def _info(name: str):
     if info is None:
         from fusegen.pytorch import derivatives
         spec, auxiliary = _PROVIDERS[name]()
-        for i in derivatives.infos(spec, auxiliary):
+        for i in derivatives.infos(spec, auxiliary, _call_op, _op):
             _INFOS.setdefault(i.name, i)
         info = _INFOS[name]
     return info
@@ -103,7 +128,8 @@ def _has_tangent(tensors) -> bool:
 
 
 def eager() -> bool:
-    """Whether a FusedOp call may go straight to the op (api.FusedOp.__call__'s fast path):
+    """Whether a FusedOp call may go straight to the op (api.FusedOp.__call__'s fast path,
+    which spells this condition out in its own frame):
     not traced by torch.compile, no torch.func transform, no forward-mode level. Then `call`
     would call the op as it is, whatever its arguments (a number among the tensors, which
     the op refuses, takes the full path of `as_tensors` and `call`)."""
@@ -121,7 +147,7 @@ def call(name: str, *args):
     # attribute chain per call costs a few hundred ns, at n = 4096 a tenth of the op).
     op = _OPS.get(name) or _op(name)
     if _is_compiling():
-        from fusegen.pytorch.decompose import onnx_composite
+        from fusegen.pytorch.onnx_trace import onnx_composite
         if onnx_composite(name):  # torch.onnx.export without fusegen's translation table
             from fusegen.pytorch.derivatives import composite_outputs
             return composite_outputs(_info(name), args)
@@ -137,6 +163,12 @@ def call(name: str, *args):
         from fusegen.pytorch.derivatives import _Mask
         return list(info.function.apply(*args[:-1], _Mask(args[-1])))
     return info.function.apply(*args)
+
+
+def _call_op(name: str, *args):
+    """`call`, looked up when called: what the fused derivatives (derivatives.py) call the
+    family's ops through, so a replaced `call` (a wrapper that records calls) sees them too."""
+    return call(name, *args)
 
 
 def _composite_kernel(member: Member):
@@ -185,6 +217,9 @@ _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
 # its expression, whose forward mode (and anything else) is PyTorch's. `__`: no user's op
 # can be named so (names.name_problem).
 COMPOSITE_SCHEMA = "__composite(str op, Tensor[] tensors, float[] scalars, bool[] mask) -> Tensor[]"
+# The shared runtime calls this op when an op of a family needs an auxiliary op that is not
+# loaded (templates/runtime/fusegen-autograd.cpp, find_auxiliary): `load_auxiliary`.
+AUXILIARY_SCHEMA = "__auxiliary(str op) -> ()"
 
 
 def _composite_op(op: str, tensors, scalars, mask):
@@ -200,43 +235,83 @@ def _define_composite():
     _LIBRARIES.append(lib)
     lib.define(COMPOSITE_SCHEMA)
     lib.impl("__composite", _composite_op, "CompositeImplicitAutograd")
+    lib.define(AUXILIARY_SCHEMA)
+    lib.impl("__auxiliary", load_auxiliary, "CompositeImplicitAutograd")
 
 
-def _register(members: tuple[Member, ...]):
-    """vmap rules for every op of the family, the composite autograd kernel for those with
-    no fused derivative."""
-    if not _FAMILIES:
-        _define_composite()
-    lib = torch.library.Library("fusegen", "IMPL")
+def _register_members(members, lib):
     _LIBRARIES.append(lib)
     for m in members:
-        _MEMBERS[m.name] = m
         torch.library.register_vmap(f"fusegen::{m.name}", _vmap_rule(m), lib=lib)
         if m.composite:
             kernel = _composite_kernel(m)
             for key in _AUTOGRAD_KEYS:
                 lib.impl(m.name, kernel, key, with_keyset=True)
-    _FAMILIES[members[0].name] = members
     _dtensor.register(members)  # DTensor's pointwise sharding rule, when DTensor is in use
 
 
-def register(spec, auxiliary) -> tuple[Member, ...]:
-    """A built op: derive its family's derivatives and register them. Returns the family's
+def _auxiliary_of(op: str, member: str) -> str | None:
+    """The auxiliary op (<op>_grad2, <op>_jvp) that defines `member`, or None for the op's own."""
+    for suffix in (names.GRAD2_SUFFIX, names.JVP_SUFFIX):
+        if member in (op + suffix, op + suffix + names.BACKWARD_SUFFIX):
+            return op + suffix
+    return None
+
+
+def _register(members: tuple[Member, ...], auxiliary_loader: Callable | None):
+    """vmap rules for every op of the family, the composite autograd kernel for those with
+    no fused derivative. With `auxiliary_loader(name)`, which builds and loads auxiliary op
+    `name`, the auxiliary ops' members wait for their first use (`load_auxiliary`)."""
+    with _PENDING_LOCK:
+        if not _FAMILIES:
+            _define_composite()
+        now, later = [], {}
+        for m in members:
+            _MEMBERS[m.name] = m
+            owner = _auxiliary_of(members[0].name, m.name) if auxiliary_loader else None
+            if owner is None:
+                now.append(m)
+            else:
+                later.setdefault(owner, []).append(m)
+                _OWNER[m.name] = owner
+        for owner, held in later.items():
+            _PENDING[owner] = (auxiliary_loader, tuple(held))
+        _register_members(now, torch.library.Library("fusegen", "IMPL"))
+        _FAMILIES[members[0].name] = members
+
+
+def register(spec, auxiliary, auxiliary_loader: Callable | None = None) -> tuple[Member, ...]:
+    """A built op: derive its family's derivatives and register them (the auxiliary ops on
+    first use when `auxiliary_loader` is given, see `_register`). Returns the family's
     description, which the index keeps for a cached load (`register_cached`)."""
     if spec.name not in _FAMILIES:
         from fusegen.pytorch import derivatives
-        infos = derivatives.infos(spec, auxiliary)
+        infos = derivatives.infos(spec, auxiliary, _call_op, _op)
         for info in infos:
             _INFOS[info.name] = info
-        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None) for i in infos))
+        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None) for i in infos),
+                  auxiliary_loader)
     return _FAMILIES[spec.name]
 
 
-def register_cached(members: tuple[Member, ...], provider: Callable):
+def register_cached(members: tuple[Member, ...], provider: Callable, auxiliary_loader: Callable | None = None):
     """A cached op: register from the family's description; `provider()` returns (spec,
     auxiliary) when a derivative is first needed."""
     if members[0].name in _FAMILIES:
         return
     for m in members:
         _PROVIDERS[m.name] = provider
-    _register(members)
+    _register(members, auxiliary_loader)
+
+
+def load_family(op: str):
+    """Build and load every auxiliary op of op `op`'s family that waits for its first use."""
+    for name in pending_auxiliary():
+        if _auxiliary_of(op, name) == name:
+            load_auxiliary(name)
+
+
+def pending_auxiliary() -> list[str]:
+    """The auxiliary ops registered to be built on first use that have not been, sorted."""
+    with _PENDING_LOCK:
+        return sorted(_PENDING)

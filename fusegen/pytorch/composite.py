@@ -14,7 +14,9 @@ import operator
 import sympy
 import torch
 
+from fusegen.ir import dag
 from fusegen.ir import primitives as fn
+
 _BINARY = {fn.Plus: operator.add, fn.Minus: operator.sub, fn.Times: operator.mul,
            fn.Divide: operator.truediv, fn.Less: operator.lt, fn.LessEqual: operator.le,
            fn.Greater: operator.gt, fn.GreaterEqual: operator.ge, fn.Equal: operator.eq,
@@ -84,6 +86,10 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
         memo[node] = result
         return result
 
+    # Children before parents, so that value() finds every argument computed and never
+    # recurses: an op's tree may be hundreds of nodes deep (a @fused body of many lines).
+    for node in dag.postorder(exprs):
+        value(node)
     out = []
     for e in exprs:
         v = tensor(value(e)).to(dtype)

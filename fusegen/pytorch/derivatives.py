@@ -1,5 +1,8 @@
 """The derivatives of a fusegen op family as autograd sees them (autograd.py registers them).
 
+The fused derivatives call the family's ops through the entry point autograd.py hands to
+`infos` (its `call`), so this module does not import autograd.py.
+
 Everything here needs the op's sympy trees, so it is imported only when a derivative beyond
 the C++ kernels' plain reverse mode is asked for (a torch.func transform, a forward-mode
 tangent, third order), or when an op is built; a cached load never imports it.
@@ -14,10 +17,10 @@ import sympy
 import torch
 
 from fusegen.pytorch import composite
+from fusegen.ir import dag
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
-from fusegen.pytorch import autograd
-from fusegen.frontend.parse import symbol
+from fusegen.ir.expr import symbol
 from fusegen.ir.spec import GRAD, OpSpec, backward as reverse_pass
 
 log = logging.getLogger("fusegen")
@@ -36,11 +39,12 @@ class OpInfo:
     jvp: object = None                  # fused forward mode: jvp(ctx, *tangents), or None
     function: object = None             # the op's torch.autograd.Function
     saves_output: bool = False          # its backward reads its output (saved after the inputs)
+    find_op: object = None              # name -> OpOverload (autograd's: builds an auxiliary op)
     _derived: dict = field(default_factory=dict)
 
     @property
     def op(self):
-        return getattr(torch.ops.fusegen, self.name).default
+        return self.find_op(self.name)  # an auxiliary op is built on its first call
 
 
 def _forward_info(spec: OpSpec) -> OpInfo:
@@ -54,7 +58,7 @@ def _backward_info(spec: OpSpec) -> OpInfo:
     dout = sympy.Dummy(names.DOUT)
     return OpInfo(spec.name + names.BACKWARD_SUFFIX, (dout,) + tuple(map(symbol, spec.backward_inputs)),
                   tuple(map(symbol, spec.backward_scalars)),
-                  tuple(e.xreplace({GRAD: dout}) for e in spec.backward_exprs), True)
+                  tuple(dag.substitute(spec.backward_exprs, {GRAD: dout})), True)
 
 
 # -- reduction to an input's shape and dtype, as the C++ runtime's reduce_to_input --------------
@@ -102,7 +106,7 @@ def _gradients_of(spec: OpSpec, dout, needs, call, like):
     return grads
 
 
-def _vjp_of_forward(spec: OpSpec):
+def _vjp_of_forward(spec: OpSpec, call_op):
     """<name>'s reverse mode: <name>_backward, plus the gradients of dout alone."""
     index = {x: i for i, x in enumerate(spec.inputs)}
     scalar_args = [spec.scalars.index(s) for s in spec.backward_scalars]
@@ -115,15 +119,15 @@ def _vjp_of_forward(spec: OpSpec):
         reads = [tensors[-1] if x == spec.saved_output else tensors[index[x]] for x in spec.backward_inputs]
 
         def call(mask):
-            return autograd.call(spec.name + names.BACKWARD_SUFFIX,
-                                 dout, *reads, *[ctx.scalars[i] for i in scalar_args], mask)
+            return call_op(spec.name + names.BACKWARD_SUFFIX,
+                           dout, *reads, *[ctx.scalars[i] for i in scalar_args], mask)
         for i, g in _gradients_of(spec, dout, ctx.needs_input_grad, call, lambda i: tensors[i]).items():
             grads[i] = g
         return grads
     return vjp
 
 
-def _vjp_of_backward(spec: OpSpec, grad2: OpSpec):
+def _vjp_of_backward(spec: OpSpec, grad2: OpSpec, call_op):
     """<name>_backward's reverse mode (double backward): <name>_grad2_backward called with
     incoming gradient 1 and gg_<x> = the gradients arriving at each computed gradient."""
     own = (GRAD.name,) + spec.backward_inputs        # <name>_backward's tensor arguments
@@ -152,15 +156,15 @@ def _vjp_of_backward(spec: OpSpec, grad2: OpSpec):
         wanted = [n in grad2_own and needs[grad2_own[n]] for n in grad2.inputs]
 
         def call(mask):
-            return autograd.call(op_name, one, *[values[n] for n in grad2.backward_inputs],
-                                 *[ctx.scalars[i] for i in scalar_args], mask)
+            return call_op(op_name, one, *[values[n] for n in grad2.backward_inputs],
+                           *[ctx.scalars[i] for i in scalar_args], mask)
         for j, g in _gradients_of(grad2, ones, wanted, call, lambda j: tensors[grad2_own[grad2.inputs[j]]]).items():
             grads[grad2_own[grad2.inputs[j]]] = g
         return grads
     return vjp
 
 
-def _jvp_of_forward(spec: OpSpec, jvp_spec: OpSpec):
+def _jvp_of_forward(spec: OpSpec, jvp_spec: OpSpec, call_op):
     """<name>'s forward mode: <name>_jvp(<inputs it reads>, t_<x>..., <scalars it reads>)."""
     index = {x: i for i, x in enumerate(spec.inputs)}
     # jvp_spec's inputs: the primals it reads, then one tangent per input with a nonzero
@@ -184,7 +188,7 @@ def _jvp_of_forward(spec: OpSpec, jvp_spec: OpSpec):
         if not any_tangent:
             return torch.zeros(ctx.out_shape, dtype=dtype, device=tensors[0].device)
         scalars = [ctx.scalars[spec.scalars.index(s)] for s in jvp_spec.scalars]
-        out = autograd.call(op_name, *args, *scalars)
+        out = call_op(op_name, *args, *scalars)
         if tuple(out.shape) != tuple(ctx.out_shape):
             out = out.expand(ctx.out_shape).clone()
         return out
@@ -253,7 +257,7 @@ def _composite_jvp(info: OpInfo):
             total = None
             for t, x in zip(tangents, info.tensors):
                 if d[x] != 0:
-                    term = d[x].xreplace({GRAD: t})
+                    (term,) = dag.substitute([d[x]], {GRAD: t})
                     total = term if total is None else fn.add(total, term)
             exprs.append(sympy.Integer(0) if total is None else total)
         return tangents, exprs
@@ -355,9 +359,11 @@ def composite_outputs(info: OpInfo, args):
     return out if info.backward else out[0]
 
 
-def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...]) -> list[OpInfo]:
+def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...], call_op, find_op) -> list[OpInfo]:
     """Every op of the family (the op, its auxiliary ops, the backward of each) with its
-    fused derivatives where the family has them, and its autograd.Function."""
+    fused derivatives where the family has them, and its autograd.Function. The fused
+    derivatives call the family's ops as `call_op(name, *args)` (autograd.call), and an
+    OpInfo finds its op as `find_op(name)` (autograd._op)."""
     by_suffix = {a.name[len(spec.name):]: a for a in auxiliary}
     grad2 = by_suffix.get(names.GRAD2_SUFFIX)
     jvp = by_suffix.get(names.JVP_SUFFIX)
@@ -365,14 +371,15 @@ def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...]) -> list[OpInfo]:
     for s in (spec,) + tuple(auxiliary):
         main = s is spec
         forward = _forward_info(s)
-        forward.vjp = _vjp_of_forward(s)
+        forward.vjp = _vjp_of_forward(s, call_op)
         forward.saves_output = s.saved_output is not None
-        forward.jvp = _jvp_of_forward(s, jvp) if main and jvp is not None else None
+        forward.jvp = _jvp_of_forward(s, jvp, call_op) if main and jvp is not None else None
         out.append(forward)
         if s.kernel_gradients:
             backward = _backward_info(s)
-            backward.vjp = _vjp_of_backward(s, grad2) if main and grad2 is not None else None
+            backward.vjp = _vjp_of_backward(s, grad2, call_op) if main and grad2 is not None else None
             out.append(backward)
     for info in out:
+        info.find_op = find_op
         info.function = _function(info)
     return out

@@ -42,12 +42,12 @@ import warnings
 import torch
 
 _MODULE = "torch.distributed.tensor"
-_WAITING: list = []      # families (tuples of autograd.Member) loaded before _MODULE was imported
+_WAITING: list = []      # families (tuples of family.Member) loaded before _MODULE was imported
 _HOOK: list = []         # the installed _AfterImport finder, at most one
 
 
 def register(members) -> None:
-    """Give every op of a family (autograd.Member tuples) its pointwise sharding rule, now
+    """Give every op of a family (family.Member tuples) its pointwise sharding rule, now
     if torch.distributed.tensor is imported, otherwise right after it is."""
     if not torch.distributed.is_available():
         return

@@ -47,7 +47,7 @@ except ModuleNotFoundError as err:  # an optional feature: say which extra bring
 
 from fusegen.ir import primitives as fn
 from fusegen.errors import FusegenError
-from fusegen.frontend.parse import symbol
+from fusegen.ir.expr import symbol
 
 OPSET = op.version  # 18: the ONNX operators below are this opset's
 

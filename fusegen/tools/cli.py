@@ -6,14 +6,15 @@
     fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build] [--force]
     fusegen bench [EXPR ...] [--dtypes ..] [--sizes ..] [--quick] [--json F] [--plot F.png]
 
-`cache` as the first word is the cache command, `package` the wheel command, `bench` the
-benchmark (fusegen/bench/core.py; an op whose expression is the bare name `cache` is written
-`fusegen "(cache)"`). Errors print one line, `fusegen: error: ...`, and
-exit non-zero: 2 for bad arguments, a bad expression or name, 1 for a failed build (or a
-cache that cannot be changed), 3 for a failed --check.
+A first word in COMMANDS is that command (`cache`, `package`, `bench`: fusegen/bench/
+command.py); an op whose expression is the bare name `cache` is written `fusegen "(cache)"`.
+`fusegen EXPR` loads the op as `fuse()` does (api.load_requests). Errors print one line,
+`fusegen: error: ...`, and exit non-zero, by the exception's class: 2 for bad arguments, a
+bad expression or name, 1 for a failed build (BuildError, package.WheelBuildError) or a
+cache that cannot be changed, 3 for a failed --check.
 
-Build progress comes from the "fusegen" logger (build.py): while compiling, one line
-redrawn with the elapsed seconds when stderr is a terminal; plain lines on stdout
+Build progress comes from the "fusegen" logger (build/builder.py), drawn by tools/console.py:
+while compiling, one line redrawn with the elapsed seconds when stderr is a terminal; plain lines on stdout
 otherwise (stderr stays for errors, so a script can treat any stderr output as failure).
 --quiet installs no handler: only errors and the --check/--bench results are printed.
 """
@@ -24,26 +25,16 @@ import argparse
 import logging
 import re
 import sys
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from fusegen.errors import BuildError, FusegenError
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but an error is one line, `fusegen: error: <what>`, exit status 2 (argparse
-    prints the whole usage first, which buries the message)."""
-
-    hint = ""
-
-    def error(self, message):
-        self.exit(2, f"fusegen: error: {message} (see `{self.prog} --help`{self.hint})\n")
+from fusegen.tools.console import Parser, Progress
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="fusegen",
         description="Turn one elementwise expression into a fused, differentiable PyTorch op "
                     "(torch.ops.fusegen.<name>). `fusegen cache` lists and trims the build cache; "
@@ -71,19 +62,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["cache"]:
-        return _cache_main(argv[1:])
-    if argv[:1] == ["package"]:
-        return _package_main(argv[1:])
-    if argv[:1] == ["bench"]:
-        from fusegen.bench.core import main as bench_main
-        return bench_main(argv[1:])
+    command = COMMANDS.get(argv[0]) if argv else None
+    if command is not None:
+        return command(argv[1:])
     args = _parser().parse_args(argv)
     from fusegen.build.builder import DEFAULT_HANDLER  # the library's build lines: the progress line replaces them
 
     logger = logging.getLogger("fusegen")
     logger.removeHandler(DEFAULT_HANDLER)
-    progress = None if args.quiet else _Progress.install()
+    progress = None if args.quiet else Progress.install()
     try:
         return _run(args)
     except BuildError as err:
@@ -117,14 +104,13 @@ def _run(args) -> int:
         with tempfile.TemporaryDirectory(prefix="fusegen-") as tmp:
             args.out, args.temporary = tmp, True
             return _run(args)
-    from fusegen.api import Request, generate, load_generated
+    from fusegen import api
     from fusegen.files import RUNTIME_FOLDER, runtime_files, write
-    from fusegen.build.index import record
 
     say = (lambda *a: None) if args.quiet else print
-    request = Request.of({"expr": args.expr, "name": args.name, "inputs": args.inputs,
-                          "scalars": args.scalar})
-    generated = generate(request)
+    request = api.Request.of({"expr": args.expr, "name": args.name, "inputs": args.inputs,
+                              "scalars": args.scalar})
+    generated = api.generate(request)
     spec = generated.spec
     say(f"op       torch.ops.fusegen.{spec.name}({', '.join(spec.inputs + spec.scalars)})")
     say(f"forward  out = {spec.text}")
@@ -144,8 +130,8 @@ def _run(args) -> int:
         return 0
 
     start = time.perf_counter()
-    op = load_generated([generated])[0]
-    record(request, op.entry)  # a later fuse() of the same request, or fusegen.load(name), finds it
+    api.load_requests([(request, generated)])  # as fuse() loads it: the index, else a build, recorded
+    op = api.cached(request)
     lib = op.library
     how = f"built in {lib.seconds:.1f} s" if not lib.cached else \
         f"loaded from cache in {time.perf_counter() - start:.2f} s"
@@ -173,7 +159,7 @@ def _check_overwrite(out_dir: Path, spec):
     scalars) is rewritten in place: a rerun, or a newer fusegen."""
     import json
 
-    from fusegen.frontend import notation
+    from fusegen.ir import notation
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     try:
@@ -192,107 +178,10 @@ class FolderClash(FusegenError):
     """The output folder holds another op."""
 
 
-# -- progress ------------------------------------------------------------------------------------
-
-class _Progress(logging.Handler):
-    """The CLI's view of the "fusegen" logger. build.py marks its records with
-    `fusegen_build` = start / done / failed / wait. On a terminal (stderr), a build is one
-    line, `building op(s) fma for CPU... 2.3 s`, redrawn by a ticker thread and finished with
-    the outcome; elsewhere each message is a plain line on stdout (a log file, CI)."""
-
-    TICK = 0.2  # seconds between redraws
-
-    def __init__(self, live: bool, stream):
-        super().__init__(logging.INFO)
-        self.live, self.stream = live, stream
-        self.builds: list[tuple[str, float]] = []  # (message, start): nested builds stack up
-        self.drawn = False  # a live line is on screen, without its newline
-        self.guard = threading.Lock()
-        self.stop = threading.Event()
-        self.ticker: threading.Thread | None = None
-        self.saved = (logging.NOTSET, True)  # the logger's level and propagate, restored after
-
-    @classmethod
-    def install(cls) -> "_Progress":
-        live = sys.stderr.isatty()
-        handler = cls(live, sys.stderr if live else sys.stdout)
-        logger = logging.getLogger("fusegen")
-        handler.saved = (logger.level, logger.propagate)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False  # the messages are shown here, not twice through root
-        logger.addHandler(handler)
-        return handler
-
-    def uninstall(self):
-        logger = logging.getLogger("fusegen")
-        logger.removeHandler(self)
-        logger.setLevel(self.saved[0])
-        logger.propagate = self.saved[1]
-        self.stop.set()
-        if self.ticker is not None:
-            self.ticker.join()
-        with self.guard:
-            self._end_line()
-
-    def emit(self, record: logging.LogRecord):
-        try:
-            message = record.getMessage()
-            event = getattr(record, "fusegen_build", None)
-            with self.guard:
-                if not self.live:
-                    self._write(message + ("..." if event == "start" else "") + "\n")
-                elif event == "start":
-                    sys.stdout.flush()  # the summary printed so far comes first
-                    self._end_line()
-                    self.builds.append((message, time.monotonic()))
-                    self._draw()
-                    self._start_ticker()
-                elif event in ("done", "failed", "interrupted") and self.builds:
-                    text, start = self.builds.pop()
-                    outcome = "" if event == "done" else f" {event}"
-                    self._write(f"\r\033[K{text}... {time.monotonic() - start:.1f} s{outcome}\n")
-                    self.drawn = False
-                    self._draw()  # the outer build, if this one was nested in it
-                else:
-                    self._end_line()
-                    self._write(message + "\n")
-                    self._draw()
-        except Exception:  # a broken terminal must not break the build
-            self.handleError(record)
-
-    def _write(self, text: str):
-        self.stream.write(text)
-        self.stream.flush()
-
-    def _draw(self):
-        if self.builds:
-            text, start = self.builds[-1]
-            self._write(f"\r\033[K{text}... {time.monotonic() - start:.1f} s")
-            self.drawn = True
-
-    def _end_line(self):
-        if self.drawn:
-            self._write("\n")
-            self.drawn = False
-
-    def _start_ticker(self):
-        if self.ticker is not None:
-            return
-
-        def tick():
-            while not self.stop.wait(self.TICK):
-                with self.guard:
-                    if self.builds:
-                        self._draw()
-
-        self.ticker = threading.Thread(target=tick, name="fusegen-progress", daemon=True)
-        self.ticker.start()
-
-
 # -- fusegen package ------------------------------------------------------------------------------
 
 def _package_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fusegen package",
+    p = Parser(prog="fusegen package",
                 description="Write a buildable project (pyproject.toml, setup.py with CppExtension or "
                             "CUDAExtension, the ops' sources and one copy of the runtime) for generated op "
                             "folders and build its wheel. Importing the package registers "
@@ -326,9 +215,12 @@ def _package_main(argv: list[str]) -> int:
         if args.no_build:
             return 0
         wheel = package.build_wheel(project, Path(args.out))
+    except package.WheelBuildError as err:  # a failed build, as for an op
+        print(f"fusegen: error: {err}", file=sys.stderr)
+        return 1
     except package.PackageError as err:
         print(f"fusegen: error: {err}", file=sys.stderr)
-        return 1 if "building the wheel failed" in str(err) else 2
+        return 2
     except OSError as err:
         print(f"fusegen: error: {err}", file=sys.stderr)
         return 1
@@ -352,7 +244,7 @@ def parse_age(text: str) -> float:
 
 
 def _cache_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fusegen cache",
+    p = Parser(prog="fusegen cache",
                 description="List, trim or clear fusegen's build cache ($FUSEGEN_CACHE_DIR, default "
                             "~/.cache/fusegen). Every command also removes the temp folders of killed "
                             "builds; nothing a build in progress uses is ever removed, and nothing "
@@ -361,7 +253,7 @@ def _cache_parser() -> argparse.ArgumentParser:
                        '(an input named cache), write fusegen "(cache)".')
     # `fusegen cache --name c` meant an op: say how to write that
     p.hint = '; to fuse the expression "cache", write fusegen "(cache)"'
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
     sub.add_parser("list", help="list the entries: op names, size, last use (the default)")
     sub.add_parser("clear", help="remove every entry")
     trim = sub.add_parser("trim", help="remove the entries not used within an age")
@@ -402,29 +294,34 @@ def _cache_run(args) -> int:
         return 2
     for temp in cache.clean_stale(root):
         print(f"removed  {temp.path.name} ({_size(temp.size)}): the temp folder of a killed build")
-    command = args.command or "list"
-    now = time.time()
-    if command == "list":
-        found = cache.entries(root)
-        for e in found:
-            print(_describe(e, now))
-        temps = cache.temp_folders(root)
-        for t in temps:
-            print(f"building {t.what or t.path.name} ({_size(t.size)} so far, {t.path.name})")
-        for other in cache.others(root):
-            print(f"other    {other.name}: not made by fusegen (or not recognised), never removed")
-        index = cache.index_files(root)
-        index_size = cache.size(root / cache.INDEX)
-        if index:
-            print(f"index    {len(index)} request{'s' if len(index) != 1 else ''} -> library "
-                  f"({_size(index_size)}): what makes a cached load fast")
-        total = sum(e.size for e in found) + sum(t.size for t in temps) + index_size
-        print(f"cache    {root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {_size(total)}")
-        return 0
-    if command == "clear":
-        doomed = cache.entries(root)
-    else:
-        doomed = [e for e in cache.entries(root) if now - e.last_use > args.older_than]
+    return CACHE_COMMANDS[args.command or "list"](root, args, time.time())
+
+
+def _cache_list(root: Path, args, now: float) -> int:
+    from fusegen.build import cache
+    found = cache.entries(root)
+    for e in found:
+        print(_describe(e, now))
+    temps = cache.temp_folders(root)
+    for t in temps:
+        print(f"building {t.what or t.path.name} ({_size(t.size)} so far, {t.path.name})")
+    for other in cache.others(root):
+        print(f"other    {other.name}: not made by fusegen (or not recognised), never removed")
+    index = cache.index_files(root)
+    index_size = cache.size(root / cache.INDEX)
+    if index:
+        print(f"index    {len(index)} request{'s' if len(index) != 1 else ''} -> library "
+              f"({_size(index_size)}): what makes a cached load fast")
+    total = sum(e.size for e in found) + sum(t.size for t in temps) + index_size
+    print(f"cache    {root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {_size(total)}")
+    return 0
+
+
+def _cache_remove(root: Path, args, now: float) -> int:
+    """`clear` (every entry) and `trim` (the entries last used longer ago than --older-than)."""
+    from fusegen.build import cache
+    clear = args.command == "clear"
+    doomed = [e for e in cache.entries(root) if clear or now - e.last_use > args.older_than]
     removed = kept = freed = 0
     for e in doomed:
         if cache.remove(e, root):
@@ -434,7 +331,7 @@ def _cache_run(args) -> int:
         else:
             kept += 1
             print(f"kept     {e.name}: a build in progress holds its lock (building it, or linking against it)")
-    cache.prune_index(root, everything=command == "clear" and not kept)
+    cache.prune_index(root, everything=clear and not kept)
     left = cache.entries(root)
     print(f"cache    {root}: removed {removed} entr{'y' if removed == 1 else 'ies'} ({_size(freed)}); "
           f"{len(left)} left, {_size(sum(e.size for e in left))}")
@@ -474,6 +371,17 @@ def _ago(seconds: float) -> str:
             n = int(seconds // size)
             return f"{n} {unit}{'s' if unit == 'day' and n != 1 else ''} ago"
     raise AssertionError("unreachable")
+
+
+def _bench_main(argv: list[str]) -> int:
+    from fusegen.bench.command import main as bench
+    return bench(argv)
+
+
+# The subcommands: a first word that is one of these is the command, not an expression (an
+# op whose expression is the bare name is written in parentheses: fusegen "(cache)").
+COMMANDS = {"cache": _cache_main, "package": _package_main, "bench": _bench_main}
+CACHE_COMMANDS = {"list": _cache_list, "clear": _cache_remove, "trim": _cache_remove}
 
 
 if __name__ == "__main__":

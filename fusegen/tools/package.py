@@ -33,6 +33,10 @@ class PackageError(FusegenError):
     """A folder that is not a generated op, a clash between ops, or a failed wheel build."""
 
 
+class WheelBuildError(PackageError):
+    """pip could not build the wheel: the message has the first compiler error and the log's end."""
+
+
 def cuda_available() -> bool:
     """nvcc on the PATH (or CUDA_HOME) and a CUDA build of torch: then a CUDA wheel."""
     import torch
@@ -99,7 +103,8 @@ def op_files(name: str, auxiliary=()) -> list[str]:
 
 def _read_spec(folder: Path) -> tuple[str, list[str]]:
     """(op name, auxiliary op names) from the folder's spec.json, each value checked."""
-    from fusegen.frontend.parse import check_identifier, check_op_name, reparse
+    from fusegen.frontend.parse import reparse
+    from fusegen.ir.names import check_identifier, check_op_name
 
     path = folder / "spec.json"
     if not os.path.lexists(path):
@@ -401,7 +406,7 @@ def build_wheel(project: Path, out: Path) -> Path:
         first = first_compiler_error(log)  # (file, line, column, message), file None for a linker line
         where = "" if first is None else f"\nfirst error: {f'{first[0]}:{first[1]}: ' if first[0] else ''}{first[3]}"
         tail = "\n".join(log.splitlines()[-40:])
-        raise PackageError(f"building the wheel failed:{where}\n{tail}")
+        raise WheelBuildError(f"building the wheel failed:{where}\n{tail}")
     name = project.name
     wheels = sorted(out.glob(f"{name}-*.whl"), key=lambda p: p.stat().st_mtime)
     new = [w for w in wheels if w not in before] or wheels

@@ -594,15 +594,30 @@ class FusedBackward final : public torch::autograd::Node {
   }
 };
 
+// An auxiliary op of the family (<name>_grad2, <name>_jvp): fusegen's Python side builds
+// them on first use, not with the op, and registers fusegen::__auxiliary, which builds and
+// loads the one named (its library registers it here) and returns once it is. A standalone
+// build has them in its own library, and no hook. nullptr: not loaded, and no way to load it.
+const Op* find_auxiliary(const std::string& name) {
+  if (const Op* op = find_op(name)) return op;
+  const auto hook = c10::Dispatcher::singleton().findOp({"fusegen::__auxiliary", ""});
+  if (!hook.has_value()) return nullptr;
+  torch::jit::Stack stack;
+  stack.emplace_back(name);
+  hook->callBoxed(stack);
+  return find_op(name);
+}
+
 // The backward's own derivative (double backward), fused: <name>_backward computes
 // grad_k = dout * f_k(x); the gradients gg_k arriving at its outputs make
 // h(dout, x, gg) = sum_k gg_k * grad_k, whose gradients are the double backward. fusegen
-// builds the op <name>_grad2 with forward h into the same library, so this calls
-// <name>_grad2_backward once with incoming gradient 1. Above second order fusegen's Python
-// side registers an autograd kernel for <name>_grad2_backward that computes it as eager
-// torch ops (fusegen/pytorch/autograd.py); without it (a standalone build) this fails loudly, as
-// <name>_grad2 has no <name>_grad2_grad2. A hand-written node, as FusedBackward is, and not
-// a torch::autograd::Function: torch.func refuses those in every transform, while a node
+// builds the op <name>_grad2 with forward h (on first use; a standalone build, into the
+// op's library), so this calls <name>_grad2_backward once with incoming gradient 1. Above
+// second order fusegen's Python side registers an autograd kernel for
+// <name>_grad2_backward that computes it as eager torch ops (fusegen/pytorch/autograd.py);
+// without it (a standalone build) this fails loudly, as <name>_grad2 has no
+// <name>_grad2_grad2. A hand-written node, as FusedBackward is, and not a
+// torch::autograd::Function: torch.func refuses those in every transform, while a node
 // whose work goes through the dispatcher is what PyTorch's own ops record.
 class FusedDoubleBackward final : public torch::autograd::Node {
  public:
@@ -619,7 +634,7 @@ class FusedDoubleBackward final : public torch::autograd::Node {
     std::lock_guard<std::mutex> lock(mutex_);
     const Op& op = *op_;
     const OpDef& def = *op.def;
-    const Op* grad2 = find_op(op.name + "_grad2");
+    const Op* grad2 = find_auxiliary(op.name + "_grad2");
     TORCH_CHECK_NOT_IMPLEMENTED(
         grad2 != nullptr && grad2->has_backward(), "fusegen::", op.name,
         ": the derivative of its backward needs fusegen::", op.name,
@@ -684,9 +699,9 @@ class FusedDoubleBackward final : public torch::autograd::Node {
 at::Tensor forward_tangent(const Op& op, const ForwardArgs& a, const at::Tensor& out) {
   const OpDef& def = *op.def;
   if (def.num_jvp_args == 0) return at::zeros_like(out);  // every gradient is zero
-  const Op* jvp = find_op(op.name + "_jvp");
+  const Op* jvp = find_auxiliary(op.name + "_jvp");
   TORCH_INTERNAL_ASSERT(jvp != nullptr, "fusegen::", op.name,
-                        "_jvp is built into the op's library");
+                        "_jvp is neither in the op's library nor loadable");
   torch::jit::Stack stack;
   for (int k = 0; k < def.num_jvp_args; ++k) {
     const int j = def.jvp_args[k];

@@ -4,6 +4,7 @@
 #define FUSEGEN_CPU_H_
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "fusegen-half.h"
@@ -87,9 +88,11 @@ void host_dispatch(Dtype dtype, F&& f) {
 // The math runs in one loop over contiguous arrays of the compute type, which the compiler
 // vectorizes (no branch, no stride, no aliasing: `ivdep`). All contiguous float/double
 // operands are used in place. Anything else goes through small per-block buffers:
-// strided and fp16/bf16 inputs are gathered and converted into one, a broadcast (stride 0)
-// input is converted once, strided or narrow outputs are scattered from one, and a
-// gradient nobody asked for (a null pointer) is written to one and dropped.
+// fp16/bf16 operands are converted a block at a time by the vectorized `convert` (a
+// strided one gathered into or scattered from a staging block of its own type), other
+// strided inputs are gathered into one, a broadcast (stride 0) input is converted once,
+// strided outputs are scattered from one, and a gradient nobody asked for (a null
+// pointer) is written to one and dropped.
 constexpr int64_t kCpuBlock = 256;  // elements per block: the buffers of a block stay in L1
 
 template <typename A, typename F>
@@ -135,6 +138,7 @@ void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const
 
   A in_buf[kIn > 0 ? kIn : 1][kCpuBlock];
   A out_buf[kOut][kCpuBlock];
+  T staging[kNarrow ? kCpuBlock : 1];  // a strided fp16/bf16 operand's block, unconverted
   const A* x[kIn > 0 ? kIn : 1];
   A* y[kOut];
   bool in_place[kIn > 0 ? kIn : 1];
@@ -159,8 +163,18 @@ void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const
       x[j] = in_buf[j];
       if (in_strides[j] == 0) continue;
       const char* p = in[j] + begin * in_strides[j];
-      for (int64_t i = 0; i < m; ++i)
-        in_buf[j][i] = Host<T>::load(*reinterpret_cast<const T*>(p + i * in_strides[j]));
+      if constexpr (kNarrow) {
+        const T* run = reinterpret_cast<const T*>(p);
+        if (in_strides[j] != kSize) {
+          for (int64_t i = 0; i < m; ++i)
+            std::memcpy(&staging[i], p + i * in_strides[j], sizeof(T));
+          run = staging;
+        }
+        convert(run, in_buf[j], m);
+      } else {
+        for (int64_t i = 0; i < m; ++i)
+          in_buf[j][i] = *reinterpret_cast<const T*>(p + i * in_strides[j]);
+      }
     }
     for (int k = 0; k < kOut; ++k)
       y[k] = out_place[k] ? reinterpret_cast<A*>(out[k]) + begin : out_buf[k];
@@ -168,8 +182,18 @@ void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const
     for (int k = 0; k < kOut; ++k) {
       if (out_place[k] || out[k] == nullptr) continue;
       char* p = out[k] + begin * out_strides[k];
-      for (int64_t i = 0; i < m; ++i)
-        *reinterpret_cast<T*>(p + i * out_strides[k]) = Host<T>::store(out_buf[k][i]);
+      if constexpr (kNarrow) {
+        if (out_strides[k] == kSize) {
+          convert(out_buf[k], reinterpret_cast<T*>(p), m);
+          continue;
+        }
+        convert(out_buf[k], staging, m);
+        for (int64_t i = 0; i < m; ++i)
+          std::memcpy(p + i * out_strides[k], &staging[i], sizeof(T));
+      } else {
+        for (int64_t i = 0; i < m; ++i)
+          *reinterpret_cast<T*>(p + i * out_strides[k]) = out_buf[k][i];
+      }
     }
   }
 }

@@ -5,6 +5,9 @@
 // strides are the real impl's), the parallel CPU loop over it and the CUDA launch.
 #include "fusegen-runtime-impl.h"
 
+#include "fusegen-half.h"
+
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/native/TypeProperties.h>
@@ -23,6 +26,13 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#endif
+
+// The fp16/bf16 conversions of the CPU loop use F16C and AVX2 in functions of their own,
+// chosen at run time, so that the library still loads on any x86-64 machine.
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define FUSEGEN_X86_CONVERT 1
+#include <immintrin.h>
 #endif
 
 // Internal to the runtime library: not exported beside register_op.
@@ -352,8 +362,8 @@ bool is_plain_contiguous(const Args& args, at::ScalarType dtype, c10::Device dev
 }
 
 // The kernel over is_plain_contiguous arguments: contiguous outputs (present[k]) of their
-// shape, one run of numel elements (split over threads as TensorIterator::for_each would
-// split it, on the CPU); returns the outputs, as run_kernel does.
+// shape, one run of numel elements (on the CPU, on one thread: run_kernel sends a run that
+// threads would split to TensorIterator); returns the outputs, as run_kernel does.
 std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>& present,
                                        Device device, CpuKernel cpu, CudaKernel cuda, Dtype dtype,
                                        const double* scalars) {
@@ -363,7 +373,14 @@ std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>
   c10::SmallVector<int64_t, 16> strides;
   const int64_t size = static_cast<int64_t>(first.element_size());
   for (size_t k = 0; k < present.size(); ++k) {
-    if (present[k]) outputs[k] = at::empty(first.sizes(), first.options());
+    // On the CPU straight from the allocator, as eager's structured kernels allocate their
+    // outputs (at::empty's trip through the dispatcher was a sixth of a call at n = 1024).
+    // The kernel writes every element, so nothing differs from at::empty's tensor.
+    if (present[k]) {
+      outputs[k] = device == Device::kCpu
+                       ? at::Tensor(at::detail::empty_cpu(first.sizes(), first.options()))
+                       : at::empty(first.sizes(), first.options());
+    }
     data.push_back(present[k] ? static_cast<char*>(outputs[k].data_ptr()) : nullptr);
     strides.push_back(present[k] ? size : 0);
   }
@@ -374,17 +391,7 @@ std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>
   const int64_t n = first.numel();
   if (device == Device::kCpu) {
     advise_huge_pages(outputs);
-    if (n < kCpuGrain) {
-      cpu(dtype, data.data(), strides.data(), n, scalars);
-      return outputs;
-    }
-    at::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) {
-      c10::SmallVector<char*, 16> part(data);
-      for (size_t k = 0; k < part.size(); ++k) {
-        if (part[k] != nullptr) part[k] += begin * strides[k];
-      }
-      cpu(dtype, part.data(), strides.data(), end - begin, scalars);
-    });
+    cpu(dtype, data.data(), strides.data(), n, scalars);
   } else {
 #ifdef FUSEGEN_WITH_CUDA
     // What launch_cuda hands the kernel for a contiguous iterator (ndim 0: no strides).
@@ -414,7 +421,13 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   std::optional<c10::cuda::CUDAGuard> device_guard;
   if (device == Device::kCuda) device_guard.emplace(on);  // checked: one device
 #endif
-  if (device != Device::kMeta && given.empty() && is_plain_contiguous(args, dtype, on)) {
+  // On the CPU only where one thread runs it anyway: at::parallel_for, a header template,
+  // splits work over threads only in a unit compiled with -fopenmp, which this one is not,
+  // while TensorIterator::for_each (compiled into libtorch) splits it as eager's ops do.
+  const bool serial = device != Device::kCpu || args.front().tensor.numel() < kCpuGrain ||
+                      at::get_num_threads() == 1;
+  if (device != Device::kMeta && given.empty() && serial &&
+      is_plain_contiguous(args, dtype, on)) {
     return run_contiguous(args, present, device, cpu, cuda, kernel_dtype(dtype), scalars);
   }
   const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
@@ -478,3 +491,119 @@ std::vector<at::Tensor> run_backward(const Op& op, Device device, const Backward
 
 }  // namespace fusegen::rt
 #pragma GCC visibility pop
+
+// ---------------------------------------------------------------------------------------
+// fp16/bf16 runs to and from float (fusegen-half.h, convert): the CPU loop's every
+// conversion, exported for the op libraries. Each vectorized loop gives what the scalar
+// conversion gives, bit for bit: F16C rounds to nearest even as
+// c10::detail::fp16_ieee_from_fp32_value does, and a NaN is made the quiet NaN of its sign
+// first, whose fp16 is c10's 0x7E00 (F16C would keep the top of a NaN's payload); bf16 is
+// c10's round_to_nearest_even in integer lanes.
+
+namespace fusegen {
+namespace {
+
+#ifdef FUSEGEN_X86_CONVERT
+__attribute__((target("avx2,f16c"))) void half_to_float_f16c(const Half* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i));
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) y[i] = to_float(x[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void float_to_half_f16c(const float* x, Half* y, int64_t n) {
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
+  const __m256 quiet_nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    v = _mm256_blendv_ps(v, _mm256_or_ps(_mm256_and_ps(v, sign), quiet_nan), nan);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) y[i] = to_half(x[i]);
+}
+
+__attribute__((target("avx2"))) void bfloat16_to_float_avx2(const BFloat16* x, float* y,
+                                                             int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  for (; i < n; ++i) y[i] = to_float(x[i]);
+}
+
+__attribute__((target("avx2"))) void float_to_bfloat16_avx2(const float* x, BFloat16* y,
+                                                             int64_t n) {
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i round = _mm256_set1_epi32(0x7FFF);
+  const __m256i quiet_nan = _mm256_set1_epi32(0x7FC0);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i half[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256 v = _mm256_loadu_ps(x + i + 8 * h);
+      const __m256i u = _mm256_castps_si256(v);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+      const __m256i rounded =
+          _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, lsb), round), 16);
+      const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      half[h] = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    }
+    // packus interleaves the two halves by 128-bit lane; the permute puts them in order.
+    // Every value fits in 16 bits, so the unsigned saturation never applies.
+    const __m256i packed =
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(half[0], half[1]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), packed);
+  }
+  for (; i < n; ++i) y[i] = to_bfloat16(x[i]);
+}
+
+bool cpu_has_f16c() {
+  static const bool has =
+      (__builtin_cpu_init(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"));
+  return has;
+}
+
+bool cpu_has_avx2() {
+  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx2"));
+  return has;
+}
+#endif
+
+}  // namespace
+
+void convert(const Half* x, float* y, int64_t n) {
+#ifdef FUSEGEN_X86_CONVERT
+  if (cpu_has_f16c()) return half_to_float_f16c(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = to_float(x[i]);
+}
+
+void convert(const float* x, Half* y, int64_t n) {
+#ifdef FUSEGEN_X86_CONVERT
+  if (cpu_has_f16c()) return float_to_half_f16c(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = to_half(x[i]);
+}
+
+void convert(const BFloat16* x, float* y, int64_t n) {
+#ifdef FUSEGEN_X86_CONVERT
+  if (cpu_has_avx2()) return bfloat16_to_float_avx2(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = to_float(x[i]);
+}
+
+void convert(const float* x, BFloat16* y, int64_t n) {
+#ifdef FUSEGEN_X86_CONVERT
+  if (cpu_has_avx2()) return float_to_bfloat16_avx2(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = to_bfloat16(x[i]);
+}
+
+}  // namespace fusegen

@@ -34,7 +34,7 @@ if [[ $what == build || $what == all ]]; then
   status=$((status | ${PIPESTATUS[0]}))
 fi
 if [[ $what == compile || $what == all ]]; then
-  python3 -m fusegen.bench_compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"
+  python3 -m fusegen.bench.compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
 # A command with extra nvcc flags (NVCC_APPEND_FLAGS is part of the cache key), its build in a

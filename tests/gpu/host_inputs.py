@@ -1,4 +1,4 @@
-"""What an autograd round trip costs per input that requires grad (issue 7 item 3): host
+"""What an autograd round trip costs per input that requires grad: host
 µs per forward + torch.autograd.grad at n = 64 (the host path alone), of fusegen's a*b+c
 and of one ATen op of three inputs (torch.addcmul), with 1, 2 or 3 inputs requiring grad,
 against PyTorch's floor (x*2). Runs on the GPU or the CPU.

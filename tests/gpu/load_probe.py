@@ -1,4 +1,4 @@
-"""Where a cached load's time goes in a new process (run after `python -m fusegen.bench.core build`
+"""Where a cached load's time goes in a new process (run after `fusegen bench build`
 has filled the cache, same FUSEGEN_CACHE_DIR): cProfile of `fusegen.fuse` of an op built
 before, top entries by cumulative time.  python3 tests/gpu/load_probe.py EXPR NAME [SCALAR...]"""
 import cProfile

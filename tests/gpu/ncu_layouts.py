@@ -7,7 +7,7 @@ torch.cuda.profiler.start() and stop() are profiled.
 
 Each case runs, per dtype, the steps asked for: fusegen's forward (`fwd`), fusegen's
 forward+backward (`fwd+bwd`) and torch.compile's forward (`compile`). The tiled kernel's
-fp32 against bf16 (docs/h200-2026-12-01d/ncu_tiles.log): `--dtypes float32,bfloat16
+fp32 against bf16 (docs/figures/h200/ncu_tiles.log): `--dtypes float32,bfloat16
 --steps fwd transposed`.
 """
 import argparse

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python -m pytest -m cuda tests/gpu
 
-The session's corpus library (tests/conftest.py) includes the CUDA impls when torch sees
+The test run's corpus library (tests/conftest.py) includes the CUDA impls when torch sees
 a GPU and nvcc is installed (fusegen.build.builder.cuda_enabled)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from corpus import BY_NAME, CORPUS, SEEDS
-from helpers import TOL, assert_no_worse_than_eager, forward_backward
+from helpers import TOL, compare, forward_backward
 
 pytestmark = [
     pytest.mark.cuda,
@@ -36,35 +36,20 @@ def on_cuda(case, n, dtype, seed=0, shapes=None):
     return [t.to("cuda", dtype) for t in case.sample(n, torch.float64, seed=seed, shapes=shapes)]
 
 
-def check_close(case, op, tensors, dtype):
-    scalars = list(case.scalar_values)
-    out, grads = forward_backward(op, tensors, scalars)
-    want, want_grads = forward_backward(case.eager, tensors, scalars)
-    assert out.device == tensors[0].device and out.dtype == want.dtype and out.shape == want.shape
-    if dtype in TOL:
-        torch.testing.assert_close(out, want, **TOL[dtype])
-        for g, w, t in zip(grads, want_grads, tensors):
-            assert g.shape == t.shape and g.dtype == t.dtype
-            torch.testing.assert_close(g, w, **TOL[dtype])
-        return
-    # bf16/fp16: no worse than eager in the same dtype, both against a float64 reference
-    ref, ref_grads = forward_backward(case.eager, [t.double() for t in tensors], scalars, grad_dtype=dtype)
-    for got, eager, r in zip([out] + grads, [want] + want_grads, [ref] + ref_grads):
-        assert_no_worse_than_eager(case.name, got, eager, r)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("case", SEEDS, ids=repr)
 def test_seed_forward_backward(cuda_ops, case, n, dtype):
-    check_close(case, cuda_ops[case.name], on_cuda(case, n, dtype, seed=n), dtype)
+    compare(cuda_ops[case.name], case.eager, on_cuda(case, n, dtype, seed=n), dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16],
                          ids=["f64", "f32", "bf16", "f16"])
 @pytest.mark.parametrize("case", CORPUS, ids=repr)
 def test_corpus_on_cuda(cuda_ops, case, dtype):
-    check_close(case, cuda_ops[case.name], on_cuda(case, 4099, dtype, seed=1), dtype)
+    compare(cuda_ops[case.name], case.eager, on_cuda(case, 4099, dtype, seed=1), dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16],
@@ -81,22 +66,27 @@ def test_misaligned_views(cuda_ops, case, which, dtype):
     pick = {"all": range(k), "first": [0], "last": [k - 1]}[which]
     tensors = [shifted[j] if j in pick else aligned[j] for j in range(k)]
     assert any(t.data_ptr() % 16 for t in tensors)
-    check_close(case, cuda_ops[case.name], tensors, dtype)
+    compare(cuda_ops[case.name], case.eager, tensors, dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("case", SEEDS, ids=repr)
 def test_transposed_and_expanded(cuda_ops, case):
     m, n = 67, 129
     tensors = [t.t() for t in on_cuda(case, 0, torch.float32, shapes=[(n, m)] * len(case.domains))]
-    check_close(case, cuda_ops[case.name], tensors, torch.float32)
+    compare(cuda_ops[case.name], case.eager, tensors, torch.float32, case.scalar_values, what=case.name,
+            layout=False)
     row = on_cuda(case, 0, torch.float32, shapes=[(1, n)] + [(m, n)] * (len(case.domains) - 1))
-    check_close(case, cuda_ops[case.name], [row[0].expand(m, n)] + row[1:], torch.float32)
-    check_close(case, cuda_ops[case.name], row, torch.float32)  # broadcast, summed back
+    compare(cuda_ops[case.name], case.eager, [row[0].expand(m, n)] + row[1:], torch.float32, case.scalar_values, what=case.name,
+            layout=False)
+    compare(cuda_ops[case.name], case.eager, row, torch.float32, case.scalar_values, what=case.name,
+            layout=False)  # broadcast, summed back
 
 
 def test_broadcast_case(cuda_ops):
     case = BY_NAME["cp_bias_gelu"]
-    check_close(case, cuda_ops[case.name], on_cuda(case, 1000, torch.float32), torch.float32)
+    compare(cuda_ops[case.name], case.eager, on_cuda(case, 1000, torch.float32), torch.float32, case.scalar_values, what=case.name,
+            layout=False)
 
 
 @pytest.mark.parametrize("name", ["cp_gelu_tanh", "cp_relu_add", "cp_add_mul", "cp_mul_sub"])
@@ -163,7 +153,8 @@ def test_unrolled_kernel_tails(cuda_ops, name, dtype, n):
     """Sizes around the kernels' chunks (kThreads x kUnroll vectors) and a full wave: the
     unrolled loop, the partial chunk and the scalar tail."""
     case = BY_NAME[name]
-    check_close(case, cuda_ops[name], on_cuda(case, n, dtype, seed=n % 97), dtype)
+    compare(cuda_ops[name], case.eager, on_cuda(case, n, dtype, seed=n % 97), dtype, case.scalar_values, what=case.name,
+            layout=False)
 
 
 def test_saved_output_in_place_check_cuda(cuda_ops):
@@ -236,35 +227,15 @@ def test_torch_compile_cuda(cuda_ops):
     torch.testing.assert_close(compiled(x), case.eager(x) * 2.0, **TOL[torch.float32])
 
 
-# -- issue 8: real layouts with no copies, CPU scalars, numbers, integers (CPU twins in
+# -- real layouts with no copies, CPU scalars, numbers, integers (CPU twins in
 # tests/test_layouts.py) ------------------------------------------------------------------------
-
-def _layout_check(op, eager, tensors, dtype):
-    """Values (fp32/fp64: TOL; bf16/fp16: no worse than eager against float64) and the
-    layout (shape, dtype, strides, memory format) of the output and of every gradient, as
-    eager gives them."""
-    got, got_grads = forward_backward(op, tensors)
-    want, want_grads = forward_backward(eager, tensors)
-    for g, w in zip([got] + got_grads, [want] + want_grads):
-        assert g.device == w.device and g.shape == w.shape and g.dtype == w.dtype
-        assert g.stride() == w.stride(), (g.stride(), w.stride())
-        if g.dim() == 4:
-            assert g.is_contiguous(memory_format=torch.channels_last) == w.is_contiguous(memory_format=torch.channels_last)
-    if dtype in TOL:
-        for g, w in zip([got] + got_grads, [want] + want_grads):
-            torch.testing.assert_close(g, w, **TOL[dtype])
-        return
-    ref, ref_grads = forward_backward(eager, [t.double() for t in tensors], grad_dtype=dtype)
-    for g, w, r in zip([got] + got_grads, [want] + want_grads, [ref] + ref_grads):
-        assert_no_worse_than_eager("layout", g, w, r)
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
 def test_cuda_per_channel_scale_bias(cuda_ops, memory_format, dtype):
     x = torch.randn(4, 19, 33, 17, device="cuda", dtype=dtype).contiguous(memory_format=memory_format)
     s, b = torch.randn(1, 19, 1, 1, device="cuda", dtype=dtype), torch.randn(19, 1, 1, device="cuda", dtype=dtype)
-    _layout_check(cuda_ops["cp_fma"], lambda x, s, b: x * s + b, [x, s, b], dtype)
+    compare(cuda_ops["cp_fma"], lambda x, s, b: x * s + b, [x, s, b], dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
@@ -281,8 +252,8 @@ def test_cuda_strided_inputs(cuda_ops, kind, dtype):
     else:  # SwiGLU's layout: two halves of one tensor
         a, b = torch.randn(33, 2 * 257, **kw).chunk(2, -1)
         c = torch.randn(33, 257, **kw)
-    _layout_check(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, [a, b, c], dtype)
-    _layout_check(cuda_ops["cp_silu"], lambda x: x * torch.sigmoid(x), [a], dtype)
+    compare(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, [a, b, c], dtype)
+    compare(cuda_ops["cp_silu"], lambda x: x * torch.sigmoid(x), [a], dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
@@ -293,7 +264,7 @@ def test_cuda_chunk_halves_write_one_gradient(cuda_ops, width, dtype):
     op = cuda_ops["cp_relu_mul"]
     u = torch.randn(33, 2 * width, device="cuda", dtype=dtype)
     glu = lambda u: op(*u.chunk(2, -1))  # noqa: E731
-    _layout_check(glu, lambda u: torch.relu(u.chunk(2, -1)[0]) * u.chunk(2, -1)[1], [u], dtype)
+    compare(glu, lambda u: torch.relu(u.chunk(2, -1)[0]) * u.chunk(2, -1)[1], [u], dtype)
     leaf = u.clone().requires_grad_(True)
     out = glu(leaf)
     grad = torch.ones_like(out)
@@ -385,7 +356,7 @@ def test_cuda_kernel_paths(cuda_ops, case, dtype):
     op = cuda_ops["cp_fma"].op
     names = _kernels_run(lambda: op(*tensors))
     assert any(name.search(n) for n in names), names
-    _layout_check(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, tensors, dtype)
+    compare(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, tensors, dtype)
 
 
 def _sum_cases(kw):
@@ -423,7 +394,7 @@ def test_cuda_backward_sums_in_kernel(cuda_ops, case, dtype):
     accumulated = any("fusegen::accumulating_kernel<" in n for n in names)
     summed_by_aten = any("reduce_kernel" in n and "fusegen" not in n for n in names)
     assert accumulated == in_kernel and summed_by_aten == (not in_kernel), sorted(n[:100] for n in names)
-    _layout_check(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, tensors, dtype)
+    compare(cuda_ops["cp_fma"], lambda a, b, c: a * b + c, tensors, dtype)
 
 
 def test_cuda_deterministic_backward_sums_with_aten(cuda_ops):
@@ -502,7 +473,7 @@ def test_cuda_contiguous_past_2_31_elements(cuda_ops):
     del x, out
 
 
-# -- higher order (issue 10) ---------------------------------------------------------------------
+# -- higher order ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", CORPUS, ids=repr)
 def test_gradgradcheck_cuda(cuda_ops, case):

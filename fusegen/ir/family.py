@@ -1,0 +1,18 @@
+"""An op family as torch.library sees it: each op's name, how many tensors it takes, whether
+it is a backward op and whether it has a fused derivative. Derived from the specs when an
+op is built; kept by the request index (build/index.py) so that a cached load registers the
+family (pytorch/autograd.py) without sympy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Member:
+    """One op of a family, as torch.library sees it."""
+
+    name: str
+    tensors: int              # tensor arguments, first in its schema
+    backward: bool            # a `<x>_backward` op: Tensor[] result, trailing output_mask
+    composite: bool           # no fused derivative: the composite autograd kernel is registered
