@@ -65,10 +65,17 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"could not create a temp file beside {path}")
 
 
+# The hand-written runtime: templates/runtime/ in fusegen, `_runtime/` beside the op
+# folders it writes (generated/_runtime/), one copy for all of them.
+RUNTIME_TEMPLATES = "runtime"
+RUNTIME_FOLDER = "_runtime"  # no op may be called so (ir/names.py, check_op_name)
+
+
 @lru_cache(maxsize=None)
-def template_text(name: str) -> str:
-    """A file of templates/, read once per process (every op copies the helpers)."""
-    return (templates_dir() / name).read_text()
+def runtime_files() -> dict[str, str]:
+    """The runtime's sources, file name -> text, in name order."""
+    folder = templates_dir() / RUNTIME_TEMPLATES
+    return {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.suffix in (".h", ".cuh", ".cpp")}
 
 
 @lru_cache(maxsize=None)

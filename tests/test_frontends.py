@@ -16,6 +16,8 @@ import uuid
 import pytest
 import torch
 
+from fusegen.files import runtime_files
+
 import fusegen
 from fusegen import FusegenError
 from fusegen.build import builder as fbuild
@@ -35,7 +37,8 @@ def test_cli_no_build_writes_files(tmp_path):
     assert r.returncode == 0, r.stderr
     out = tmp_path / "cli_fma"
     names = {p.name for p in out.iterdir()}
-    assert {"cli_fma.cpp", "cli_fma.cu", "cli_fma.h", "spec.json", "fusegen-math.h"} <= names
+    assert names == {f"cli_fma{aux}{ext}" for aux in ("", "_grad2", "_jvp") for ext in (".cpp", ".cu", ".h")} | {"spec.json"}
+    assert {p.name for p in (tmp_path / "_runtime").iterdir()} == set(runtime_files())  # one copy, beside
     spec = json.loads((out / "spec.json").read_text())
     assert spec["expression"] == "a*b+c" and spec["inputs"] == ["a", "b", "c"] and spec["passthrough"] == ["c"]
     assert "torch.ops.fusegen.cli_fma(a, b, c)" in r.stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fusegen.api import Request, generate
-from fusegen.files import write
+from fusegen.files import RUNTIME_FOLDER, runtime_files, write
 
 from corpus import GOLDEN
 
@@ -39,6 +39,19 @@ def test_golden(name):
     assert sorted(on_disk) == sorted(files), "generated/ holds other files than fusegen renders"
     for fname, text in files.items():
         assert on_disk[fname] == text.encode(), f"generated/{name}/{fname} differs from what fusegen renders now"
+
+
+def test_golden_runtime():
+    """generated/_runtime/ is the one copy of the runtime (templates/runtime/) that every
+    op folder of generated/ builds with, byte for byte."""
+    folder = GENERATED / RUNTIME_FOLDER
+    if os.environ.get("FUSEGEN_UPDATE_GOLDEN") == "1":
+        write(runtime_files(), folder)
+    on_disk = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    assert sorted(on_disk) == sorted(runtime_files()), "generated/_runtime/ holds other files than the runtime"
+    for fname, text in runtime_files().items():
+        assert on_disk[fname] == text.encode(), f"generated/{RUNTIME_FOLDER}/{fname} differs from templates/runtime/"
+    assert not [p for p in GENERATED.glob("*/fusegen-*") if p.parent != folder], "a runtime copy in an op folder"
 
 
 def test_a_folder_the_user_added_does_not_fail_the_golden_test(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ import torch
 from fusegen.ir import names
 from fusegen.api import Request, fuse_many, generate
 from fusegen.errors import FusegenError
+from fusegen.files import runtime_files, write
 from fusegen.frontend.parse import parse
 
 # (op name, expression, scalars, eager oracle over (*tensors, *scalars))
@@ -81,6 +82,13 @@ def test_only_keywords_and_double_underscore_are_refused(bad, why):
         parse(f"{bad}*2" if bad != "class" else "x*2", scalars=[bad] if bad == "class" else ())
 
 
+def test_the_runtime_folder_is_not_an_op_name():
+    """generated/_runtime/ holds the runtime beside the op folders: no op may take its name."""
+    with pytest.raises(FusegenError, match="reserved"):
+        generate(Request("x*2", name=names.RUNTIME_FOLDER))
+    assert generate(Request("x*2", name="_runtime2")).spec.name == "_runtime2"
+
+
 def test_locals_cannot_collide_with_a_user_name():
     """A user's name x appears in C only as <role>_x; no local of the generated code has
     that shape, so no user name can reach it."""
@@ -103,6 +111,7 @@ def test_every_cu_compiles_with_nvcc(tmp_path):
         folder.mkdir()
         for fname, text in generate(Request(expr, name=f"nm_{name}", scalars=scalars)).files.items():
             (folder / fname).write_text(text)
+        write(runtime_files(), folder)
         units.append(folder / f"nm_{name}.cu")
 
     def compile_one(cu):

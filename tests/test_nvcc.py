@@ -17,6 +17,7 @@ from corpus import GOLDEN  # noqa: E402  (tests/ is on sys.path via conftest)
 
 # Every seed's kernels; folders a user added to generated/ are not ours to compile.
 KERNELS = [ROOT / "generated" / name / f"{name}.cu" for name in sorted(GOLDEN)]
+RUNTIME = ROOT / "generated" / "_runtime"  # the headers every op's sources include
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 # The architectures we ship for (H100/H200 and A100), warnings as errors.
 FLAGS = ["-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_80,code=sm_80",
@@ -25,7 +26,8 @@ FLAGS = ["-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=a
 
 def _compile(cu: Path, out_dir: Path):
     obj = out_dir / (cu.parent.name + ".o")
-    return subprocess.run([NVCC, *FLAGS, "-c", str(cu), "-o", str(obj)], capture_output=True, text=True)
+    return subprocess.run([NVCC, *FLAGS, f"-I{RUNTIME}", "-c", str(cu), "-o", str(obj)], capture_output=True,
+                          text=True)
 
 
 def test_every_seed_has_its_kernels():
@@ -78,11 +80,13 @@ def test_cuda_host_code_compiles(tmp_path):
     macros.parent.mkdir(parents=True)
     macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
     bundle = tmp_path / "bundle.cpp"
-    runtime = KERNELS[0].parent / "fusegen-runtime.cpp"
+    units = sorted((ROOT / "generated" / "_runtime").glob("*.cpp"))
+    assert len(units) == 3
     # cuda_runtime_api.h first: the ops' own spelling of cudaStream_t must agree with CUDA's.
-    bundle.write_text("#include <cuda_runtime_api.h>\n" + f'#include "{runtime}"\n'
+    bundle.write_text("#include <cuda_runtime_api.h>\n" + "".join(f'#include "{u}"\n' for u in units)
                       + "".join(f'#include "{cu.with_suffix(".cpp")}"\n' for cu in KERNELS))
     includes = [f"-isystem{p}" for p in [tmp_path / "cfg", *include_paths("cpu"), cuda_include]]
+    includes.append(f"-I{ROOT / 'generated' / '_runtime'}")
     result = subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra",
                              "-DFUSEGEN_WITH_CUDA", *includes, str(bundle)], capture_output=True, text=True)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
@@ -119,7 +123,7 @@ def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch, cores, 
         (tmp_path / name).write_text(text)
         obj = tmp_path / (name + ".o")
         result = subprocess.run([NVCC, *FLAGS[:3], "-Werror", "all-warnings", f"-I{ROOT / 'generated'}",
-                                 f"-I{folder}", "-c", str(tmp_path / name), "-o", str(obj)], capture_output=True, text=True)
+                                 f"-I{folder}", f"-I{RUNTIME}", "-c", str(tmp_path / name), "-o", str(obj)], capture_output=True, text=True)
         assert result.returncode == 0 and not result.stderr.strip(), result.stderr
         symbols = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True).stdout
         defined += [e for e in entries if e in symbols]

@@ -162,10 +162,10 @@ def test_project_has_one_runtime_and_each_op_once(tmp_path):
     ops = package.write_project(folders, "myops", tmp_path / "myops", cuda=False)
     assert ops == ["fma", "silu"]
     csrc = sorted(p.name for p in (tmp_path / "myops" / "csrc").iterdir())
-    assert csrc.count("fusegen-runtime.cpp") == 1
+    assert set(package.RUNTIME) <= set(csrc)  # from generated/_runtime/, once
     assert [n for n in csrc if n.endswith(".cpp")] == [
-        "fma.cpp", "fma_grad2.cpp", "fma_jvp.cpp", "fusegen-module.cpp", "fusegen-runtime.cpp",
-        "silu.cpp", "silu_grad2.cpp", "silu_jvp.cpp"]
+        "fma.cpp", "fma_grad2.cpp", "fma_jvp.cpp", "fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-module.cpp",
+        "fusegen-registration.cpp", "silu.cpp", "silu_grad2.cpp", "silu_jvp.cpp"]
     assert not any(n.endswith(".cu") for n in csrc)
     package.write_project(folders, "myops", tmp_path / "cuda", cuda=True)
     assert (tmp_path / "cuda" / "csrc" / "cuda" / "fma.cu").is_file()  # not beside fma.cpp: one fma.o each
@@ -194,9 +194,17 @@ def test_project_errors(tmp_path):
     import shutil
     other = tmp_path / "silu"
     shutil.copytree(ROOT / "generated" / "silu", other)
-    (other / "fusegen-runtime.cpp").write_text("// another version\n")
+    shutil.copytree(ROOT / "generated" / "_runtime", tmp_path / "_runtime")
+    (tmp_path / "_runtime" / "fusegen-layout.cpp").write_text("// another version\n")
     with pytest.raises(package.PackageError, match="the runtime must be the same"):
         package.write_project([ROOT / "generated" / "fma", other], "myops", tmp_path / "p", cuda=False)
+    # the runtime beside the op folders: missing, or a link to another folder, is refused
+    shutil.rmtree(tmp_path / "_runtime")
+    with pytest.raises(package.PackageError, match="_runtime: missing"):
+        package.write_project([other], "myops", tmp_path / "p", cuda=False)
+    (tmp_path / "_runtime").symlink_to(ROOT / "generated" / "_runtime")
+    with pytest.raises(package.PackageError, match="_runtime is a symbolic link"):
+        package.write_project([other], "myops", tmp_path / "p", cuda=False)
 
 
 def test_cli_package_no_build(tmp_path):
@@ -217,6 +225,7 @@ def _copy(name: str, tmp_path: Path) -> Path:
     import shutil
     folder = tmp_path / "in" / name
     shutil.copytree(ROOT / "generated" / name, folder)
+    shutil.copytree(ROOT / "generated" / "_runtime", folder.parent / "_runtime", dirs_exist_ok=True)
     return folder
 
 
@@ -264,7 +273,9 @@ def test_op_files_are_what_fusegen_writes():
     for name in ("fma", "add"):
         doc = json.loads((ROOT / "generated" / name / "spec.json").read_text())
         expected = package.op_files(name, list(doc["auxiliary_ops"])) + ["spec.json"]
-        assert sorted(expected) == sorted(os.listdir(ROOT / "generated" / name))
+        runtime = [f for f in expected if f in package.RUNTIME]
+        assert sorted(set(expected) - set(runtime)) == sorted(os.listdir(ROOT / "generated" / name))
+        assert sorted(runtime) == sorted(os.listdir(ROOT / "generated" / "_runtime"))
 
 
 def test_a_fused_function_body_is_read_back(tmp_path):

@@ -20,7 +20,7 @@ def test_plain_install_finds_templates(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(ROOT)], check=True, capture_output=True)
     assert (target / "fusegen" / "templates" / "op.cpp.j2").is_file()
-    assert (target / "fusegen" / "templates" / "fusegen-runtime.cpp").is_file()  # the shared runtime
+    assert (target / "fusegen" / "templates" / "runtime" / "fusegen-registration.cpp").is_file()  # the runtime
     env = dict(os.environ, PYTHONPATH=str(target))
     work = tmp_path / "elsewhere"
     work.mkdir()

@@ -2,7 +2,7 @@
 operator is declared: every entry has every field, every table derived from it (spec's
 backward formulas, the printer's C spellings, the eager callables of the reference and the
 composite, ONNX's lowering, the parser's names) has exactly its keys, and every C helper an
-entry names exists in templates/fusegen-math.h. Then softplus, added as one entry and one
+entry names exists in templates/runtime/fusegen-math.h. Then softplus, added as one entry and one
 helper, against eager PyTorch: value and gradient in float64 across its threshold and far
 into its negative tail, gradcheck, the --check oracle and the composite."""
 
@@ -27,8 +27,8 @@ from fusegen.pytorch import composite
 from fusegen.tools import check, reference
 
 ROOT = Path(__file__).resolve().parent.parent
-MATH_H = (ROOT / "templates" / "fusegen-math.h").read_text()
-RUNTIME_H = (ROOT / "templates" / "fusegen-runtime.h").read_text()
+MATH_H = (ROOT / "templates" / "runtime" / "fusegen-math.h").read_text()
+RUNTIME_H = (ROOT / "templates" / "runtime" / "fusegen-cpu.h").read_text()
 NODES = {p.node for p in fn.PRIMITIVES}
 
 
@@ -78,7 +78,7 @@ def test_c_helpers_exist_in_fusegen_math_h(p):
     # both compute types: a template, or one overload per type
     template = re.search(rf"template <typename T>\s*FUSEGEN_HD T {helper}\(", MATH_H)
     overloads = [re.search(rf"FUSEGEN_HD {t} {helper}\({t} ", MATH_H) for t in ("float", "double")]
-    assert template or all(overloads), f"templates/fusegen-math.h has no {helper} for float and double"
+    assert template or all(overloads), f"templates/runtime/fusegen-math.h has no {helper} for float and double"
 
 
 def test_simd_flags_are_the_runtime_declarations():

@@ -22,12 +22,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+RUNTIME_DOC = ROOT / "docs" / "runtime.md"  # the standalone build of an op folder
 STANDALONE = "readme-test: standalone"
 
 
-def python_blocks() -> list[tuple[str, str]]:
+def python_blocks(doc: Path = README) -> list[tuple[str, str]]:
     """(the HTML comment just above it or "", code) for every ```python block."""
-    lines = README.read_text().splitlines()
+    lines = doc.read_text().splitlines()
     blocks, i = [], 0
     while i < len(lines):
         if lines[i].strip() == "```python":
@@ -137,11 +138,13 @@ CHECK = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_standalone_build_runs(tmp_path):
-    """The marked block, run from a folder holding a copy of generated/fma/ (so nothing but
-    its own files is on the include path)."""
-    (code,) = [code for mark, code in python_blocks() if STANDALONE in mark]
-    assert 'glob.glob("generated/fma/*.cpp")' in code  # the op, its auxiliary ops, the runtime
+    """The marked block of docs/runtime.md, run from a folder holding a copy of
+    generated/fma/ and generated/_runtime/ (so nothing but their files is on the include path)."""
+    (code,) = [code for mark, code in python_blocks(RUNTIME_DOC) if STANDALONE in mark]
+    assert 'glob.glob("generated/fma/*.cpp")' in code  # the op, its auxiliary ops
+    assert 'glob.glob("generated/_runtime/*.cpp")' in code  # and the runtime
     shutil.copytree(ROOT / "generated" / "fma", tmp_path / "generated" / "fma")
+    shutil.copytree(ROOT / "generated" / "_runtime", tmp_path / "generated" / "_runtime")
     script = tmp_path / "standalone.py"
     script.write_text("import sys\n" + code + CHECK)
     e = dict(env(), TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))  # not ~/.cache

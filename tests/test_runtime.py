@@ -1,4 +1,4 @@
-"""The shared runtime's host fp16/bf16 conversions (fusegen-runtime.h) round exactly as
+"""The shared runtime's host fp16/bf16 conversions (fusegen-half.h) round exactly as
 c10::Half and c10::BFloat16 do: an op computes in float and stores, so `a + b` in fp16 or
 bf16 must equal eager's `(a.float() + b.float()).to(dtype)` bit for bit, ties to even,
 subnormals, overflow to inf and NaN included, in every layout the CPU loop converts. That a

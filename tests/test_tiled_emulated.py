@@ -1,4 +1,4 @@
-"""The tiled CUDA kernel's index math, run on the CPU: templates/fusegen-cuda.cuh compiled
+"""The tiled CUDA kernel's index math, run on the CPU: templates/runtime/'s CUDA headers compiled
 with g++ against tests/emulated/cuda_runtime.h (a block's threads as std::threads, a
 barrier for __syncthreads), its launches rewritten as calls, over a*b+c loops whose
 layouts take each access width (tests/emulated/tiled_check.cpp): every output element, the
@@ -24,24 +24,31 @@ REWRITES = [
     (re.escape('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(x));'), 'h.x = 0; (void)x; emulator_lacks("fp16");'),
     (re.escape("extern __shared__ __align__(16) unsigned char tile_bytes[];"), ""),
     (re.escape("extern __shared__ float column_sums[];"), ""),
-    (r"([\w:]+(?:<[^;<>]*(?:<[^;<>]*>[^;<>]*)*>)?)<<<(.*?)>>>\((.*?)\);", r"emulate_launch(\1, \2, \3);"),
+    (r"([\w:]+(?:<[^;<>]*(?:<[^;<>]*>[^;<>]*)*>)?)\s*<<<(.*?)>>>\((.*?)\);", r"emulate_launch(\1, \2, \3);"),
 ]
 
 
-def _emulated_header(text: str) -> str:
+def _emulated_headers(headers: dict[str, str]) -> dict[str, str]:
+    """The runtime's CUDA headers with each REWRITES pattern replaced wherever it occurs."""
+    headers = dict(headers)
     for pattern, replacement in REWRITES:
-        text, count = re.subn(pattern, replacement, text, flags=re.S)
-        assert count > 0, f"fusegen-cuda.cuh no longer has {pattern!r}: update REWRITES"
-    assert "<<<" not in text
-    return text
+        total = 0
+        for name, text in headers.items():
+            headers[name], count = re.subn(pattern, replacement, text, flags=re.S)
+            total += count
+        assert total > 0, f"the CUDA headers no longer have {pattern!r}: update REWRITES"
+    assert not any("<<<" in text for text in headers.values())
+    return headers
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_tiled_kernel_emulated(tmp_path):
-    (tmp_path / "fusegen-cuda.cuh").write_text(_emulated_header((ROOT / "templates" / "fusegen-cuda.cuh").read_text()))
-    for name in ("fusegen-math.h", "fusegen-runtime.h"):
-        shutil.copy(ROOT / "templates" / name, tmp_path / name)
+    runtime = ROOT / "templates" / "runtime"
+    for path in runtime.glob("*.h"):
+        shutil.copy(path, tmp_path / path.name)
+    for name, text in _emulated_headers({p.name: p.read_text() for p in runtime.glob("*.cuh")}).items():
+        (tmp_path / name).write_text(text)
     shutil.copy(ROOT / "generated" / "fma" / "fma.h", tmp_path / "fma.h")
     exe = tmp_path / "tiled_check"
     # AddressSanitizer: a load past an operand's last element (an unchecked edge tile) fails.

@@ -28,7 +28,7 @@ import torch
 from fusegen.ir import names
 
 from fusegen.codegen import printer
-from fusegen.files import template_text
+from fusegen.files import runtime_files
 from fusegen.tools.reference import evaluate_text
 
 # Peers in the order of the tables; `fusegen` first. The forward-only ones have no backward.
@@ -110,7 +110,7 @@ def float_math(spec) -> tuple[list[str], list[str], str]:
 def nvrtc_preamble() -> str:
     """fusegen-math.h for NVRTC: its helpers (maximum, relu, sigmoid, ...) without the
     #include lines, and C's INFINITY/NAN, which <cmath> would have defined."""
-    header = template_text("fusegen-math.h")
+    header = runtime_files()["fusegen-math.h"]
     kept = [line for line in header.splitlines() if not line.startswith("#include")]
     return ("#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n"
             "#ifndef NAN\n#define NAN __int_as_float(0x7fffffff)\n#endif\n" + "\n".join(kept) + "\n")

@@ -1,11 +1,13 @@
 """The only place that touches the compiler and the cache.
 
-Two kinds of library live in the cache. The shared runtime (templates/fusegen-runtime.cpp:
-argument checks, promotion, broadcasting, allocation, the CPU loop, CUDA guard, Meta impl,
-autograd, torch registration) includes the heavy torch headers; it is compiled once per
-torch/CUDA/compiler version into `runtime-<key>/libfusegen_runtime_<key>.so`. An op library
-holds one or more ops (tests build a whole corpus into one); its sources include no torch
-header, so it compiles in about a second, and it links against the runtime (-l and an
+Two kinds of library live in the cache. The shared runtime (templates/runtime/: argument
+checks, promotion, broadcasting, allocation, the CPU loop, CUDA guard, Meta impl, autograd,
+torch registration) includes the heavy torch headers; it is compiled once per
+torch/CUDA/compiler version into `runtime-<key>/libfusegen_runtime_<key>.so`, from a few
+translation units that compile in parallel. An op library holds one or more ops (tests
+build a whole corpus into one); its sources include no torch header (only the runtime's
+own headers, from `_runtime/` in its build folder), so it compiles in about a second, and
+it links against the runtime (-l and an
 rpath relative to its own folder, `$ORIGIN/../runtime-<key>`), whose key is part of the
 op's key. The cache key (keys.py) names everything that changes the binary: the sources,
 the flags, torch, CUDA, the compilers' real identities, the GPU architectures, fusegen's
@@ -49,7 +51,7 @@ from fusegen.build import keys as _keys
 from fusegen.build.cache import cache_dir
 from fusegen.build.toolchain import build_flags, cuda_enabled, libmvec
 from fusegen.errors import BuildError, CompilerError, FusegenError, LoadError
-from fusegen.files import template_text, write, write_text
+from fusegen.files import RUNTIME_FOLDER, runtime_files, write, write_text
 from fusegen.version import FUSEGEN_VERSION
 
 # Build messages (INFO: building, built, waiting for another process's build) go to the
@@ -105,7 +107,9 @@ HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY
 # C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
 # a few share one unit (a batch of ops; a new op's auxiliary ops, built on first use).
 CPP_PER_UNIT = 6
-RUNTIME_SOURCES = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h")
+# The runtime's translation units (templates/runtime/*.cpp), compiled in parallel: each
+# includes only the torch headers of its own concern.
+RUNTIME_UNITS = ("fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-registration.cpp")
 LINK_FLAGS = "fusegen-link.rsp"  # an op library's link flags for the runtime (see _compile)
 
 
@@ -164,8 +168,8 @@ def _check_entry(library: Path, error: type[FusegenError]):
 
 
 def runtime_sources() -> dict[str, str]:
-    """The shared runtime's sources, as shipped beside every op."""
-    return {f: template_text(f) for f in RUNTIME_SOURCES}
+    """The shared runtime's sources (templates/runtime/), as written to generated/_runtime/."""
+    return runtime_files()
 
 
 def runtime_key(cuda: bool) -> str:
@@ -181,8 +185,8 @@ _locked = _cache.build_lock  # taken by builds; `fusegen cache` takes it without
 
 def _own(files: dict[str, str], suffix: str) -> list[str]:
     """An op's own translation units of one kind: `<name>.cpp` and its auxiliary ops'
-    (`<name>_grad2.cpp`, `<name>_jvp.cpp`), not the shared runtime's."""
-    return [f for f in files if f.endswith(suffix) and f not in RUNTIME_SOURCES]
+    (`<name>_grad2.cpp`, `<name>_jvp.cpp`)."""
+    return [f for f in files if f.endswith(suffix)]
 
 
 def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
@@ -393,8 +397,8 @@ def runtime_library(verbose: bool = False) -> Library:
         flags = build_flags(cuda)
         # The soname is what op libraries record (DT_NEEDED): the dynamic loader then finds
         # the copy already loaded, and the runtime is loaded once per process.
-        _cpp_extension(name, ["fusegen-runtime.cpp"], flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
-                       tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in RUNTIME_SOURCES])
+        _cpp_extension(name, list(RUNTIME_UNITS), flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
+                       tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in runtime_sources()])
 
     return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)",
                    _Meta("runtime", (), cuda))
@@ -466,8 +470,9 @@ def _compiler_view(tmp: Path):
 
 
 def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda: bool, verbose: bool,
-                   what: str, files):
-    """Compile `sources` (paths relative to the build folder `tmp`) into `tmp/<name>.so`."""
+                   what: str, files, include: tuple[str, ...] = ()):
+    """Compile `sources` (paths relative to the build folder `tmp`, as are the `include`
+    folders) into `tmp/<name>.so`."""
     from torch.utils import cpp_extension
     with _compiler_view(tmp) as view:
         try:
@@ -480,6 +485,7 @@ def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda:
                 extra_cflags=cflags,
                 extra_cuda_cflags=cuda_cflags,
                 extra_ldflags=ldflags,
+                extra_include_paths=[str(view / i) for i in include],
                 build_directory=str(view),
                 with_cuda=cuda,
                 is_python_module=False,
@@ -501,6 +507,8 @@ def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda:
 def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Library):
     for name, files in ops:
         write(files, tmp / name)
+    # The runtime's headers, which the ops' sources include (-I_runtime), as in generated/.
+    write({f: text for f, text in runtime_sources().items() if not f.endswith(".cpp")}, tmp / RUNTIME_FOLDER)
     units = _units(ops, cuda)
     write(units, tmp)
     flags = build_flags(cuda)
@@ -515,7 +523,7 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Libra
     names = ", ".join(n for n, _ in ops)
     _cpp_extension(f"fusegen_{key}", list(units), flags["cflags"], flags["cuda_cflags"], ldflags,
                    tmp, cuda, verbose, f"op(s) {names}",
-                   [str(tmp / n / f) for n, files in ops for f in files])
+                   [str(tmp / n / f) for n, files in ops for f in files], (RUNTIME_FOLDER,))
     _LOADED.add(key)
 
 

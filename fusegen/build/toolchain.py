@@ -66,7 +66,7 @@ def cuda_arch_flags() -> list[str]:
 @lru_cache(maxsize=None)
 def libmvec() -> bool:
     """glibc's vector math library (x86-64 Linux): the CPU loop's exp, tanh, ... run 4
-    (float) or 2 (double) at a time through it (fusegen-runtime.h, FUSEGEN_LIBMVEC)."""
+    (float) or 2 (double) at a time through it (fusegen-cpu.h, FUSEGEN_LIBMVEC)."""
     import ctypes.util
     import platform
     return sys.platform == "linux" and platform.machine() == "x86_64" and ctypes.util.find_library("mvec") is not None

@@ -32,7 +32,7 @@ _INFIX = {fn.Plus: ("+", _ADD), fn.Minus: ("-", _ADD), fn.Times: ("*", _MUL), fn
           fn.GreaterEqual: (">=", _REL), fn.Equal: ("==", _EQ), fn.NotEqual: ("!=", _EQ)}
 
 # Each primitive's C spelling (primitives.PRIMITIVES): a C math function of the same name
-# (`expf` in float), or a helper of templates/fusegen-math.h.
+# (`expf` in float), or a helper of templates/runtime/fusegen-math.h.
 _MATH = {p.node: p.c for p in fn.PRIMITIVES if p.c is not None and not p.c.startswith("fusegen::")}
 _HELPERS = {p.node: p.c.removeprefix("fusegen::") for p in fn.PRIMITIVES
             if p.c is not None and p.c.startswith("fusegen::")}

@@ -2,8 +2,9 @@
 
 `render(spec, printed)` turns an OpSpec and its printed C strings into the files of one
 op: `<name>.h` (the math, host and device), `<name>.cu` (CUDA kernels and launchers, no
-torch headers), `<name>.cpp` (schemas, CPU/Meta/CUDA impls, autograd), the hand-written
-helper headers they include, and `spec.json`. Templates only paste strings built here;
+torch headers), `<name>.cpp` (the op's CPU kernels and its descriptor: schemas, dispatch
+keys, autograd), and `spec.json`. The hand-written runtime they include is not part of an
+op's files: it is written once beside the op folders (`_runtime/`, files.runtime_files). Templates only paste strings built here;
 the output is a pure function of the spec, so it is byte-identical from run to run.
 
 User text reaches the files in two ways only (escape.py): names, checked here to be
@@ -24,15 +25,11 @@ import jinja2
 from fusegen.ir import names
 from fusegen.errors import SpecError
 from fusegen.codegen.escape import c_comment, c_string
-from fusegen.files import template_text, templates_dir
+from fusegen.files import templates_dir
 from fusegen.codegen.printer import PrintedOp
+from fusegen.codegen.wrap import wrap
 from fusegen.ir.spec import OpSpec
 from fusegen.version import FUSEGEN_VERSION
-
-# Hand-written headers copied beside every op, so `--out DIR` builds without fusegen.
-# fusegen-runtime.{h,cpp} is the shared runtime: fusegen compiles it once into its own cached
-# library; a standalone build of the folder compiles it together with <name>.cpp.
-HELPERS = ("fusegen-math.h", "fusegen-cuda.cuh", "fusegen-runtime.h", "fusegen-runtime.cpp")
 
 # Output file -> (template, what the file is, for its header comment).
 TEMPLATES = {
@@ -115,7 +112,7 @@ def _jvp_args(spec: OpSpec, jvp: OpSpec | None) -> tuple[list[int], list[int]]:
     return args, [spec.scalars.index(s) for s in jvp.scalars]
 
 
-def _context(spec: OpSpec, printed: PrintedOp, jvp=None) -> dict:
+def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) -> dict:
     """Names and printed math for the templates; every C spelling is in the templates."""
     _check_names(spec)
     inputs = [Name(x, index=i) for i, x in enumerate(spec.inputs)]
@@ -142,6 +139,7 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None) -> dict:
         "dout": names.DOUT,
         "jvp_args": jvp[0] if jvp else None,  # None: no fused forward mode (an auxiliary op)
         "jvp_scalars": jvp[1] if jvp else [],
+        "grad2": grad2,  # <name>_grad2 is built beside it (its double backward)
         "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}
                  for t in COMPUTE_TYPES],
     }
@@ -166,12 +164,14 @@ def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
     env = _environment()
     files: dict[str, str] = {}
     jvp = next((a for a, _ in auxiliary if a.name == spec.name + names.JVP_SUFFIX), None)
+    grad2 = any(a.name == spec.name + names.GRAD2_SUFFIX for a, _ in auxiliary)
     for s, p in ((spec, printed),) + tuple(auxiliary):
-        context = _context(s, p, _jvp_args(spec, jvp) if s is spec else None) | {"plain_kernels": s is not spec}
+        main = s is spec
+        context = _context(s, p, _jvp_args(spec, jvp) if main else None, grad2 and main)
+        context["plain_kernels"] = not main
         for pattern, (template, role) in TEMPLATES.items():
-            files[pattern.format(name=s.name)] = env.get_template(template).render(context, file_role=role)
-    for helper in HELPERS:
-        files[helper] = template_text(helper)
+            text = env.get_template(template).render(context, file_role=role)
+            files[pattern.format(name=s.name)] = wrap(text)
     files["spec.json"] = spec.to_json(content_hash(files), [s for s, _ in auxiliary])
     return files
 

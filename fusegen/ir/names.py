@@ -19,6 +19,7 @@ from __future__ import annotations
 import keyword
 import re
 
+from fusegen import files
 from fusegen.errors import SpecError
 
 # role -> what an identifier `<role>_<name>` holds.
@@ -33,7 +34,7 @@ LOCALS = frozenset("""
     out dout n scalar_t acc_t tag grads output_mask stream dtype scalars forward backward
     forward_cpu backward_cpu forward_cuda backward_cuda forward_cuda_fp16 backward_cuda_fp16
     forward_cuda_bf16 backward_cuda_bf16
-    forward_cuda_functor backward_cuda_functor kDef registered kInputNames
+    forward_cuda_functor backward_cuda_functor kDef registered describe def kInputNames
     kScalarNames kBackwardInputs kBackwardInputNames kBackwardScalars kGrads kDoutSteps kJvpArgs kJvpScalars
     Forward Backward
     kInputs kOutputs x y zero data strides loop T
@@ -62,6 +63,10 @@ BACKWARD_SUFFIX = "_backward"
 GRAD2_SUFFIX = "_grad2"
 JVP_SUFFIX = "_jvp"
 RESERVED_SUFFIXES = (BACKWARD_SUFFIX, GRAD2_SUFFIX, JVP_SUFFIX)
+
+# The folder beside the op folders that holds the one copy of the runtime they build with
+# (generated/_runtime/): no op may be called so, or its folder would be the runtime's.
+RUNTIME_FOLDER = files.RUNTIME_FOLDER
 
 # Input names of the auxiliary ops beside the user's names: the incoming gradient of
 # <name>_grad2, the gradient arriving at grad_<x> (gg_<x>) and the tangent of <x> (t_<x>).
@@ -113,6 +118,8 @@ def check_op_name(name: object) -> str:
     if len(name) > MAX_OP_NAME:
         raise SpecError(f"op name too long ({len(name)} characters, limit {MAX_OP_NAME}): it names "
                         f"files (<name>_grad2.cpp, ...); got {name[:40]}...")
+    if name == RUNTIME_FOLDER:
+        raise SpecError(f"name {name!r} is reserved: generated/{name}/ holds the runtime every op builds with")
     for suffix in RESERVED_SUFFIXES:
         if name.endswith(suffix):
             raise SpecError(f"name must not end in '{suffix}' (fusegen registers <name>{suffix} itself), "

@@ -396,7 +396,7 @@ class Primitive:
     # derivatives.yaml's formula: (args, result, grad) -> [(argument, contribution)];
     # None for a condition (a bool: no gradient flows into it).
     backward: Callable | None
-    # C: a math function ("exp": expf in float), "fusegen::<helper>" of templates/fusegen-math.h
+    # C: a math function ("exp": expf in float), "fusegen::<helper>" of templates/runtime/fusegen-math.h
     # (overloaded per compute type), or None where printer.py has its own _print_<Node>.
     c: str | None
     eager: str                      # the eager callable, dotted ("torch.exp"): reference and composite
@@ -407,7 +407,7 @@ class Primitive:
     build: Callable | None = None   # the builder a call goes through (default: the node)
     optional: int = 0               # trailing params that may be omitted
     aliases: tuple[str, ...] = ()   # other names a call may use
-    # The C math function has a libmvec float variant (templates/fusegen-runtime.h declares
+    # The C math function has a libmvec float variant (templates/runtime/fusegen-cpu.h declares
     # it `simd`), so the CPU loop vectorizes it.
     simd: bool = False
     # The eager callable takes tensors (a number argument becomes a 0-dim tensor); False for

@@ -218,7 +218,7 @@ _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
 # can be named so (names.name_problem).
 COMPOSITE_SCHEMA = "__composite(str op, Tensor[] tensors, float[] scalars, bool[] mask) -> Tensor[]"
 # The shared runtime calls this op when an op of a family needs an auxiliary op that is not
-# loaded (templates/fusegen-runtime.cpp, find_auxiliary): `load_auxiliary`.
+# loaded (templates/runtime/fusegen-autograd.cpp, find_auxiliary): `load_auxiliary`.
 AUXILIARY_SCHEMA = "__auxiliary(str op) -> ()"
 
 

@@ -8,7 +8,7 @@ torch.onnx's exporter (torch.export, then one onnxscript function per graph node
 ONNX: there is no registry a library can add to, so the table goes with each call. The
 translation walks the op's sympy tree (functions.py's nodes, the ones the kernels compute)
 and emits, per node, the ONNX operators that compute what the kernel computes
-(`templates/fusegen-math.h`, `printer.py`), in the kernels' compute type: fp16/bf16 are
+(`templates/runtime/fusegen-math.h`, `printer.py`), in the kernels' compute type: fp16/bf16 are
 Cast to float, computed, and Cast back once, float64 stays double. Only the forward is
 exported (ONNX is for inference). Written against ONNX opset 18 (`OPSET`, torchlib's own),
 so it serves any model opset from 18 on (torch 2.13 exports opset 20 by default).

@@ -105,11 +105,11 @@ def _run(args) -> int:
             args.out, args.temporary = tmp, True
             return _run(args)
     from fusegen import api
-    from fusegen.files import write
+    from fusegen.files import RUNTIME_FOLDER, runtime_files, write
 
     say = (lambda *a: None) if args.quiet else print
     request = api.Request.of({"expr": args.expr, "name": args.name, "inputs": args.inputs,
-                          "scalars": args.scalar})
+                              "scalars": args.scalar})
     generated = api.generate(request)
     spec = generated.spec
     say(f"op       torch.ops.fusegen.{spec.name}({', '.join(spec.inputs + spec.scalars)})")
@@ -120,6 +120,7 @@ def _run(args) -> int:
     if not args.force:
         _check_overwrite(out_dir, spec)
     paths = write(generated.files, out_dir)
+    write(runtime_files(), out_dir.parent / RUNTIME_FOLDER)  # one copy for every op folder
     temporary = " (temporary: pass --out DIR or --name to keep them)" if getattr(args, "temporary", False) else ""
     say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}{temporary}")
     if args.show:

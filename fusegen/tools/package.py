@@ -2,7 +2,7 @@
 
 The project it writes is the way a hand-written extension ships: pyproject.toml, a
 setup.py with torch's CppExtension (CUDAExtension for a CUDA build), the ops' sources and
-ONE copy of the shared runtime (each generated folder holds its own identical copy), and a
+the shared runtime (`_runtime/` beside the op folders: generated/_runtime/), and a
 package whose __init__.py loads the extension with torch.ops.load_library, which registers
 torch.ops.fusegen.<name>, its backward and its auxiliary ops. The wheel is built with
 `python -m pip wheel --no-deps --no-build-isolation` (pip is always there; no network).
@@ -24,7 +24,9 @@ from fusegen.ir import names
 from fusegen.errors import FusegenError
 from fusegen.codegen.escape import c_comment, c_string, py_string, py_strings
 
-RUNTIME = ("fusegen-runtime.cpp", "fusegen-runtime.h", "fusegen-math.h", "fusegen-cuda.cuh")
+# The runtime's files, each read from `<op folder>/../_runtime/` (files.RUNTIME_FOLDER): the
+# names fusegen writes there, and no other file of that folder.
+RUNTIME = tuple(files.runtime_files())
 
 
 class PackageError(FusegenError):
@@ -44,14 +46,16 @@ def cuda_available() -> bool:
 
 def collect(folders: list[Path]) -> tuple[list[str], dict[str, bytes]]:
     """(op names, {file name: bytes}) over the folders: every op's own files once, the
-    runtime once. The same op twice (same bytes) is taken once; two different files of one
-    name (two ops called alike, or folders from different fusegen versions) is an error,
-    since one library must not register an op twice nor mix runtimes.
+    runtime once (from `_runtime/` beside each op folder). The same op twice (same bytes) is
+    taken once; two different files of one name (two ops called alike, or folders from
+    different fusegen versions) is an error, since one library must not register an op
+    twice nor mix runtimes.
 
     A folder is read as untrusted input: its spec.json must hold what fusegen writes (the
     op name checked as the CLI checks it, the expression read back through the parser),
     and of its files only the ones fusegen writes for that op are read, each a regular
-    file, not a symbolic link (which would copy any file of this machine into the wheel)."""
+    file, not a symbolic link (which would copy any file of this machine into the wheel);
+    the runtime's folder must be a real folder too."""
     ops: list[str] = []
     chosen: dict[str, bytes] = {}
     where: dict[str, Path] = {}
@@ -60,8 +64,9 @@ def collect(folders: list[Path]) -> tuple[list[str], dict[str, bytes]]:
         name, auxiliary = _read_spec(folder)
         if name not in ops:
             ops.append(name)
+        runtime = _runtime_folder(folder)
         for file_name in op_files(name, auxiliary):
-            path = folder / file_name
+            path = (runtime if file_name in RUNTIME else folder) / file_name
             data = _read_file(path)
             seen = chosen.get(file_name)
             if seen is None:
@@ -75,9 +80,24 @@ def collect(folders: list[Path]) -> tuple[list[str], dict[str, bytes]]:
     return ops, chosen
 
 
+def _runtime_folder(folder: Path) -> Path:
+    """`_runtime/` beside an op folder, which fusegen writes with it: a real folder, not a
+    symbolic link (that would read the runtime's names from anywhere)."""
+    runtime = folder.parent / files.RUNTIME_FOLDER
+    try:
+        mode = os.lstat(runtime).st_mode
+    except FileNotFoundError:
+        raise PackageError(f"{runtime}: missing (fusegen writes the runtime beside the op folders; "
+                           "regenerate the folder with this fusegen)") from None
+    if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
+        raise PackageError(f"{runtime} is {'a symbolic link' if stat.S_ISLNK(mode) else 'not a folder'}: "
+                           "the runtime beside the op folders is a folder of regular files")
+    return runtime
+
+
 def op_files(name: str, auxiliary=()) -> list[str]:
-    """What fusegen writes into generated/<name>/ besides spec.json: the op's and its
-    auxiliary ops' sources (render.TEMPLATES) and the runtime (render.HELPERS)."""
+    """What a project takes for an op: the op's and its auxiliary ops' sources
+    (render.TEMPLATES) from generated/<name>/, and the runtime from generated/_runtime/."""
     return [f"{op}{suffix}" for op in (name, *auxiliary) for suffix in (".h", ".cu", ".cpp")] + list(RUNTIME)
 
 

@@ -36,13 +36,15 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
@@ -50,7 +52,8 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return forward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return forward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 #endif

@@ -23,7 +23,8 @@ FUSEGEN_HD float forward(float in_x, float in_y, float in_w) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in float.
-FUSEGEN_HD void backward(float dout, float in_x, float in_y, float in_w, float& grad_x, float& grad_w) {
+FUSEGEN_HD void backward(float dout, float in_x, float in_y, float in_w, float& grad_x,
+    float& grad_w) {
   const float t0 = in_x + in_y;
   grad_x = dout*in_w;
   grad_w = dout*t0;
@@ -36,7 +37,8 @@ FUSEGEN_HD double forward(double in_x, double in_y, double in_w) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in double.
-FUSEGEN_HD void backward(double dout, double in_x, double in_y, double in_w, double& grad_x, double& grad_w) {
+FUSEGEN_HD void backward(double dout, double in_x, double in_y, double in_w, double& grad_x,
+    double& grad_w) {
   const double t0 = in_x + in_y;
   grad_x = dout*in_w;
   grad_w = dout*t0;

@@ -23,7 +23,8 @@ FUSEGEN_HD float forward(float in_a, float in_b, float in_t_a, float in_t_b, flo
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in float.
-FUSEGEN_HD void backward(float dout, float in_a, float in_b, float in_t_a, float in_t_b, float& grad_a, float& grad_b, float& grad_t_a, float& grad_t_b) {
+FUSEGEN_HD void backward(float dout, float in_a, float in_b, float in_t_a, float in_t_b,
+    float& grad_a, float& grad_b, float& grad_t_a, float& grad_t_b) {
   grad_a = dout*in_t_b;
   grad_b = dout*in_t_a;
   grad_t_a = dout*in_b;
@@ -36,7 +37,8 @@ FUSEGEN_HD double forward(double in_a, double in_b, double in_t_a, double in_t_b
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in double.
-FUSEGEN_HD void backward(double dout, double in_a, double in_b, double in_t_a, double in_t_b, double& grad_a, double& grad_b, double& grad_t_a, double& grad_t_b) {
+FUSEGEN_HD void backward(double dout, double in_a, double in_b, double in_t_a, double in_t_b,
+    double& grad_a, double& grad_b, double& grad_t_a, double& grad_t_b) {
   grad_a = dout*in_t_b;
   grad_b = dout*in_t_a;
   grad_t_a = dout*in_b;
@@ -49,7 +51,8 @@ template <typename T>
 struct Forward {
   static constexpr int kInputs = 5;
   static constexpr int kOutputs = 1;
-  FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1], x[2], x[3], x[4]); }
+  FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1], x[2], x[3],
+      x[4]); }
 };
 
 // The backward likewise: dout and the 4 inputs it reads in, the 4 gradients out.

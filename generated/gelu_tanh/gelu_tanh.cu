@@ -1,7 +1,13 @@
 // fusegen op `gelu_tanh`: CUDA kernels and their launchers (no torch headers)
 //
 //   out = 0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))
-//   d/dx = grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 + grad*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5
+//   d/dx = grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + grad*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) +
+//       grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + grad*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 +
+//       grad*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5
 //   backward reads: grad, x; forward+backward move 20 bytes per element in float32
 //     (the inputs: in terms of the output the gradients would read x, no fewer tensors, and
 //     the output would have to stay unmodified until backward)
@@ -38,13 +44,15 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream),
+      forward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16>(dtype, loop, static_cast<cudaStream_t>(stream),
+      forward_cuda_functor(scalars));
 }
 #endif
 
@@ -52,7 +60,8 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return forward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return forward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide>(dtype, loop, static_cast<cudaStream_t>(stream),
+      forward_cuda_functor(scalars));
 }
 #endif
 #endif
@@ -71,13 +80,15 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf, true>(dtype, loop, static_cast<cudaStream_t>(stream),
+      backward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16, true>(dtype, loop, static_cast<cudaStream_t>(stream),
+      backward_cuda_functor(scalars));
 }
 #endif
 
@@ -85,7 +96,8 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return backward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return backward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, true>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, true>(dtype, loop, static_cast<cudaStream_t>(stream),
+      backward_cuda_functor(scalars));
 }
 #endif
 #endif

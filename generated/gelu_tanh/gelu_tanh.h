@@ -1,7 +1,13 @@
 // fusegen op `gelu_tanh`: the elementwise math, shared by the CPU and CUDA kernels
 //
 //   out = 0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))
-//   d/dx = grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 + grad*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5
+//   d/dx = grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + grad*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) +
+//       grad*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + grad*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 +
+//       grad*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5
 //   backward reads: grad, x; forward+backward move 20 bytes per element in float32
 //     (the inputs: in terms of the output the gradients would read x, no fewer tensors, and
 //     the output would have to stay unmodified until backward)

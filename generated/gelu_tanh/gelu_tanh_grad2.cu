@@ -1,9 +1,57 @@
 // fusegen op `gelu_tanh_grad2`: CUDA kernels and their launchers (no torch headers)
 //
-//   out = gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 + dout*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5)
-//   d/ddout = grad*gg_x*0.5*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x))) + ((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(0.5*x)
-//   d/dx = grad*gg_x*0.044715*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) + (grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + (grad*gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x)*(0.044715*x) + (grad*gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) + (grad*gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x)*x)*0.044715 + ((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*dout*0.5
-//   d/dgg_x = grad*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 + dout*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5)
+//   out = gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) +
+//       dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 +
+//       dout*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5)
+//   d/ddout = grad*gg_x*0.5*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x))) + ((grad*gg_x*0.044715*x
+//       + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(0.5*x)
+//   d/dx = grad*gg_x*0.044715*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) +
+//       (grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) +
+//       (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x +
+//       grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + (grad*gg_x*(dout*(0.5*x)*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608) + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x +
+//       grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x)*(0.044715*x) + (grad*gg_x*(dout*(0.5*x)*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x) + (grad*gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) +
+//       (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x)*x)*0.044715 + ((grad*gg_x*0.044715*x +
+//       grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*dout*0.5
+//   d/dgg_x = grad*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x
+//       + 0.044715*x*x*x)))*0.7978845608 + dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) +
+//       dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 +
+//       dout*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5)
 //   backward reads: grad, dout, x, gg_x; forward+backward move 44 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
 //
@@ -39,13 +87,15 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
@@ -53,7 +103,8 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return forward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return forward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 #endif
@@ -72,13 +123,15 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 
@@ -86,7 +139,8 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return backward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return backward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 #endif

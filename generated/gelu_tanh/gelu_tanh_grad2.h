@@ -1,9 +1,57 @@
 // fusegen op `gelu_tanh_grad2`: the elementwise math, shared by the CPU and CUDA kernels
 //
-//   out = gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 + dout*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5)
-//   d/ddout = grad*gg_x*0.5*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x))) + ((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(0.5*x)
-//   d/dx = grad*gg_x*0.044715*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) + (grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + (grad*gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x)*(0.044715*x) + (grad*gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) + (grad*gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x)*x)*0.044715 + ((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*dout*0.5
-//   d/dgg_x = grad*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 + dout*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5)
+//   out = gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) +
+//       dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 +
+//       dout*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5)
+//   d/ddout = grad*gg_x*0.5*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x))) + ((grad*gg_x*0.044715*x
+//       + grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(0.5*x)
+//   d/dx = grad*gg_x*0.044715*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) +
+//       (grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) +
+//       (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x +
+//       grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + (grad*gg_x*(dout*(0.5*x)*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608) + (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x +
+//       grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x)*(0.044715*x) + (grad*gg_x*(dout*(0.5*x)*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x) + (grad*gg_x*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) +
+//       (grad*gg_x*0.5*dout + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*gg_x*0.044715*x + grad*gg_x*(0.044715*x))*x + grad*gg_x +
+//       grad*gg_x*(0.044715*x*x))*0.7978845608*(dout*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x)*x)*0.044715 + ((grad*gg_x*0.044715*x +
+//       grad*gg_x*(0.044715*x))*x + grad*gg_x + grad*gg_x*(0.044715*x*x))*0.7978845608*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*dout*0.5
+//   d/dgg_x = grad*(dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x
+//       + 0.044715*x*x*x)))*0.7978845608 + dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) +
+//       dout*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + dout*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 +
+//       dout*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5)
 //   backward reads: grad, dout, x, gg_x; forward+backward move 44 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
 //
@@ -31,7 +79,8 @@ FUSEGEN_HD float forward(float in_dout, float in_x, float in_gg_x) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in float.
-FUSEGEN_HD void backward(float dout, float in_dout, float in_x, float in_gg_x, float& grad_dout, float& grad_x, float& grad_gg_x) {
+FUSEGEN_HD void backward(float dout, float in_dout, float in_x, float in_gg_x, float& grad_dout,
+    float& grad_x, float& grad_gg_x) {
   const float t0 = 0.5f*in_x;
   const float t1 = in_dout*t0;
   const float t2 = 0.044715f*in_x;
@@ -52,7 +101,8 @@ FUSEGEN_HD void backward(float dout, float in_dout, float in_x, float in_gg_x, f
   const float t17 = (t11*in_dout + t16 + t16)*t5*0.7978845608f;
   const float t18 = t10*t6 + t17*in_x;
   grad_dout = t11*t8 + t15*t0;
-  grad_x = t12*t7 + t13*t6 + t17 + t17*t3 + t18*t2 + (t10*t7 + t18*in_x)*0.044715f + t15*in_dout*0.5f;
+  grad_x = t12*t7 + t13*t6 + t17 + t17*t3 + t18*t2 + (t10*t7 + t18*in_x)*0.044715f +
+      t15*in_dout*0.5f;
   grad_gg_x = dout*t9;
 }
 
@@ -72,7 +122,8 @@ FUSEGEN_HD double forward(double in_dout, double in_x, double in_gg_x) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in double.
-FUSEGEN_HD void backward(double dout, double in_dout, double in_x, double in_gg_x, double& grad_dout, double& grad_x, double& grad_gg_x) {
+FUSEGEN_HD void backward(double dout, double in_dout, double in_x, double in_gg_x,
+    double& grad_dout, double& grad_x, double& grad_gg_x) {
   const double t0 = 0.5*in_x;
   const double t1 = in_dout*t0;
   const double t2 = 0.044715*in_x;

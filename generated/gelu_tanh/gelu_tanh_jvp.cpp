@@ -1,17 +1,68 @@
 // fusegen op `gelu_tanh_jvp`: CPU kernels and the descriptor the shared runtime registers
 //
-//   out = t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 + t_x*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5
-//   d/dx = grad*0.044715*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) + (grad*0.044715*x + grad*(0.044715*x))*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + (grad*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x)*(0.044715*x) + (grad*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) + (grad*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x)*x)*0.044715 + ((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*t_x*0.5
-//   d/dt_x = grad*0.5*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x))) + ((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(0.5*x)
+//   out = t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) +
+//       t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 +
+//       t_x*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5
+//   d/dx = grad*0.044715*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) +
+//       (grad*0.044715*x + grad*(0.044715*x))*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x
+//       + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + (grad*(t_x*(0.5*x)*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x + -(((grad*0.044715*x +
+//       grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x)*(0.044715*x) + (grad*(t_x*(0.5*x)*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x) + (grad*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x)*x)*0.044715 + ((grad*0.044715*x + grad*(0.044715*x))*x +
+//       grad + grad*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*t_x*0.5
+//   d/dt_x = grad*0.5*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x))) + ((grad*0.044715*x +
+//       grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(0.5*x)
 //   backward reads: grad, x, t_x; forward+backward move 32 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
 //
 // Generated by fusegen 0.1.0; do not edit. Regenerate with:
 //   fusegen "0.5*x*(1+tanh(0.7978845608*(x+0.044715*x*x*x)))" --name gelu_tanh --inputs x
-// No torch header: the shared runtime (fusegen-runtime.cpp) checks the arguments, lays
-// them out with TensorIterator (promotion, broadcasting, strides, memory format, output
-// allocation), runs these kernels over it in parallel, and registers the op with its Meta
-// impl and autograd Function. This file is the op's entry points and its descriptor.
+//
+// Registers, when its library is loaded (register_op, in the shared runtime):
+//   fusegen::gelu_tanh_jvp(Tensor x, Tensor t_x) -> Tensor
+//   fusegen::gelu_tanh_jvp_backward(Tensor dout, Tensor in_x, Tensor in_t_x, bool[2] output_mask)
+//       -> Tensor[]
+// with CPU and Meta kernels, CUDA kernels in a CUDA build, and an Autograd kernel:
+//   reverse mode     fusegen::gelu_tanh_jvp_backward
+//   higher orders    fusegen's Python side (this op is an auxiliary op)
+//
+// No torch header: the shared runtime checks the arguments, lays them out with
+// TensorIterator (promotion, broadcasting, strides, memory format, output allocation),
+// runs these kernels over it in parallel and registers the op. This file is the op's CPU
+// entry points and its descriptor.
+#include "fusegen-cpu.h"
 #include "fusegen-runtime.h"
 #include "gelu_tanh_jvp.h"
 
@@ -25,11 +76,12 @@ void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, voi
 
 namespace {
 
-// CPU kernels: the generic loop of fusegen-runtime.h over one run of TensorIterator's
-// loop, with Forward/Backward (gelu_tanh_jvp.h) in the compute type (fp16/bf16 compute in float).
+// CPU kernels: the generic loop of fusegen-cpu.h over one run of TensorIterator's loop,
+// with Forward/Backward (gelu_tanh_jvp.h) in the compute type (fp16/bf16 compute in float).
 
 // gelu_tanh_jvp(Tensor x, Tensor t_x) -> Tensor
-void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, const double* /*scalars*/) {
+void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
+    const double* /*scalars*/) {
   run_cpu(dtype, data, strides, n, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Forward<T>{};
@@ -38,7 +90,8 @@ void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t
 
 // gelu_tanh_jvp_backward(Tensor dout, Tensor in_x, Tensor in_t_x, bool[2] output_mask) -> Tensor[]
 // data: the gradients (null when not requested), dout, the inputs the backward reads.
-void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, const double* /*scalars*/) {
+void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
+    const double* /*scalars*/) {
   run_cpu(dtype, data, strides, n, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Backward<T>{};
@@ -46,42 +99,41 @@ void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_
 }
 
 // ---------------------------------------------------------------------------------------
-// The descriptor the runtime registers: fusegen::gelu_tanh_jvp and fusegen::gelu_tanh_jvp_backward.
+// The descriptor the runtime registers.
 
 const char* const kInputNames[] = { "x", "t_x" };
-const char* const kScalarNames[] = {  };
 const int kBackwardInputs[] = { 0, 1 };
 const char* const kBackwardInputNames[] = { "x", "t_x" };
-const int kBackwardScalars[] = {  };
 
 // Per input: {output of the backward kernel (identical gradients share one) or -1,
 // number of eager steps on dout (0: dout itself; -1: not a function of dout alone), steps}.
 const GradDef kGrads[] = { {0, -1, nullptr}, {1, -1, nullptr} };
 
-const OpDef kDef = {
-    kAbi,
-    "gelu_tanh_jvp",
-    "gelu_tanh_jvp(Tensor x, Tensor t_x) -> Tensor",
-    "gelu_tanh_jvp_backward(Tensor dout, Tensor in_x, Tensor in_t_x, bool[2] output_mask) -> Tensor[]",
-    2, kInputNames,
-    0, nullptr,
-    2, kBackwardInputs, kBackwardInputNames,
-    0, nullptr,
-    2, kGrads,
-    forward_cpu,
-    backward_cpu,
+OpDef describe() {
+  OpDef def;
+  def.name = "gelu_tanh_jvp";
+  def.schema = "gelu_tanh_jvp(Tensor x, Tensor t_x) -> Tensor";
+  def.num_inputs = 2;
+  def.input_names = kInputNames;
+  def.grads = kGrads;
+  def.forward_cpu = forward_cpu;
 #ifdef FUSEGEN_WITH_CUDA
-    forward_cuda,
-    backward_cuda,
-#else
-    nullptr,
-    nullptr,
+  def.forward_cuda = forward_cuda;
 #endif
-    false,
-    -1, nullptr,
-    0, nullptr,
-};
+  def.backward_schema = "gelu_tanh_jvp_backward(Tensor dout, Tensor in_x, Tensor in_t_x, bool[2] "
+      "output_mask) -> Tensor[]";
+  def.num_kernel_grads = 2;
+  def.num_backward_inputs = 2;
+  def.backward_inputs = kBackwardInputs;
+  def.backward_input_names = kBackwardInputNames;
+  def.backward_cpu = backward_cpu;
+#ifdef FUSEGEN_WITH_CUDA
+  def.backward_cuda = backward_cuda;
+#endif
+  return def;
+}
 
+const OpDef kDef = describe();
 [[maybe_unused]] const bool registered = register_op(kDef);
 
 }  // namespace

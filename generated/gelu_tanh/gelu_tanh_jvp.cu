@@ -1,8 +1,49 @@
 // fusegen op `gelu_tanh_jvp`: CUDA kernels and their launchers (no torch headers)
 //
-//   out = t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 + t_x*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5
-//   d/dx = grad*0.044715*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) + (grad*0.044715*x + grad*(0.044715*x))*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608 + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + (grad*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x)*(0.044715*x) + (grad*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) + (grad*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x)*x)*0.044715 + ((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*t_x*0.5
-//   d/dt_x = grad*0.5*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x))) + ((grad*0.044715*x + grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(0.5*x)
+//   out = t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) +
+//       t_x*(0.5*x)*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x*(0.044715*x) + t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x*x*0.044715 +
+//       t_x*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.5
+//   d/dx = grad*0.044715*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608*x) +
+//       (grad*0.044715*x + grad*(0.044715*x))*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608 + (grad*0.5*t_x + -(((grad*0.044715*x + grad*(0.044715*x))*x
+//       + grad + grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)) + -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*(0.044715*x*x) + (grad*(t_x*(0.5*x)*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x + -(((grad*0.044715*x +
+//       grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x)*(0.044715*x) + (grad*(t_x*(0.5*x)*(1 -
+//       tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x) + (grad*(t_x*(0.5*x)*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*0.7978845608) + (grad*0.5*t_x +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x + 0.044715*x*x*x)) +
+//       -(((grad*0.044715*x + grad*(0.044715*x))*x + grad +
+//       grad*(0.044715*x*x))*0.7978845608*(t_x*(0.5*x)))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*(1 - tanh(0.7978845608*(x + 0.044715*x*x*x))*tanh(0.7978845608*(x +
+//       0.044715*x*x*x)))*0.7978845608*x)*x)*0.044715 + ((grad*0.044715*x + grad*(0.044715*x))*x +
+//       grad + grad*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*t_x*0.5
+//   d/dt_x = grad*0.5*(1 + tanh(0.7978845608*(x + 0.044715*x*x*x))) + ((grad*0.044715*x +
+//       grad*(0.044715*x))*x + grad + grad*(0.044715*x*x))*0.7978845608*(1 - tanh(0.7978845608*(x +
+//       0.044715*x*x*x))*tanh(0.7978845608*(x + 0.044715*x*x*x)))*(0.5*x)
 //   backward reads: grad, x, t_x; forward+backward move 32 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
 //
@@ -38,13 +79,15 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
@@ -52,7 +95,8 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return forward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return forward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 #endif
@@ -71,13 +115,15 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 
@@ -85,7 +131,8 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return backward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return backward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 #endif

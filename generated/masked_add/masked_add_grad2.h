@@ -24,7 +24,8 @@ FUSEGEN_HD float forward(float in_dout, float in_x, float in_y, float in_gg_x) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in float.
-FUSEGEN_HD void backward(float dout, float in_dout, float in_x, float in_y, float in_gg_x, float& grad_dout, float& grad_x, float& grad_gg_x) {
+FUSEGEN_HD void backward(float dout, float in_dout, float in_x, float in_y, float in_gg_x,
+    float& grad_dout, float& grad_x, float& grad_gg_x) {
   const float t0 = (in_x + in_y > 0.0f ? 1.0f : 0.0f);
   const float t1 = in_dout*t0;
   grad_dout = dout*in_gg_x*t0;
@@ -40,7 +41,8 @@ FUSEGEN_HD double forward(double in_dout, double in_x, double in_y, double in_gg
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in double.
-FUSEGEN_HD void backward(double dout, double in_dout, double in_x, double in_y, double in_gg_x, double& grad_dout, double& grad_x, double& grad_gg_x) {
+FUSEGEN_HD void backward(double dout, double in_dout, double in_x, double in_y, double in_gg_x,
+    double& grad_dout, double& grad_x, double& grad_gg_x) {
   const double t0 = (in_x + in_y > 0.0 ? 1.0 : 0.0);
   const double t1 = in_dout*t0;
   grad_dout = dout*in_gg_x*t0;

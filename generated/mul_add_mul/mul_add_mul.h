@@ -22,7 +22,8 @@ FUSEGEN_HD float forward(float in_a, float in_b, float in_c) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in float.
-FUSEGEN_HD void backward(float dout, float in_a, float in_b, float in_c, float& grad_a, float& grad_b) {
+FUSEGEN_HD void backward(float dout, float in_a, float in_b, float in_c, float& grad_a,
+    float& grad_b) {
   grad_a = dout*in_c + dout*in_b;
   grad_b = dout*in_a;
 }
@@ -33,7 +34,8 @@ FUSEGEN_HD double forward(double in_a, double in_b, double in_c) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in double.
-FUSEGEN_HD void backward(double dout, double in_a, double in_b, double in_c, double& grad_a, double& grad_b) {
+FUSEGEN_HD void backward(double dout, double in_a, double in_b, double in_c, double& grad_a,
+    double& grad_b) {
   grad_a = dout*in_c + dout*in_b;
   grad_b = dout*in_a;
 }

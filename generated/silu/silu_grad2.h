@@ -2,7 +2,8 @@
 //
 //   out = gg_x*(dout*sigmoid(x) + dout*x*(1 - sigmoid(x))*sigmoid(x))
 //   d/ddout = grad*gg_x*sigmoid(x)*(1 - sigmoid(x))*x + grad*gg_x*sigmoid(x)
-//   d/dx = grad*gg_x*sigmoid(x)*(1 - sigmoid(x))*dout + (grad*gg_x*(dout*x*(1 - sigmoid(x))) + -(grad*gg_x*sigmoid(x)*(dout*x)) + grad*gg_x*dout)*(1 - sigmoid(x))*sigmoid(x)
+//   d/dx = grad*gg_x*sigmoid(x)*(1 - sigmoid(x))*dout + (grad*gg_x*(dout*x*(1 - sigmoid(x))) +
+//       -(grad*gg_x*sigmoid(x)*(dout*x)) + grad*gg_x*dout)*(1 - sigmoid(x))*sigmoid(x)
 //   d/dgg_x = grad*(dout*sigmoid(x) + dout*x*(1 - sigmoid(x))*sigmoid(x))
 //   backward reads: grad, dout, x, gg_x; forward+backward move 44 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
@@ -26,7 +27,8 @@ FUSEGEN_HD float forward(float in_dout, float in_x, float in_gg_x) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in float.
-FUSEGEN_HD void backward(float dout, float in_dout, float in_x, float in_gg_x, float& grad_dout, float& grad_x, float& grad_gg_x) {
+FUSEGEN_HD void backward(float dout, float in_dout, float in_x, float in_gg_x, float& grad_dout,
+    float& grad_x, float& grad_gg_x) {
   const float t0 = fusegen::sigmoid(in_x);
   const float t1 = in_dout*in_x;
   const float t2 = 1.0f - t0;
@@ -51,7 +53,8 @@ FUSEGEN_HD double forward(double in_dout, double in_x, double in_gg_x) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in double.
-FUSEGEN_HD void backward(double dout, double in_dout, double in_x, double in_gg_x, double& grad_dout, double& grad_x, double& grad_gg_x) {
+FUSEGEN_HD void backward(double dout, double in_dout, double in_x, double in_gg_x,
+    double& grad_dout, double& grad_x, double& grad_gg_x) {
   const double t0 = fusegen::sigmoid(in_x);
   const double t1 = in_dout*in_x;
   const double t2 = 1.0 - t0;

@@ -1,7 +1,8 @@
 // fusegen op `silu_jvp`: CUDA kernels and their launchers (no torch headers)
 //
 //   out = t_x*sigmoid(x) + t_x*x*(1 - sigmoid(x))*sigmoid(x)
-//   d/dx = grad*sigmoid(x)*(1 - sigmoid(x))*t_x + (grad*(t_x*x*(1 - sigmoid(x))) + -(grad*sigmoid(x)*(t_x*x)) + grad*t_x)*(1 - sigmoid(x))*sigmoid(x)
+//   d/dx = grad*sigmoid(x)*(1 - sigmoid(x))*t_x + (grad*(t_x*x*(1 - sigmoid(x))) +
+//       -(grad*sigmoid(x)*(t_x*x)) + grad*t_x)*(1 - sigmoid(x))*sigmoid(x)
 //   d/dt_x = grad*sigmoid(x)*(1 - sigmoid(x))*x + grad*sigmoid(x)
 //   backward reads: grad, x, t_x; forward+backward move 32 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
@@ -38,13 +39,15 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 
@@ -52,7 +55,8 @@ void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return forward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return forward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), forward_cuda_functor(scalars));
 }
 #endif
 #endif
@@ -71,13 +75,15 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kHalf, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kBFloat16, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 
@@ -85,7 +91,8 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return backward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return backward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop, static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
+  run_cuda<DtypeGroup::kWide, false, Kernels::kPlain>(dtype, loop,
+      static_cast<cudaStream_t>(stream), backward_cuda_functor(scalars));
 }
 #endif
 #endif

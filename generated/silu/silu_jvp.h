@@ -1,7 +1,8 @@
 // fusegen op `silu_jvp`: the elementwise math, shared by the CPU and CUDA kernels
 //
 //   out = t_x*sigmoid(x) + t_x*x*(1 - sigmoid(x))*sigmoid(x)
-//   d/dx = grad*sigmoid(x)*(1 - sigmoid(x))*t_x + (grad*(t_x*x*(1 - sigmoid(x))) + -(grad*sigmoid(x)*(t_x*x)) + grad*t_x)*(1 - sigmoid(x))*sigmoid(x)
+//   d/dx = grad*sigmoid(x)*(1 - sigmoid(x))*t_x + (grad*(t_x*x*(1 - sigmoid(x))) +
+//       -(grad*sigmoid(x)*(t_x*x)) + grad*t_x)*(1 - sigmoid(x))*sigmoid(x)
 //   d/dt_x = grad*sigmoid(x)*(1 - sigmoid(x))*x + grad*sigmoid(x)
 //   backward reads: grad, x, t_x; forward+backward move 32 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
@@ -45,7 +46,8 @@ FUSEGEN_HD double forward(double in_x, double in_t_x) {
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in double.
-FUSEGEN_HD void backward(double dout, double in_x, double in_t_x, double& grad_x, double& grad_t_x) {
+FUSEGEN_HD void backward(double dout, double in_x, double in_t_x, double& grad_x,
+    double& grad_t_x) {
   const double t0 = fusegen::sigmoid(in_x);
   const double t1 = in_t_x*in_x;
   const double t2 = 1.0 - t0;

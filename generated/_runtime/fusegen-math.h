@@ -1,0 +1,68 @@
+// fusegen-math.h: math helpers shared by every generated op, on the host and the device.
+// No torch headers here: the CUDA kernels include this and compile with nvcc in seconds.
+#ifndef FUSEGEN_MATH_H_
+#define FUSEGEN_MATH_H_
+
+#include <cmath>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define FUSEGEN_HD __host__ __device__ __forceinline__
+#else
+#define FUSEGEN_HD inline
+#endif
+
+namespace fusegen {
+
+// Storage dtypes the kernels are instantiated for. The host side maps at::ScalarType to
+// this, so the .cu files never see a torch header.
+enum class Dtype : int { kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kBFloat16 = 3 };
+
+// torch.maximum/minimum propagate NaN; C's fmaxf/fminf return the other operand instead.
+// A tie returns b, as torch's vectorized kernels do (it matters only for -0.0 vs 0.0).
+template <typename T>
+FUSEGEN_HD T maximum(T a, T b) {
+  return (a != a || a > b) ? a : b;
+}
+
+template <typename T>
+FUSEGEN_HD T minimum(T a, T b) {
+  return (a != a || a < b) ? a : b;
+}
+
+// torch.clamp with a number bound: std::max(x, lo) and std::min(x, hi). A NaN x stays
+// NaN and a tie keeps x (clamp(-0.0, min=0) is -0.0), as torch's kernels compute it.
+template <typename T>
+FUSEGEN_HD T clamp_min(T x, T lo) {
+  return x < lo ? lo : x;
+}
+
+template <typename T>
+FUSEGEN_HD T clamp_max(T x, T hi) {
+  return hi < x ? hi : x;
+}
+
+// torch.relu is clamp_min(x, 0): relu(NaN) is NaN, relu(-0.0) is -0.0.
+template <typename T>
+FUSEGEN_HD T relu(T x) {
+  return clamp_min(x, T(0));
+}
+
+// torch.sign: -1, 0 or 1, and 0 for NaN.
+template <typename T>
+FUSEGEN_HD T sign(T x) {
+  return static_cast<T>((T(0) < x) - (x < T(0)));
+}
+
+FUSEGEN_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+FUSEGEN_HD double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+// F.softplus(x) (beta 1, threshold 20), as torch's kernel computes it: x above the
+// threshold, else log1p(exp(x)). Stable at both ends: exp never overflows (x <= 20), and
+// log1p keeps the digits of a tiny exp(x) (large negative x gives exp(x), not 0).
+FUSEGEN_HD float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+FUSEGEN_HD double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+
+}  // namespace fusegen
+
+#endif  // FUSEGEN_MATH_H_

@@ -1,0 +1,142 @@
+// fusegen-registration.cpp: register_op, which turns an op's OpDef into the schemas
+// fusegen::<name> and fusegen::<name>_backward with boxed CPU, Meta, CUDA and Autograd
+// kernels (TORCH_LIBRARY fragments made at run time: one per op and dispatch key).
+#include "fusegen-runtime-impl.h"
+
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// Internal to the runtime library: not exported beside register_op.
+#pragma GCC visibility push(hidden)
+
+namespace fusegen::rt {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Boxed kernels: one class, told which op, which of its two schemas and which dispatch key.
+
+enum class Key { kCpu, kMeta, kCuda, kAutograd };
+
+class Kernel final : public c10::OperatorKernel {
+ public:
+  Kernel(const Op* op, bool backward, Key key) : op_(op), backward_(backward), key_(key) {}
+
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+    if (key_ == Key::kAutograd) {
+      run_autograd(*op_, backward_, handle, keys, stack);
+      return;
+    }
+    const OpDef& def = *op_->def;
+    if (!backward_) {
+      ForwardArgs a(def, *stack);
+      at::Tensor out = run_forward(*op_, device(), a);
+      torch::jit::drop(*stack, def.num_inputs + def.num_scalars);
+      stack->emplace_back(std::move(out));
+    } else {
+      BackwardArgs a(def, *stack);
+      std::vector<at::Tensor> out = run_backward(*op_, device(), a);
+      torch::jit::drop(*stack, 1 + def.num_backward_inputs + def.num_backward_scalars + 1);
+      stack->emplace_back(std::move(out));
+    }
+  }
+
+ private:
+  Device device() const {
+    return key_ == Key::kCpu ? Device::kCpu : key_ == Key::kMeta ? Device::kMeta : Device::kCuda;
+  }
+
+  const Op* op_;
+  bool backward_;
+  Key key_;
+};
+
+// The registrations, alive for the rest of the process (never destroyed: unregistering at
+// exit, after torch's own teardown began, is not worth the risk). Function-local statics:
+// an op compiled into the same library (a standalone build) may register from its static
+// initializer before this file's namespace-scope objects would have been constructed.
+std::mutex& registry_mutex() {
+  static std::mutex* mutex = new std::mutex();
+  return *mutex;
+}
+
+std::vector<torch::Library*>& libraries() {
+  static std::vector<torch::Library*>* all = new std::vector<torch::Library*>();
+  return *all;
+}
+
+std::unordered_map<std::string, const Op*>& registry() {
+  static auto* ops = new std::unordered_map<std::string, const Op*>();
+  return *ops;
+}
+
+}  // namespace
+
+const Op* find_op(const std::string& name) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  const auto it = registry().find(name);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+}  // namespace fusegen::rt
+#pragma GCC visibility pop
+
+namespace fusegen {
+
+using namespace rt;  // NOLINT: the runtime's own internals
+
+bool register_op(const OpDef& def) {
+  TORCH_CHECK(def.abi == kAbi, "fusegen::", def.name, ": built against fusegen-runtime.h ABI ",
+              def.abi, ", but the runtime has ABI ", kAbi, "; rebuild the op");
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  Op* op = new Op{&def,
+                  def.name,
+                  std::string(def.name) + "_backward",
+                  "fusegen::" + std::string(def.name) + "_backward",
+                  "FusedBackward(fusegen::" + std::string(def.name) + ")",
+                  "FusedDoubleBackward(fusegen::" + std::string(def.name) + "_backward)",
+                  std::nullopt,
+                  std::nullopt};
+  const char* file = "fusegen-registration.cpp";
+  auto* defs =
+      new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
+  defs->def(def.schema);
+  if (op->has_backward()) defs->def(def.backward_schema);
+  libraries().push_back(defs);
+  registry()[op->name] = op;
+  op->forward_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(("fusegen::" + op->name).c_str(), "");
+  if (op->has_backward()) {
+    op->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(
+        ("fusegen::" + op->backward_name).c_str(), "");
+  }
+  const std::pair<c10::DispatchKey, Key> keys[] = {
+      {c10::DispatchKey::CPU, Key::kCpu},
+      {c10::DispatchKey::Meta, Key::kMeta},
+      {c10::DispatchKey::CUDA, Key::kCuda},
+      {c10::DispatchKey::Autograd, Key::kAutograd},
+  };
+  for (const auto& [dispatch_key, key] : keys) {
+#ifndef FUSEGEN_WITH_CUDA
+    if (key == Key::kCuda) continue;  // a runtime built without CUDA
+#endif
+    if (key == Key::kCuda && def.forward_cuda == nullptr) continue;  // an op built without CUDA
+    auto* impls = new torch::Library(torch::Library::IMPL, "fusegen", dispatch_key, file, __LINE__);
+    impls->impl(op->name.c_str(),
+                torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(op, false, key)));
+    if (op->has_backward()) {
+      impls->impl(op->backward_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                                 std::make_unique<Kernel>(op, true, key)));
+    }
+    libraries().push_back(impls);
+  }
+  return true;
+}
+
+}  // namespace fusegen

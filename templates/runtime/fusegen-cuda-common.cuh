@@ -1,0 +1,302 @@
+// fusegen-cuda-common.cuh: what every CUDA kernel of fusegen shares: the 16-bit storage
+// types' conversions, 16-byte vectors, dtype dispatch, launch sizes, the operands'
+// pointers, the offset calculator and F applied to one vector. No torch header: a .cu
+// that includes none compiles in seconds, not half a minute.
+#ifndef FUSEGEN_CUDA_COMMON_CUH_
+#define FUSEGEN_CUDA_COMMON_CUH_
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "fusegen-half.h"
+#include "fusegen-math.h"
+#include "fusegen-runtime.h"
+
+namespace fusegen {
+
+// fp16 and bf16 are stored narrow and computed in float, as PyTorch's opmath does. The
+// storage types are fusegen-half.h's 16-bit Half and BFloat16, converted with the very
+// instructions cuda_fp16.h and cuda_bf16.h use (cvt.f32.f16, cvt.rn.f16.f32, a 16-bit shift,
+// cvt.rn.bf16.f32), so results are bit-identical to __half2float, __float2half_rn,
+// __bfloat162float and __float2bfloat16_rn. Those two headers are not included: they cost
+// about 2 s of every op's nvcc run.
+template <typename T> struct AccType { using type = T; };
+template <> struct AccType<Half> { using type = float; };
+template <> struct AccType<BFloat16> { using type = float; };
+template <typename T> using acc_t = typename AccType<T>::type;
+
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+__device__ __forceinline__ float to_acc(Half x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.x));
+  return f;
+}
+__device__ __forceinline__ float to_acc(BFloat16 x) {
+  return __uint_as_float(static_cast<unsigned>(x.x) << 16);
+}
+
+template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> x) { return x; }
+template <> __device__ __forceinline__ Half from_acc<Half>(float x) {
+  Half h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(x));
+  return h;
+}
+template <> __device__ __forceinline__ BFloat16 from_acc<BFloat16>(float x) {
+  BFloat16 b;
+#if __CUDA_ARCH__ >= 800
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b.x) : "f"(x));
+#else
+  // cuda_bf16.hpp's path before sm_80: round to nearest even, NaN to the canonical 0x7fff.
+  const unsigned u = __float_as_uint(x);
+  b.x = (u & 0x7fffffffu) > 0x7f800000u
+            ? 0x7fff
+            : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+  return b;
+}
+
+// kVec elements moved as one 16-byte access (float4 for fp32, 8 x fp16/bf16, 2 x fp64).
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Vec {
+  T v[kVec];
+};
+template <typename T> constexpr int kVecWidth = 16 / sizeof(T);
+
+template <int kVec, typename T>
+__device__ __forceinline__ Vec<T, kVec> load(const T* __restrict__ base, int64_t index) {
+  return reinterpret_cast<const Vec<T, kVec>*>(base)[index];
+}
+
+template <int kVec, typename T>
+__device__ __forceinline__ void store(T* __restrict__ base, int64_t index,
+                                      const Vec<T, kVec>& value) {
+  reinterpret_cast<Vec<T, kVec>*>(base)[index] = value;
+}
+
+template <typename T> struct TypeTag { using type = T; };
+
+// The dtypes in groups, each compiled in nvcc units of its own when a build has cores to
+// spare (op_kernels.cu.j2): fp32 with fp64 (whose kernels are few: contiguous and
+// strided), fp16, and bf16. The kernels of four dtypes are most of a new op's nvcc time.
+enum class DtypeGroup { kWide, kHalf, kBFloat16 };
+
+// Calls f(TypeTag<storage type>{}) for the runtime dtype, one of kGroup's: the one choice
+// among dtypes.
+template <DtypeGroup kGroup, typename F>
+void dispatch_dtype(Dtype dtype, F&& f) {
+  if constexpr (kGroup == DtypeGroup::kHalf) {
+    f(TypeTag<Half>{});
+  } else if constexpr (kGroup == DtypeGroup::kBFloat16) {
+    f(TypeTag<BFloat16>{});
+  } else if (dtype == Dtype::kFloat64) {
+    f(TypeTag<double>{});
+  } else {
+    f(TypeTag<float>{});
+  }
+}
+
+constexpr int kThreads = 256;
+
+// One block per kThreads * kUnroll vectors (or elements), as many blocks as that takes:
+// no cap at one wave of resident blocks. Measured on the H200 at n = 2^27
+// (tests/gpu/kernel_probe.py): capping the contiguous kernel's grid at one wave and
+// striding over the rest costs 5 % (a*b+c fp32) to 16 % (silu bf16) against the uncapped
+// grid, which reaches the copy rate of the same bytes; the block scheduler refills an SM
+// the moment a block ends, while a grid-stride loop waits for its slowest thread. The
+// grid-stride loops stay, for more blocks than a grid may have.
+inline unsigned grid_size(int64_t items) {
+  constexpr int64_t kMaxBlocks = (int64_t(1) << 31) - 1;
+  return static_cast<unsigned>(items < 1 ? 1 : items < kMaxBlocks ? items : kMaxBlocks);
+}
+
+// CUDA's limits for gridDim.y and .z (x goes to 2^31 - 1), and the dynamic shared memory a
+// launch may ask for without opting in.
+constexpr int64_t kMaxGridY = 65535;
+constexpr size_t kMaxSharedBytes = 48 * 1024;
+
+constexpr int kMaxDevices = 64;
+
+// Multiprocessor count of the current device, asked once per device.
+inline int sm_count() {
+  static std::atomic<int> cache[kMaxDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 0 || device >= kMaxDevices) device = 0;
+  int count = cache[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    count = count > 0 ? count : 1;
+    cache[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// Blocks of `kernel` resident on one SM at once (registers decide: a backward with many
+// operands keeps fewer), asked once per kernel; the kernels are compiled for the one
+// architecture of the machine that builds them, so one answer holds for its devices.
+template <auto kKernel>
+int blocks_per_sm() {
+  static const int blocks = [] {
+    int b = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kThreads, 0);
+    return b > 0 ? b : 1;
+  }();
+  return blocks;
+}
+
+// The strided kernel is the exception: its software pipeline (below) needs several
+// elements per thread, and on the H200 an uncapped grid made it 10-40 % slower (a sliced
+// input, fp32 and bf16), so its grid is capped at one full wave of resident blocks.
+template <auto kKernel>
+unsigned wave_grid_size(int64_t items) {
+  const int64_t cap = int64_t(sm_count()) * blocks_per_sm<kKernel>();
+  return grid_size(items < cap ? items : cap);
+}
+
+// The data pointers of a kernel's operands, by value: outputs first (null: not wanted),
+// then inputs, as the runtime's CudaLoop orders them.
+template <int kN>
+struct Pointers {
+  char* p[kN];
+};
+
+template <int kN>
+Pointers<kN> pointers_of(const CudaLoop& loop) {
+  Pointers<kN> p;
+  for (int k = 0; k < kN; ++k) p.p[k] = loop.data[k];
+  return p;
+}
+
+// Division by a fixed divisor as a multiply and a shift (Granlund and Montgomery, as
+// PyTorch's IntDivider): q = (umulhi(n, magic) + n) >> shift. Two widths: 32-bit, exact for
+// n < 2^31 and divisor in [1, 2^31] (one mul.hi: the strided kernel's index math is most of
+// its work, and a 64-bit umulhi is several instructions), and 64-bit, exact for n < 2^63
+// and divisor in [1, 2^63).
+template <typename U>
+struct IntDivider {
+  U divisor;
+  U magic;
+  unsigned shift;
+
+  IntDivider() = default;
+  explicit IntDivider(U d) : divisor(d), shift(0) {
+    constexpr unsigned kBits = sizeof(U) * 8;
+    while (shift < kBits - 1 && (U(1) << shift) < d) ++shift;
+    const unsigned __int128 one = 1;
+    magic = static_cast<U>(((one << kBits) * ((one << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ U div(U n) const {
+    if constexpr (sizeof(U) == 4) {
+      return (__umulhi(n, magic) + n) >> shift;
+    } else {
+      return (__umul64hi(n, magic) + n) >> shift;
+    }
+  }
+};
+
+// A linear element index -> the byte offset of each operand, for any layout TensorIterator
+// produces (broadcast: stride 0; transposed; sliced; channels_last): sizes with dimension
+// 0 the fastest, as the runtime passes them. Index is uint32_t when the element count and
+// every operand's byte span fit in 31 bits (fits_32bit), else uint64_t, so more than 2^31
+// elements work.
+template <int kN, typename Index>
+struct OffsetCalculator {
+  using Offset = std::make_signed_t<Index>;
+  int ndim;
+  IntDivider<Index> sizes[kMaxDims];
+  Offset strides[kMaxDims][kN];
+
+  // Unrolled over kMaxDims (every size and stride an operand of the instructions, no
+  // loads): the strided kernel's per-element path. Rolled (`rolled`: sizes and strides
+  // read from the kernel's parameters at run time): a third of the code, for the kernels
+  // that call it once per vector or per block, where a new op's nvcc time matters more
+  // (the vector and tiled kernels cost +1 s per nvcc unit unrolled, +0.1 s rolled).
+  template <bool kRolled = false>
+  __device__ __forceinline__ void offsets(Index linear, Offset (&out)[kN]) const {
+#pragma unroll
+    for (int k = 0; k < kN; ++k) out[k] = 0;
+    Index rest = linear;
+    if constexpr (kRolled) {
+#pragma unroll 1
+      for (int d = 0; d < ndim; ++d) step(d, rest, out);
+    } else {
+#pragma unroll
+      for (int d = 0; d < kMaxDims; ++d) {
+        if (d == ndim) break;
+        step(d, rest, out);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void step(int d, Index& rest, Offset (&out)[kN]) const {
+    const Index q = sizes[d].div(rest);
+    const Offset index = static_cast<Offset>(rest - q * sizes[d].divisor);
+    rest = q;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) out[k] += index * strides[d][k];
+  }
+};
+
+// The one elementwise kernel shape, for any F (Forward, Backward, or any later function of
+// F::kInputs inputs and F::kOutputs outputs, fusegen-runtime.h): F runs in the compute type
+// on values loaded as T.
+//
+// Bytes in flight: a grid-stride loop that loads one 16-byte vector per input, computes,
+// stores and only then loads the next keeps one access per tensor in flight per thread.
+// The contiguous kernel loads kUnroll vectors per input before any math (each one more
+// copy of F's math in the kernel: compile time, a new op's nvcc run, grows with it, hence
+// 2); the strided kernel keeps the next element's inputs in flight while it computes one
+// (a software pipeline, so its offset calculator, the larger part of its code, has one
+// call site).
+constexpr int kUnroll = 2;
+constexpr int kDepth = 2;
+
+// F over the kVec elements of a vector of each input; `visit(e, x, y)` sees element e's
+// inputs and outputs in the compute type, before the outputs are rounded to T (the
+// accumulating kernel sums them unrounded).
+struct NoVisit {
+  template <typename A>
+  __device__ __forceinline__ void operator()(int, const A*, const A*) const {}
+};
+
+// Element e of a vector in the compute type. A bf16 pair is read from its 32-bit word (a
+// shift or a mask: bf16 is a float's upper half), so that the vector stays in words: read
+// element by element, nvcc splits each word into two 16-bit registers (a byte permute
+// each) and merges the loaded and repeated forms of an operand per element (48 byte
+// permutes per bf16 vector of three inputs in the vector kernel, 24 in the contiguous one).
+template <typename T, int kVec>
+__device__ __forceinline__ acc_t<T> element(const Vec<T, kVec>& v, int e) {
+  if constexpr (std::is_same_v<T, BFloat16> && kVec % 2 == 0) {
+    uint32_t word;
+    memcpy(&word, &v.v[e & ~1], sizeof word);
+    return __uint_as_float(e % 2 ? word & 0xffff0000u : word << 16);
+  } else {
+    return to_acc(v.v[e]);
+  }
+}
+
+template <typename T, int kVec, typename F, typename Visit = NoVisit>
+__device__ __forceinline__ void compute_vector(
+    const Vec<T, kVec> (&x_v)[F::kInputs > 0 ? F::kInputs : 1], Vec<T, kVec> (&y_v)[F::kOutputs],
+    const F& f, Visit visit = {}) {
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    acc_t<T> x[F::kInputs > 0 ? F::kInputs : 1];
+    acc_t<T> y[F::kOutputs];
+#pragma unroll
+    for (int j = 0; j < F::kInputs; ++j) x[j] = element(x_v[j], e);
+    f(x, y);
+    visit(e, x, y);
+#pragma unroll
+    for (int k = 0; k < F::kOutputs; ++k) y_v[k].v[e] = from_acc<T>(y[k]);
+  }
+}
+
+}  // namespace fusegen
+
+#endif  // FUSEGEN_CUDA_COMMON_CUH_

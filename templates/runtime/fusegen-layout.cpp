@@ -1,0 +1,609 @@
+// fusegen-layout.cpp: how every call of an op is checked and laid out before its kernels
+// run: undefined, mixed-device and non-floating arguments refused with the argument's
+// name, torch's type promotion, the layout by ATen's TensorIterator (broadcasting,
+// strides, memory format, output allocation; on Meta tensors too, so that the Meta impl's
+// strides are the real impl's), the parallel CPU loop over it and the CUDA launch.
+#include "fusegen-runtime-impl.h"
+
+#include "fusegen-half.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/native/TypeProperties.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/full.h>
+
+#ifdef FUSEGEN_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <utility>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+// The fp16/bf16 conversions of the CPU loop use F16C and AVX2 in functions of their own,
+// chosen at run time, so that the library still loads on any x86-64 machine.
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define FUSEGEN_X86_CONVERT 1
+#include <immintrin.h>
+#endif
+
+// Internal to the runtime library: not exported beside register_op.
+#pragma GCC visibility push(hidden)
+
+namespace fusegen::rt {
+
+// Elements per CPU task: large enough that at::parallel_for's overhead is noise.
+constexpr int64_t kCpuGrain = 32768;
+
+bool is_computed_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// A 0-dim CPU tensor is allowed with tensors of any device, as eager allows it.
+bool is_cpu_scalar(const at::Tensor& t) { return t.dim() == 0 && t.device().is_cpu(); }
+
+// Undefined tensors (None from Python) fail here with the op's and the argument's name,
+// before anything asks them for a size, dtype or device.
+void check_defined(const std::string& op, const Args& args) {
+  for (const Arg& arg : args) {
+    TORCH_CHECK(arg.tensor.defined(), "fusegen::", op, ": argument '", arg.name,
+                "' is None (an undefined tensor); expected a tensor");
+  }
+}
+
+// The device the op runs on: that of the first argument that is not a 0-dim CPU tensor.
+const Arg& device_arg(const Args& args) {
+  for (const Arg& arg : args) {
+    if (!is_cpu_scalar(arg.tensor)) return arg;
+  }
+  return args.front();
+}
+
+// Checks every argument (defined, a real dtype, one device) and returns the dtype the op
+// computes and returns in: torch's type promotion over the arguments, as eager does (bool
+// and integer tensors promote, a 0-dim tensor only within its category). The kernels
+// compute in floating point, so a promoted type that is not floating (every argument
+// integer or bool, where eager's `a*b+c` would return an integer tensor and its `sigmoid`
+// a float one) is refused rather than returned in a dtype eager would not give.
+at::ScalarType check_args(const std::string& op, const Args& args) {
+  check_defined(op, args);
+  const Arg& first = device_arg(args);
+  at::native::ResultTypeState state = {};
+  for (const Arg& arg : args) {
+    const at::Tensor& t = arg.tensor;
+    const at::ScalarType type = t.scalar_type();
+    TORCH_CHECK(is_computed_dtype(type) || at::isIntegralType(type, /*includeBool=*/true),
+                "fusegen::", op, ": argument '", arg.name,
+                "' must be a floating, integer or bool tensor, got ", type);
+    TORCH_CHECK(t.device() == first.tensor.device() || is_cpu_scalar(t), "fusegen::", op,
+                ": argument '", arg.name, "' is on ", t.device(), ", expected ",
+                first.tensor.device(), " (the device of '", first.name, "')");
+    state = at::native::update_result_type_state(t, state);
+  }
+  const at::ScalarType dtype = at::native::result_type(state);
+  if (!is_computed_dtype(dtype)) {
+    std::string types;
+    for (const Arg& arg : args)
+      types += std::string(types.empty() ? "" : ", ") + arg.name + ": " +
+               c10::toString(arg.tensor.scalar_type());
+    TORCH_CHECK(
+        false, "fusegen::", op, ": the arguments promote to ", dtype, " (", types,
+        "), but fusegen computes in float32, float64, float16 or bfloat16; make one argument "
+        "floating (e.g. a.float()), or pass a float number");
+  }
+  return dtype;
+}
+
+// The broadcast shape of all arguments, with an error that names the one that does not fit.
+c10::SymDimVector broadcast_shape(const std::string& op, const Args& args) {
+  c10::SymDimVector shape;
+  for (const Arg& arg : args) {
+    const c10::SymIntArrayRef sizes = arg.tensor.sym_sizes();
+    const size_t ndim = std::max(shape.size(), sizes.size());
+    c10::SymDimVector merged(ndim, c10::SymInt(1));
+    for (size_t i = 0; i < ndim; ++i) {
+      const c10::SymInt a =
+          i < ndim - shape.size() ? c10::SymInt(1) : shape[i - (ndim - shape.size())];
+      const c10::SymInt b =
+          i < ndim - sizes.size() ? c10::SymInt(1) : sizes[i - (ndim - sizes.size())];
+      TORCH_CHECK(a == 1 || b == 1 || a == b, "fusegen::", op, ": argument '", arg.name,
+                  "' of shape ", sizes, " does not broadcast with shape ",
+                  c10::SymIntArrayRef(shape), " of the arguments before it");
+      merged[i] = a == 1 ? b : a;
+    }
+    shape = std::move(merged);
+  }
+  return shape;
+}
+
+// The tensors the kernels read: each in the computed dtype (a converting copy only for an
+// argument of another dtype: the kernels read one dtype, as eager's CPU kernels do after
+// TensorIterator's own promotion copies) and on the op's device: a 0-dim CPU tensor with
+// CUDA tensors becomes a 0-dim device tensor filled from its value (a fill kernel, no host
+// synchronisation). Broadcast, strided and channels_last tensors are not copied.
+std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype,
+                                      const c10::Device device) {
+  std::vector<at::Tensor> out;
+  out.reserve(args.size());
+  for (const Arg& arg : args) {
+    at::Tensor t = arg.tensor;
+    if (t.device() != device) {  // a CPU scalar (check_args allowed nothing else)
+      const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
+      t = device.is_meta() ? at::empty({}, options) : at::full({}, t.item(), options);
+    }
+    out.push_back(t.scalar_type() == dtype ? t : t.to(dtype));
+  }
+  return out;
+}
+
+// Symbolic sizes (torch.compile with dynamic shapes, in the Meta impl) cannot go through
+// TensorIterator, which needs concrete ones.
+bool any_symbolic(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return true;
+  }
+  return false;
+}
+
+// An output of `shape` laid out as TensorIterator lays one out for `inputs`, worked out on
+// symbolic sizes and strides (torch.compile with dynamic shapes: the Meta impl, where
+// TensorIterator cannot run), so that the Meta strides are the real kernel's; inductor
+// asserts them (a transposed input failed there with contiguous Meta outputs). As
+// TensorIterator's fast setup: inputs all of the output's shape and all contiguous, all
+// channels_last, or all dense with one set of strides give that layout. Otherwise as its
+// reorder_dimensions: an insertion sort of the dimensions, fastest first, where the first
+// input whose strides tell two dimensions apart decides (a broadcast dimension, stride 0,
+// tells nothing; equal strides put the smaller size first), then strides contiguous in
+// that order. Comparing symbolic strides guards on the answer, as PyTorch's own
+// elementwise meta functions do.
+at::Tensor empty_as_iterator(const c10::SymDimVector& shape,
+                             const std::vector<at::Tensor>& inputs) {
+  const at::TensorOptions options = inputs.front().options();
+  const c10::SymIntArrayRef full(shape);
+  bool same_shape = true, contiguous = true, channels_last = true, dense = true;
+  for (const at::Tensor& t : inputs) {
+    same_shape = same_shape && t.sym_sizes() == full;
+    contiguous = contiguous && t.is_contiguous();
+    channels_last = channels_last && t.is_contiguous(at::MemoryFormat::ChannelsLast);
+    dense = dense && t.is_non_overlapping_and_dense() &&
+            t.sym_strides() == inputs.front().sym_strides();
+  }
+  if (same_shape && contiguous) return at::empty_symint(full, options);
+  if (same_shape && channels_last)
+    return at::empty_symint(full, options.memory_format(at::MemoryFormat::ChannelsLast));
+  if (same_shape && dense)
+    return at::empty_strided_symint(full, inputs.back().sym_strides(), options);
+  const size_t ndim = shape.size();
+  std::vector<c10::SymDimVector> strides;  // per input, along the output's dimensions
+  for (const at::Tensor& t : inputs) {
+    const c10::SymIntArrayRef sizes = t.sym_sizes();
+    const c10::SymIntArrayRef steps = t.sym_strides();
+    const size_t offset = ndim - sizes.size();
+    c10::SymDimVector along(ndim, c10::SymInt(0));
+    for (size_t d = offset; d < ndim; ++d) {
+      if (!(sizes[d - offset] == 1 && shape[d] != 1)) along[d] = steps[d - offset];
+    }
+    strides.push_back(std::move(along));
+  }
+  // 1: dimension a goes after b (is slower); -1: before; 0: no input tells.
+  const auto order = [&](size_t a, size_t b) {
+    for (const c10::SymDimVector& s : strides) {
+      if (s[a] == 0 || s[b] == 0) continue;
+      if (s[a] < s[b]) return -1;
+      if (s[b] < s[a]) return 1;
+      if (shape[b] < shape[a]) return 1;
+    }
+    return 0;
+  };
+  std::vector<size_t> perm(ndim);  // fastest first, starting from the last dimension
+  for (size_t i = 0; i < ndim; ++i) perm[i] = ndim - 1 - i;
+  for (size_t i = 1; i < ndim; ++i) {
+    size_t b = i;
+    for (size_t a = i; a-- > 0;) {
+      const int c = order(perm[a], perm[b]);
+      if (c > 0) {
+        std::swap(perm[a], perm[b]);
+        b = a;
+      } else if (c < 0) {
+        break;
+      }
+    }
+  }
+  c10::SymDimVector out(ndim, c10::SymInt(1));
+  c10::SymInt next(1);
+  for (size_t d : perm) {
+    out[d] = next;
+    next = next * shape[d];
+  }
+  return at::empty_strided_symint(full, c10::SymIntArrayRef(out), options);
+}
+
+// `num_outputs` new outputs and the inputs, laid out by ATen's TensorIterator: the
+// broadcast shape, the outputs allocated in the inputs' dtype with the memory format
+// eager would give them (channels_last in, channels_last out), dimensions coalesced and
+// ordered for the loop. Works for Meta tensors too, so the Meta impl's strides are the
+// real impl's. `sums` (accumulates_in_kernel's float sums, written by the kernel) come
+// after the inputs, laid out as inputs: step 0 along the dimensions they sum; undefined
+// ones are left out (Operands gives them no operand either). `given`: an output tensor per
+// iterator output to write into (SplitHalves: the halves of one gradient), undefined or
+// absent ones allocated.
+at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs,
+                                 const std::vector<at::Tensor>& sums,
+                                 c10::ArrayRef<at::Tensor> given) {
+  at::TensorIteratorConfig config;
+  config.set_check_mem_overlap(
+      false);  // the outputs are new or disjoint; inputs may overlap each other
+  if (!sums.empty())
+    config.check_all_same_dtype(false).declare_static_dtype(inputs.front().scalar_type());
+  for (int k = 0; k < num_outputs; ++k) {  // owned: `given` may not outlive the iterator
+    config.add_owned_output(k < static_cast<int>(given.size()) ? given[k] : at::Tensor());
+  }
+  for (const at::Tensor& t : inputs) config.add_const_input(t);
+  for (const at::Tensor& t : sums) {
+    if (t.defined()) config.add_const_input(t);
+  }
+  return config.build();
+}
+
+Dtype kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return Dtype::kFloat64;
+    case at::kHalf: return Dtype::kFloat16;
+    case at::kBFloat16: return Dtype::kBFloat16;
+    default: return Dtype::kFloat32;
+  }
+}
+
+// A new CPU output of 4 MiB or more is advised to Linux as transparent huge pages before
+// the kernel first writes it, as NumPy advises its arrays (and c10 does with
+// THP_MEM_ALLOC_ENABLE=1): the first touch of a 64 MB output then takes 32 page faults of
+// 2 MB instead of 16384 of 4 KB, which were half of `a*b+c`'s forward on the 2-core CPU
+// machine (README, "CPU benchmark"). Advice only: the memory stays the allocator's, and a
+// kernel set to `never` ignores it. Outputs not wanted (undefined) are skipped.
+void advise_huge_pages(const std::vector<at::Tensor>& outputs) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::uintptr_t kHuge = std::uintptr_t(1) << 21;
+  for (const at::Tensor& t : outputs) {
+    if (!t.defined()) continue;
+    const std::size_t bytes = t.storage().nbytes();
+    if (bytes < (std::size_t(1) << 22)) continue;
+    const auto start = reinterpret_cast<std::uintptr_t>(t.storage().data());
+    const std::uintptr_t begin = (start + kHuge - 1) & ~(kHuge - 1);
+    const std::uintptr_t end = (start + bytes) & ~(kHuge - 1);
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
+#else
+  (void)outputs;
+#endif
+}
+
+// The CPU kernel over the iterator: TensorIterator::for_each splits it over threads
+// (at::parallel_for) and calls back with 1-D runs; each run goes to the kernel with the
+// kernel's operand order (absent outputs null).
+void launch_cpu(at::TensorIterator& iter, const Operands& ops, CpuKernel kernel, Dtype dtype,
+                const double* scalars) {
+  const int count = ops.size();
+  iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
+    c10::SmallVector<char*, 16> d(count);
+    c10::SmallVector<int64_t, 16> s(count);
+    for (int k = 0; k < count; ++k) {
+      const int i = ops.slot[k];
+      d[k] = i < 0 ? nullptr : data[i];
+      s[k] = i < 0 ? 0 : strides[i];
+    }
+    kernel(dtype, d.data(), s.data(), n, scalars);
+  }, kCpuGrain);
+}
+
+#ifdef FUSEGEN_WITH_CUDA
+// The CUDA kernel over the whole iterator, on the current stream: pointers, and sizes and
+// byte strides unless it is contiguous.
+void launch_cuda(const at::TensorIterator& iter, const Operands& ops, CudaKernel kernel,
+                 Dtype dtype, const double* scalars) {
+  const int count = ops.size();
+  std::vector<char*> data(count);
+  for (int k = 0; k < count; ++k)
+    data[k] = ops.slot[k] < 0 ? nullptr : static_cast<char*>(iter.data_ptr(ops.slot[k]));
+  // Contiguous after coalescing: the kernels' 16-byte path needs no strides.
+  const bool contiguous = iter.is_contiguous();
+  const int ndim = contiguous ? 0 : iter.ndim();
+  TORCH_INTERNAL_ASSERT(ndim <= kMaxDims);
+  std::vector<int64_t> sizes(iter.shape().begin(), iter.shape().end());
+  std::vector<int64_t> strides(static_cast<size_t>(ndim) * count, 0);
+  for (int d = 0; d < ndim; ++d) {
+    for (int k = 0; k < count; ++k) {
+      if (ops.slot[k] >= 0) strides[d * count + k] = iter.strides(ops.slot[k])[d];
+    }
+  }
+  const CudaLoop loop{iter.numel(), ndim, count, sizes.data(), strides.data(), data.data()};
+  kernel(dtype, loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#endif
+
+// The gradients that were asked for (defined), in order: what <name>_backward returns.
+std::vector<at::Tensor> requested(const std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& g : grads) {
+    if (g.defined()) out.push_back(g);
+  }
+  return out;
+}
+
+
+// The common case of a training step: every tensor of the computed dtype, on the op's
+// device, of one shape with the contiguous strides and no dimension of size 0 or 1 (where
+// TensorIterator may order dimensions of equal strides differently). TensorIterator lays
+// it out as one contiguous run with contiguous outputs; building it is about 0.3 us of a
+// call (CPU machine, n = 4096), so this case skips it (run_contiguous) with the same result.
+bool is_plain_contiguous(const Args& args, at::ScalarType dtype, c10::Device device) {
+  const at::Tensor& first = args.front().tensor;
+  if (first.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+  const c10::IntArrayRef sizes = first.sizes();
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1, stride = 1; d >= 0;
+       stride *= sizes[d--]) {
+    if (sizes[d] < 2 || first.strides()[d] != stride) return false;
+  }
+  for (const Arg& arg : args) {
+    const at::Tensor& t = arg.tensor;
+    if (t.scalar_type() != dtype || t.device() != device || t.layout() != at::kStrided)
+      return false;
+    if (&t != &first && (t.sizes() != sizes || t.strides() != first.strides())) return false;
+  }
+  return true;
+}
+
+// The kernel over is_plain_contiguous arguments: contiguous outputs (present[k]) of their
+// shape, one run of numel elements (on the CPU, on one thread: run_kernel sends a run that
+// threads would split to TensorIterator); returns the outputs, as run_kernel does.
+std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>& present,
+                                       Device device, CpuKernel cpu, CudaKernel cuda, Dtype dtype,
+                                       const double* scalars) {
+  const at::Tensor& first = args.front().tensor;
+  std::vector<at::Tensor> outputs(present.size());
+  c10::SmallVector<char*, 16> data;
+  c10::SmallVector<int64_t, 16> strides;
+  const int64_t size = static_cast<int64_t>(first.element_size());
+  for (size_t k = 0; k < present.size(); ++k) {
+    // On the CPU straight from the allocator, as eager's structured kernels allocate their
+    // outputs (at::empty's trip through the dispatcher was a sixth of a call at n = 1024).
+    // The kernel writes every element, so nothing differs from at::empty's tensor.
+    if (present[k]) {
+      outputs[k] = device == Device::kCpu
+                       ? at::Tensor(at::detail::empty_cpu(first.sizes(), first.options()))
+                       : at::empty(first.sizes(), first.options());
+    }
+    data.push_back(present[k] ? static_cast<char*>(outputs[k].data_ptr()) : nullptr);
+    strides.push_back(present[k] ? size : 0);
+  }
+  for (const Arg& arg : args) {
+    data.push_back(static_cast<char*>(const_cast<void*>(arg.tensor.const_data_ptr())));
+    strides.push_back(size);
+  }
+  const int64_t n = first.numel();
+  if (device == Device::kCpu) {
+    advise_huge_pages(outputs);
+    cpu(dtype, data.data(), strides.data(), n, scalars);
+  } else {
+#ifdef FUSEGEN_WITH_CUDA
+    // What launch_cuda hands the kernel for a contiguous iterator (ndim 0: no strides).
+    const CudaLoop loop{n,       0,          static_cast<int>(data.size()), first.sizes().data(),
+                        nullptr, data.data()};
+    cuda(dtype, loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+#else
+    (void)cuda;
+#endif
+  }
+  return outputs;
+}
+
+// What the forward and the backward share: check the arguments, then lay out `num_outputs`
+// outputs over the kernel's inputs and run `cpu` or `cuda` on them. present[k]: whether the
+// kernel's output k is wanted (allocated); returns the outputs, an undefined tensor for
+// each absent one. given[k] (optional, per kernel output): a tensor of the broadcast shape
+// and the computed dtype that output k is written into instead of a new one.
+std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const Args& args,
+                                   const std::vector<bool>& present, CpuKernel cpu, CudaKernel cuda,
+                                   const double* scalars,
+                                   const std::vector<at::Tensor>& given = {}) {
+  const at::ScalarType dtype = check_args(name, args);
+  const c10::Device on = device_arg(args).tensor.device();
+#ifdef FUSEGEN_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> device_guard;
+  if (device == Device::kCuda) device_guard.emplace(on);  // checked: one device
+#endif
+  // On the CPU only where one thread runs it anyway: at::parallel_for, a header template,
+  // splits work over threads only in a unit compiled with -fopenmp, which this one is not,
+  // while TensorIterator::for_each (compiled into libtorch) splits it as eager's ops do.
+  const bool serial = device != Device::kCpu || args.front().tensor.numel() < kCpuGrain ||
+                      at::get_num_threads() == 1;
+  if (device != Device::kMeta && given.empty() && serial &&
+      is_plain_contiguous(args, dtype, on)) {
+    return run_contiguous(args, present, device, cpu, cuda, kernel_dtype(dtype), scalars);
+  }
+  const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
+  int num_outputs = 0;
+  for (bool p : present) num_outputs += p;
+  std::vector<at::Tensor> outputs(present.size());
+  if (device == Device::kMeta && any_symbolic(inputs)) {
+    const c10::SymDimVector shape = broadcast_shape(name, args);
+    for (size_t k = 0; k < present.size(); ++k) {
+      if (present[k]) outputs[k] = empty_as_iterator(shape, inputs);
+    }
+    return outputs;
+  }
+  // TensorIterator checks the broadcast; only when it fails is the shape worked out again,
+  // for an error that names the argument that does not fit (not on every call).
+  at::TensorIterator iter = [&] {
+    try {
+      std::vector<at::Tensor> into;  // given, per iterator output
+      for (size_t k = 0; k < given.size(); ++k) {
+        if (present[k]) into.push_back(given[k]);
+      }
+      return make_iterator(num_outputs, inputs, {}, into);
+    } catch (const c10::Error&) {
+      broadcast_shape(name, args);  // throws the named error when the shapes are the cause
+      throw;
+    }
+  }();
+  for (size_t k = 0, next = 0; k < present.size(); ++k) {
+    if (present[k]) outputs[k] = iter.output(static_cast<int64_t>(next++));
+  }
+  if (device == Device::kMeta || iter.numel() == 0 || num_outputs == 0) return outputs;
+  const Operands ops(present, static_cast<int>(inputs.size()));
+  if (device == Device::kCpu) {
+    advise_huge_pages(outputs);
+    launch_cpu(iter, ops, cpu, kernel_dtype(dtype), scalars);
+  } else {
+#ifdef FUSEGEN_WITH_CUDA
+    launch_cuda(iter, ops, cuda, kernel_dtype(dtype), scalars);
+#else
+    (void)cuda;
+#endif
+  }
+  return outputs;
+}
+
+// The forward on one device: one output.
+at::Tensor run_forward(const Op& op, Device device, const ForwardArgs& a) {
+  const OpDef& def = *op.def;
+  return run_kernel(op.name, device, a.named(def), {true}, def.forward_cpu, def.forward_cuda,
+                    a.scalars.data())[0];
+}
+
+// The backward on one device: the gradients selected by output_mask, in order, at the
+// broadcast shape (the autograd Function sums them to each input's shape).
+std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
+                                     const std::vector<at::Tensor>& given) {
+  const OpDef& def = *op.def;
+  return requested(run_kernel(op.backward_name, device, a.named(def), a.mask, def.backward_cpu,
+                              def.backward_cuda, a.scalars.data(), given));
+}
+
+}  // namespace fusegen::rt
+#pragma GCC visibility pop
+
+// ---------------------------------------------------------------------------------------
+// fp16/bf16 runs to and from float (fusegen-half.h, convert): the CPU loop's every
+// conversion, exported for the op libraries. Each vectorized loop gives what the scalar
+// conversion gives, bit for bit: F16C rounds to nearest even as
+// c10::detail::fp16_ieee_from_fp32_value does, and a NaN is made the quiet NaN of its sign
+// first, whose fp16 is c10's 0x7E00 (F16C would keep the top of a NaN's payload); bf16 is
+// c10's round_to_nearest_even in integer lanes.
+
+namespace fusegen {
+namespace {
+
+#ifdef FUSEGEN_X86_CONVERT
+__attribute__((target("avx2,f16c"))) void half_to_float_f16c(const Half* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i));
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) y[i] = to_float(x[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void float_to_half_f16c(const float* x, Half* y, int64_t n) {
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
+  const __m256 quiet_nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    v = _mm256_blendv_ps(v, _mm256_or_ps(_mm256_and_ps(v, sign), quiet_nan), nan);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) y[i] = to_half(x[i]);
+}
+
+__attribute__((target("avx2"))) void bfloat16_to_float_avx2(const BFloat16* x, float* y,
+                                                             int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  for (; i < n; ++i) y[i] = to_float(x[i]);
+}
+
+__attribute__((target("avx2"))) void float_to_bfloat16_avx2(const float* x, BFloat16* y,
+                                                             int64_t n) {
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i round = _mm256_set1_epi32(0x7FFF);
+  const __m256i quiet_nan = _mm256_set1_epi32(0x7FC0);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i half[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256 v = _mm256_loadu_ps(x + i + 8 * h);
+      const __m256i u = _mm256_castps_si256(v);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+      const __m256i rounded =
+          _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, lsb), round), 16);
+      const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      half[h] = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    }
+    // packus interleaves the two halves by 128-bit lane; the permute puts them in order.
+    // Every value fits in 16 bits, so the unsigned saturation never applies.
+    const __m256i packed =
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(half[0], half[1]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), packed);
+  }
+  for (; i < n; ++i) y[i] = to_bfloat16(x[i]);
+}
+
+bool cpu_has_f16c() {
+  static const bool has =
+      (__builtin_cpu_init(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"));
+  return has;
+}
+
+bool cpu_has_avx2() {
+  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx2"));
+  return has;
+}
+#endif
+
+}  // namespace
+
+void convert(const Half* x, float* y, int64_t n) {
+#ifdef FUSEGEN_X86_CONVERT
+  if (cpu_has_f16c()) return half_to_float_f16c(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = to_float(x[i]);
+}
+
+void convert(const float* x, Half* y, int64_t n) {
+#ifdef FUSEGEN_X86_CONVERT
+  if (cpu_has_f16c()) return float_to_half_f16c(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = to_half(x[i]);
+}
+
+void convert(const BFloat16* x, float* y, int64_t n) {
+#ifdef FUSEGEN_X86_CONVERT
+  if (cpu_has_avx2()) return bfloat16_to_float_avx2(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = to_float(x[i]);
+}
+
+void convert(const float* x, BFloat16* y, int64_t n) {
+#ifdef FUSEGEN_X86_CONVERT
+  if (cpu_has_avx2()) return float_to_bfloat16_avx2(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = to_bfloat16(x[i]);
+}
+
+}  // namespace fusegen

@@ -1,0 +1,170 @@
+// fusegen-runtime-impl.h: what the runtime's translation units share (fusegen-layout.cpp,
+// fusegen-autograd.cpp, fusegen-registration.cpp): the registered op, its arguments off
+// the dispatcher's stack, and the entry points of each unit. Only the runtime includes it.
+#ifndef FUSEGEN_RUNTIME_IMPL_H_
+#define FUSEGEN_RUNTIME_IMPL_H_
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusegen-runtime.h"
+
+#ifdef FUSEGEN_WITH_CUDA
+#include <ATen/TensorIterator.h>
+#endif
+
+// Internal to the runtime library: not exported beside register_op.
+#pragma GCC visibility push(hidden)
+
+namespace fusegen::rt {
+
+// One tensor argument with the name it has in the schema, for error messages.
+struct Arg {
+  const char* name;
+  const at::Tensor& tensor;
+};
+using Args = std::vector<Arg>;
+
+// ---------------------------------------------------------------------------------------
+// One registered op: its descriptor, plus the names the runtime derives from it.
+
+struct Op {
+  const OpDef* def;
+  std::string name;           // "<name>"
+  std::string backward_name;  // "<name>_backward"
+  std::string backward_event;  // "fusegen::<name>_backward": the profiler's name of a backward call
+  std::string
+      node_name;  // "FusedBackward(fusegen::<name>)": its autograd node's name (grad_fn.name(),
+                  // the profiler's backward events; not "fusegen::...", which names ops)
+  std::string
+      double_node_name;  // "FusedDoubleBackward(fusegen::<name>_backward)": the backward's node
+  std::optional<c10::OperatorHandle> forward_op;   // fusegen::<name>, looked up once
+  std::optional<c10::OperatorHandle> backward_op;  // fusegen::<name>_backward
+  bool has_backward() const { return def->num_kernel_grads > 0; }
+};
+
+// A tensor argument off the dispatcher's stack; None (from Python) is an undefined tensor,
+// which check_defined reports by name.
+inline at::Tensor tensor_arg(const c10::IValue& v) {
+  return v.isNone() ? at::Tensor() : v.toTensor();
+}
+
+// The forward's arguments off the stack (tensors, then scalars), which stay on it.
+struct ForwardArgs {
+  std::vector<at::Tensor> tensors;
+  std::vector<double> scalars;
+
+  ForwardArgs(const OpDef& def, const torch::jit::Stack& stack) {
+    const size_t first = stack.size() - def.num_inputs - def.num_scalars;
+    for (int i = 0; i < def.num_inputs; ++i) tensors.push_back(tensor_arg(stack[first + i]));
+    for (int i = 0; i < def.num_scalars; ++i)
+      scalars.push_back(stack[first + def.num_inputs + i].toDouble());
+  }
+  Args named(const OpDef& def) const {
+    Args args;
+    for (int i = 0; i < def.num_inputs; ++i) args.push_back({def.input_names[i], tensors[i]});
+    return args;
+  }
+};
+
+// The backward's arguments: dout, the inputs it reads, its scalars, output_mask.
+struct BackwardArgs {
+  std::vector<at::Tensor> tensors;  // dout first
+  std::vector<double> scalars;
+  std::vector<bool> mask;
+
+  BackwardArgs() = default;
+  BackwardArgs(const OpDef& def, const torch::jit::Stack& stack) {
+    const size_t count = 1 + def.num_backward_inputs + def.num_backward_scalars + 1;
+    const size_t first = stack.size() - count;
+    for (int i = 0; i <= def.num_backward_inputs; ++i)
+      tensors.push_back(tensor_arg(stack[first + i]));
+    for (int i = 0; i < def.num_backward_scalars; ++i) {
+      scalars.push_back(stack[first + 1 + def.num_backward_inputs + i].toDouble());
+    }
+    const c10::List<bool> list = stack[first + count - 1].toBoolList();
+    // The schema's bool[K] is not checked by the dispatcher: a longer or shorter mask would
+    // index past the kernel's outputs.
+    TORCH_CHECK(static_cast<int>(list.size()) == def.num_kernel_grads, "fusegen::", def.name,
+                "_backward: argument 'output_mask' must have ", def.num_kernel_grads,
+                " entries (one per gradient the backward kernel computes), got ", list.size());
+    for (bool b : list) mask.push_back(b);
+  }
+  // Named arguments (dout, then the tensors the backward reads, by the user's names).
+  static Args of(const OpDef& def, const std::vector<at::Tensor>& tensors) {
+    Args args{{"dout", tensors[0]}};
+    for (int i = 0; i < def.num_backward_inputs; ++i)
+      args.push_back({def.backward_input_names[i], tensors[i + 1]});
+    return args;
+  }
+  Args named(const OpDef& def) const { return of(def, tensors); }
+  void push(torch::jit::Stack& stack) const {
+    for (const at::Tensor& t : tensors) stack.emplace_back(t);
+    for (double s : scalars) stack.emplace_back(s);
+    c10::List<bool> list;
+    for (bool b : mask) list.push_back(b);
+    stack.emplace_back(std::move(list));
+  }
+};
+
+
+enum class Device { kCpu, kMeta, kCuda };
+
+// ---------------------------------------------------------------------------------------
+// fusegen-layout.cpp: argument checks, type promotion and the kernels over TensorIterator.
+
+void check_defined(const std::string& op, const Args& args);
+const Arg& device_arg(const Args& args);
+at::ScalarType check_args(const std::string& op, const Args& args);
+std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype,
+                                      const c10::Device device);
+Dtype kernel_dtype(at::ScalarType t);
+at::Tensor run_forward(const Op& op, Device device, const ForwardArgs& a);
+std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
+                                     const std::vector<at::Tensor>& given = {});
+
+// The kernel's operands for one step of TensorIterator's loop: `present[k]` says whether
+// output k of the kernel is one of the iterator's outputs (a requested gradient); absent
+// ones get a null pointer and stride 0. Inputs follow, as the iterator has them, then (a
+// backward that sums in the kernel: fusegen-cuda.cuh, Accumulating) one operand per
+// entry of `sums`, the iterator's inputs after the kernel's where defined.
+struct Operands {
+  std::vector<int> slot;  // per kernel operand: its index in the iterator, or -1
+
+  Operands(const std::vector<bool>& present, int num_inputs,
+           const std::vector<at::Tensor>& sums = {}) {
+    int next = 0;
+    for (bool p : present) slot.push_back(p ? next++ : -1);
+    for (int j = 0; j < num_inputs; ++j) slot.push_back(next++);
+    for (const at::Tensor& t : sums) slot.push_back(t.defined() ? next++ : -1);
+  }
+  int size() const { return static_cast<int>(slot.size()); }
+};
+#ifdef FUSEGEN_WITH_CUDA
+at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs,
+                                 const std::vector<at::Tensor>& sums = {},
+                                 c10::ArrayRef<at::Tensor> given = {});
+void launch_cuda(const at::TensorIterator& iter, const Operands& ops, CudaKernel kernel,
+                 Dtype dtype, const double* scalars);
+#endif
+
+// ---------------------------------------------------------------------------------------
+// fusegen-autograd.cpp: the Autograd kernel of an op (forward, or backward: `backward`).
+
+void run_autograd(const Op& op, bool backward, const c10::OperatorHandle& handle,
+                  c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+// ---------------------------------------------------------------------------------------
+// fusegen-registration.cpp: the registered ops, by name (nullptr: not registered).
+
+const Op* find_op(const std::string& name);
+
+}  // namespace fusegen::rt
+#pragma GCC visibility pop
+
+#endif  // FUSEGEN_RUNTIME_IMPL_H_

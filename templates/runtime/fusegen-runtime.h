@@ -1,0 +1,124 @@
+// fusegen-runtime.h: what a generated op hands to the shared runtime: one OpDef descriptor
+// with its names, schemas and kernel function pointers, registered by register_op. The
+// runtime does everything that is the same for every op (argument checks, type promotion,
+// broadcasting, allocation, the CPU parallel loop, the CUDA device guard and stream, the
+// Meta impl, autograd and the torch registration), so an op's own translation unit
+// includes no torch header and compiles in about a second.
+#ifndef FUSEGEN_RUNTIME_H_
+#define FUSEGEN_RUNTIME_H_
+
+#include <cstdint>
+
+#include "fusegen-math.h"
+
+#ifdef FUSEGEN_WITH_CUDA
+// The CUDA runtime's own spelling of a stream handle, so this header needs no CUDA header.
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+namespace fusegen {
+
+// The kernel interface: the runtime lays out the operands with at::TensorIterator
+// (broadcasting, type promotion, output allocation and memory format, as eager does) and
+// hands an op's kernels data pointers and byte strides, never tensors. Operands come
+// outputs first, then inputs, as TensorIterator orders them: the forward's one output and
+// its tensors; the backward's gradients (one per kernel gradient, a null pointer when not
+// requested) and dout, then the tensors the backward reads. scalars: the forward's scalars,
+// or those the backward reads.
+//
+// CPU: one 1-D run of n elements, the inner loop of TensorIterator::for_each (which splits
+// the work over threads with at::parallel_for). strides[k] is operand k's step in bytes.
+using CpuKernel = void (*)(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
+                           const double* scalars);
+
+// CUDA: the whole iteration space. ndim == 0 when it is contiguous (after TensorIterator
+// has coalesced its dimensions); otherwise sizes[ndim] (dimension 0 the fastest) and
+// strides[d * num_operands + k], operand k's byte stride along dimension d.
+constexpr int kMaxDims = 25;  // at::MAX_DIMS, so no dimension count ATen allows is refused
+struct CudaLoop {
+  int64_t numel;
+  int ndim;
+  int num_operands;
+  const int64_t* sizes;
+  const int64_t* strides;
+  char* const* data;
+};
+using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+
+// A backward's CUDA kernel that sums gradients of broadcast inputs (fusegen-cuda.cuh,
+// accumulating_kernel) moves vectors of this many elements along the loop's dimension 0;
+// the runtime sends it only loops whose dimension 0 splits into them.
+constexpr int kAccumulatingWidth = 4;
+// The vector and accumulating kernels mark each operand's access in one bit of a 32-bit
+// mask (64 bits cost the 16-bit vector kernel 19 registers): a loop of more operands (a
+// backward of about 16 inputs) takes the strided kernel, and a backward of more sums in ATen.
+constexpr int kMaxVectorOperands = 32;
+
+// A gradient that is a function of dout alone, as the eager ops that compute it, applied
+// to dout in order: `a - b` gives b the steps {'-'}, `2*x` gives x {'*', 2}. No kernel
+// reads the inputs for it.
+struct DoutStep {
+  char op;       // '-': negate; '*': multiply by value; '/': divide by value
+  double value;
+};
+
+// Where one input's gradient comes from.
+struct GradDef {
+  int output;              // the backward kernel's output that holds it (identical gradients
+                           // share one), -1: none
+  int num_steps;           // >= 0: a function of dout alone, `steps` applied to dout (0: dout
+                           // itself, no kernel ever); -1: only the kernel computes it
+  const DoutStep* steps;
+};
+
+// backward_inputs[i] == kResult: the backward reads the forward's output, saved with
+// save_for_backward (so an in-place change of the output before backward is caught).
+constexpr int kResult = -1;
+
+// The layout of OpDef: an op compiled against another layout is refused (register_op).
+constexpr int kAbi = 6;
+
+// One op, described by its generated code, which sets each field by name. Names are
+// strings (any user name works); all arrays are static data of the op's translation unit.
+// The defaults describe an op with no scalars, no backward and no fused forward mode.
+struct OpDef {
+  int abi = kAbi;                            // kAbi of the header the op was compiled with
+  const char* name = nullptr;                // the op's name: fusegen::<name>
+  const char* schema = nullptr;              // "<name>(Tensor a, ..., float s, ...) -> Tensor"
+  const char* backward_schema = nullptr;     // "<name>_backward(...) -> Tensor[]", or none
+  int num_inputs = 0;
+  const char* const* input_names = nullptr;  // the user's names (schema, messages)
+  int num_scalars = 0;
+  const char* const* scalar_names = nullptr;
+  int num_backward_inputs = 0;               // the tensors the backward reads (after dout)
+  const int* backward_inputs = nullptr;      // ... as indices into the inputs, or kResult
+  const char* const* backward_input_names = nullptr;  // ... named for messages
+  int num_backward_scalars = 0;
+  const int* backward_scalars = nullptr;     // indices into the scalars
+  int num_kernel_grads = 0;                  // outputs of the backward kernel: distinct gradients
+  const GradDef* grads = nullptr;            // per input: where its gradient comes from
+  CpuKernel forward_cpu = nullptr;
+  CpuKernel backward_cpu = nullptr;          // none without kernel gradients
+  CudaKernel forward_cuda = nullptr;         // none in a build without CUDA
+  CudaKernel backward_cuda = nullptr;
+  bool backward_accumulates = false;         // backward_cuda takes accumulators
+                                             // (accumulates_in_kernel): not an auxiliary op's
+  // Forward-mode AD through fusegen::<name>_jvp (built into the same library): its tensor
+  // arguments, each an index into the inputs (that input's primal) or num_inputs + i
+  // (input i's tangent), and its scalars as indices into the scalars. num_jvp_args: -1 when
+  // the op has no fused forward mode (an auxiliary op), 0 when every gradient is zero (so
+  // is the tangent; there is no <name>_jvp).
+  int num_jvp_args = -1;
+  const int* jvp_args = nullptr;
+  int num_jvp_scalars = 0;
+  const int* jvp_scalars = nullptr;
+};
+
+// Defines fusegen::<name> (and <name>_backward) and registers the op's CPU, Meta, CUDA and
+// Autograd kernels. Called once per op from a static initializer of the op's library.
+bool register_op(const OpDef& def);
+
+}  // namespace fusegen
+
+#endif  // FUSEGEN_RUNTIME_H_
