@@ -33,6 +33,7 @@ import torch
 from fusegen import api
 from fusegen.pytorch import decompose as _decompose
 from fusegen.api import Request
+from fusegen.frontend.parse import dotted_name
 from fusegen.errors import ParseError, SpecError
 
 _SCALAR_ANNOTATIONS = (float, int, "float", "int")
@@ -113,15 +114,10 @@ def _is_fused(scope, decorator: ast.expr) -> bool:
     """Whether a decorator expression is fusegen's @fused (bare, called, or under another
     name), its names looked up in `scope` (the def's locals and globals) and the builtins;
     a name that cannot be looked up counts when it is spelled `fused`."""
-    node = decorator.func if isinstance(decorator, ast.Call) else decorator
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
+    dotted = dotted_name(decorator.func if isinstance(decorator, ast.Call) else decorator)
+    if dotted is None:
         return False
-    parts.append(node.id)
-    parts.reverse()
+    parts = dotted.split(".")
     value = scope[parts[0]] if parts[0] in scope else getattr(builtins, parts[0], _MISSING)
     for attr in parts[1:]:
         if value is _MISSING:

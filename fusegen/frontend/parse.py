@@ -94,7 +94,7 @@ class _Converter:
         return symbol(name)
 
     def _Attribute(self, node):
-        dotted = _dotted(node)
+        dotted = dotted_name(node)
         if dotted in fn.CONSTANTS:
             self._check_shadowed(node, dotted)
             return fn.CONSTANTS[dotted]
@@ -172,7 +172,7 @@ class _Converter:
         return _COMPARE[op](self.convert(node.left), self.convert(node.comparators[0]))
 
     def _Call(self, node):
-        dotted = _dotted(node.func)
+        dotted = dotted_name(node.func)
         if dotted is None:
             self.fail(node, "only named functions can be called", "e.g. exp(x) or torch.exp(x)")
         name = fn.resolve(dotted)
@@ -246,7 +246,8 @@ def _number(value: float) -> sympy.Expr:
     return fn.number(value)
 
 
-def _dotted(node: ast.AST) -> str | None:
+def dotted_name(node: ast.AST) -> str | None:
+    """`torch.nn.functional.relu` for that attribute chain, None for anything but names."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)

@@ -17,6 +17,7 @@ from functools import reduce
 
 import torch
 
+from fusegen.frontend.parse import dotted_name
 from fusegen.ir import primitives as fn
 # The eager torch function of each name (primitives.PRIMITIVES).
 TORCH_FUNCTIONS = {p.name: fn.eager(p) for p in fn.PRIMITIVES if p.params is not None}
@@ -61,16 +62,6 @@ def evaluate_text(text: str, values: dict[str, object]):
         return walker.tensor(walker.value(body[-1].value))
     except RecursionError:
         raise TextError(f"expression nested too deeply: {text[:80]!r}") from None
-
-
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id] + parts[::-1])
 
 
 def _is_number(v) -> bool:
@@ -120,7 +111,7 @@ class _Eager:
         raise TextError(f"no value for '{node.id}'")
 
     def _Attribute(self, node):
-        dotted = _dotted(node)
+        dotted = dotted_name(node)
         if dotted not in fn.CONSTANTS:
             raise TextError(f"unknown name '{dotted}'")
         return float(fn.CONSTANTS[dotted])
@@ -160,7 +151,7 @@ class _Eager:
         return result.to(dtype if dtype.is_floating_point else self.dtype)
 
     def _Call(self, node):
-        dotted = _dotted(node.func)
+        dotted = dotted_name(node.func)
         name = fn.resolve(dotted) if dotted else None
         if name is None:
             raise TextError(f"unknown function '{dotted}'")
