@@ -152,7 +152,7 @@ def test_bench_on_the_cpu_writes_every_field(tmp_path, capsys):
 def test_quick_stays_small_on_the_cpu():
     """--quick on a CPU: 2^12, 2^16, 2^20 in fp32 (2^28, 1 GiB tensors, took over half an
     hour on 2 cores); on CUDA every 16x up to 2^28 in every dtype; --sizes/--dtypes win."""
-    parse = bench._parser().parse_args
+    parse = bench._parser(()).parse_args
     assert bench.plan(parse(["--quick"]), "cpu") == ([1 << 12, 1 << 16, 1 << 20], ["fp32"], bench.QUICK_BUDGET["cpu"])
     sizes, dtypes, budget = bench.plan(parse(["--quick"]), "cuda")
     assert sizes == [1 << e for e in range(12, 29, 4)] and dtypes == ["fp32", "bf16", "fp16"] and budget == 0.04

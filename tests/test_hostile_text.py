@@ -113,10 +113,11 @@ def _run_generated(files: dict[str, str], header: str, tmp: Path):
     the math), and its .cpp compiled (syntax only: the runtime's torch half is not here)."""
     for name, text in files.items():
         (tmp / name).write_text(text)
+    runtime = f"-I{Path(__file__).resolve().parent.parent / 'templates' / 'runtime'}"  # _runtime/'s sources
     result = _compile(f'#include "{header}"\n#include "{header}"\nint main() {{ return 0; }}\n', tmp, True,
-                      f"-I{tmp}")
+                      f"-I{tmp}", runtime)
     assert result.returncode == 0 and not (tmp / "PWNED").exists()
-    _compile(f'#include "{header[:-2]}.cpp"\n', tmp, False, f"-I{tmp}")
+    _compile(f'#include "{header[:-2]}.cpp"\n', tmp, False, f"-I{tmp}", runtime)
     assert not (tmp / "PWNED").exists()
 
 
