@@ -73,3 +73,16 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             "fusegen corpus build: " + ", ".join(f"{k} {v:.1f} s" for k, v in BUILD_SECONDS.items())
             + f" (cache {os.environ.get('FUSEGEN_CACHE_DIR')})")
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting_fused_functions_leak():
+    """A @fused function a test defines but never calls waits to be built with the next
+    one called anywhere; drop what a test left waiting, so that each test builds only its
+    own functions (tests/test_index.py counts them)."""
+    from fusegen.frontend import decorator
+    with decorator._PENDING_LOCK:
+        before = list(decorator._PENDING)
+    yield
+    with decorator._PENDING_LOCK:
+        decorator._PENDING[:] = [f for f in decorator._PENDING if any(f is b for b in before)]
