@@ -22,6 +22,7 @@ fills 1 there, NaN included). Nothing else is simplified, so `x*0` stays a produ
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import math
 import weakref
@@ -76,6 +77,9 @@ class Node(sympy.Function):
 
 # Every node alive, by (class, arguments): an entry goes when its node does.
 _INTERNED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+# Emptied before the interpreter tears modules down: a node freed later would have its key
+# (sympy numbers among its arguments) hashed when sympy can no longer import.
+atexit.register(_INTERNED.clear)
 _NARGS = {n: sympy.FiniteSet(n) for n in (1, 2, 3)}
 
 
