@@ -102,9 +102,9 @@ class FusedStep:
 def fuse_step(parsed, name: str | None, command: str | None = None) -> FusedStep:
     """Build (or find in the cache) and load the step op of a parsed program."""
     from fusegen.build import builder
-    from fusegen.codegen.printer import COMPUTE_TYPES, print_program
+    from fusegen.codegen.printer import print_step
     from fusegen.codegen.render import render_step
-    from fusegen.ir import limits, names
+    from fusegen.ir import limits
     from fusegen.ir.step import step_spec
 
     key = (parsed.text, parsed.inputs, parsed.scalars, name)
@@ -112,8 +112,7 @@ def fuse_step(parsed, name: str | None, command: str | None = None) -> FusedStep
         if key in _MEMO:
             return _MEMO[key]
         spec = step_spec(parsed, name, command)
-        program = names.for_c(spec.program, spec.inputs + spec.scalars)
-        files = render_step(spec, {t: print_program(program, t) for t in COMPUTE_TYPES})
+        files = render_step(spec, *print_step(spec))
         limits.check_source(spec.name, files)
         known = _STEPS.get(spec.name)
         if known is not None:
