@@ -75,7 +75,7 @@ def test_misaligned_and_strided_tensors(adamw):
     adamw.foreach(ps, gs, ms, vs, **SCALARS)
     torch.testing.assert_close(ps[0].double(), want[0][0], **TOL[torch.float32])
     t = lists([(64, 48)], torch.float32, torch.float32)
-    p, g, m, v = t[0][0].t(), t[1][0], t[2][0].t(), t[3][0].t()  # g laid out otherwise
+    p, g, m, v = t[0][0].t(), t[1][0].t().contiguous(), t[2][0].t(), t[3][0].t()  # g laid out otherwise
     want = reference([p], [g], [m], [v], SCALARS)
     adamw(p, g, m, v, **SCALARS)
     torch.testing.assert_close(p.double(), want[0][0], **TOL[torch.float32])
