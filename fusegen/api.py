@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,14 @@ _forward_ad = _autograd.forward_ad
 if TYPE_CHECKING:
     from fusegen.ir.expr import Parsed
     from fusegen.ir.spec import OpSpec
+
+# Statements (an assignment, `;` or a line break), told apart from one expression without
+# importing the parser: `=` that is not part of ==, !=, <= or >=.
+_STATEMENT = re.compile(r"(?<![=!<>])=(?!=)|;|\n")
+
+
+def looks_like_program(text) -> bool:
+    return isinstance(text, str) and _STATEMENT.search(text.strip()) is not None
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,14 @@ class Request:
 
     def parse(self) -> "Parsed":
         from fusegen.frontend.parse import parse, parse_function
+        if self.params is None and looks_like_program(self.expr):
+            from fusegen.frontend.statements import parse_program
+            from fusegen.ir.expr import Parsed
+            parsed = parse_program(self.expr, inputs=self.inputs, scalars=self.scalars)
+            if not isinstance(parsed, Parsed):
+                raise SpecError(f"{self.expr!r} updates inputs in place: fusegen.fuse() makes it a step op "
+                                "(fuse_many and the CLI take expressions)")
+            return parsed
         if self.params is None:
             return parse(self.expr, inputs=self.inputs, scalars=self.scalars)
         return parse_function(self.expr, list(self.params), list(self.scalars))
@@ -396,6 +413,17 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
     torch.compile makes of it: "opaque" (one call: the generated kernels) or "decompose"
     (ATen ops of its expression, which Inductor fuses with their neighbours; eager calls
     keep the kernels); None keeps the op's mode ($FUSEGEN_COMPILE, else opaque)."""
+    if looks_like_program(expr):
+        from fusegen.frontend.statements import parse_program
+        from fusegen.ir.expr import Parsed
+        from fusegen.pytorch.step import fuse_step
+
+        parsed = parse_program(expr, inputs=_names_arg("inputs", inputs), scalars=_names_arg("scalars", scalars) or ())
+        if not isinstance(parsed, Parsed):
+            if compile is not None:
+                raise SpecError("fuse(..., compile=...): a step op has one mode under torch.compile (its kernel, "
+                                "functionalized and re-inplaced); drop compile=")
+            return fuse_step(parsed, name)
     request = Request.of({"expr": expr, "name": name, "inputs": inputs, "scalars": scalars})
     if compile is not None:
         _decompose.check(compile, f"fuse({expr!r}, compile=...)")

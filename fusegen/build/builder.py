@@ -109,7 +109,7 @@ HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY
 CPP_PER_UNIT = 6
 # The runtime's translation units (templates/runtime/*.cpp), compiled in parallel: each
 # includes only the torch headers of its own concern.
-RUNTIME_UNITS = ("fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-registration.cpp")
+RUNTIME_UNITS = ("fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-registration.cpp", "fusegen-step.cpp")
 LINK_FLAGS = "fusegen-link.rsp"  # an op library's link flags for the runtime (see _compile)
 
 

@@ -183,3 +183,50 @@ def content_hash(files: dict[str, str]) -> str:
             continue
         h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
     return h.hexdigest()
+
+
+# -- step ops ---------------------------------------------------------------------------------
+
+STEP_TEMPLATES = {
+    "{name}.h": ("step_math.h.j2", "the update math, shared by the CPU and CUDA kernels"),
+    "{name}.cu": ("step_kernels.cu.j2", "the CUDA kernel's entry point (no torch headers)"),
+    "{name}.cpp": ("step.cpp.j2", "the CPU kernel and the descriptor the shared runtime registers"),
+}
+
+
+def render_step(spec, program_by_type: dict) -> dict[str, str]:
+    """The files of one step op (ir/step.py): `program_by_type` is its Program printed per
+    compute type (printer.print_program)."""
+    for what, values in (("op name", (spec.name,)), ("input", spec.inputs), ("scalar", spec.scalars)):
+        for value in values:
+            problem = names.name_problem(value)
+            if problem:
+                raise SpecError(f"{what} {value!r} {problem}")
+    inputs = [Name(x, index=i) for i, x in enumerate(spec.inputs)]
+    by_name = {x.name: x for x in inputs}
+    masks = []
+    for ok in spec.alias_ok:
+        bits = sum(1 << spec.inputs.index(j) for j in ok)
+        masks.append(f"UINT32_C({bits:#x})")
+    context = {
+        "name": spec.name,
+        "ns": names.op_namespace(spec.name),
+        "text": c_comment(spec.text),
+        "update_lines": [c_comment(line) for line in spec.summary()],
+        "version": FUSEGEN_VERSION,
+        "command": c_comment(spec.command),
+        "inputs": inputs,
+        "scalars": [Name(s, index=i) for i, s in enumerate(spec.scalars)],
+        "updated": [by_name[u] for u in spec.updated],
+        "reads": [by_name[r] for r in spec.reads],
+        "alias_masks": masks,
+        "schema": spec.schema(),
+        "foreach_schema": spec.foreach_schema(),
+        "math": [{"ctype": t, "step": program_by_type[t]} for t in COMPUTE_TYPES],
+    }
+    env = _environment()
+    files = {}
+    for pattern, (template, role) in STEP_TEMPLATES.items():
+        files[pattern.format(name=spec.name)] = wrap(env.get_template(template).render(context, file_role=role))
+    files["spec.json"] = spec.to_json(content_hash(files))
+    return files

@@ -18,5 +18,19 @@ class Parsed:
     scalars: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ParsedProgram:
+    """What a program of updates hands on: per updated input its new value (in the inputs'
+    original values), and what the aliasing rules need (ir/step.py)."""
+
+    text: str                                   # the statements as one line, `; `-joined
+    inputs: tuple[str, ...]                     # tensor arguments, in schema order
+    scalars: tuple[str, ...]
+    updates: tuple[tuple[str, sympy.Expr], ...]  # (updated input, its final value), input order
+    reads: tuple[str, ...]                      # the inputs whose original value is read
+    first_write: dict                           # updated input -> index of its first assignment
+    last_read: dict                             # input -> index of the last statement reading it
+
+
 def symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, real=True)

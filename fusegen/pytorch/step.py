@@ -1,0 +1,140 @@
+"""Step ops in Python: `fusegen.fuse` of a program that updates inputs returns a FusedStep.
+
+    step = fusegen.fuse("m = b1*m + (1-b1)*g; p = p - lr*m", scalars="lr,b1")
+    step(p, g, m, lr=1e-3, b1=0.9)            # torch.ops.fusegen.<name>: one tensor each
+    step.foreach(ps, gs, ms, lr=lr_tensor, b1=0.9)  # torch.ops.fusegen.<name>_foreach: lists
+
+A scalar is a Python number, or a 0-d float32/float64 tensor; on the tensors' device the
+kernel reads it there, so a learning rate that changes every step is neither a host sync
+nor, under torch.compile, a recompile, and a CUDA graph replays it. The plain op's schema
+takes numbers only: a call with a tensor scalar goes through `<name>_foreach` with lists
+of one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+import threading
+
+import torch
+
+from fusegen.errors import LoadError, SpecError
+
+_LOCK = threading.RLock()
+_STEPS: dict[str, "FusedStep"] = {}        # by name: one program per name in a process
+_MEMO: dict[tuple, "FusedStep"] = {}        # by request
+
+
+class FusedStep:
+    """A built, loaded step op: updates its `updated` inputs in place, returns None."""
+
+    def __init__(self, spec, files: dict, library):
+        self.spec = spec
+        self.files = files
+        self.library = library
+        self.name = spec.name
+        self.inputs = spec.inputs
+        self.updated = spec.updated
+        self.mutated = spec.updated
+        self.scalars = spec.scalars
+        self.text = spec.text
+        self.op = getattr(torch.ops.fusegen, self.name)
+        self.foreach_op = getattr(torch.ops.fusegen, spec.foreach_name)
+        self._signature = inspect.Signature(
+            [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in self.inputs + self.scalars])
+
+    def __call__(self, *args, **kwargs):
+        from fusegen.api import bind
+
+        values = bind(self._signature, args, kwargs, f"fusegen step op '{self.name}'", self.name)
+        tensors, scalars = values[:len(self.inputs)], values[len(self.inputs):]
+        for name, t in zip(self.inputs, tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"fusegen step op '{self.name}': argument '{name}' must be a tensor, "
+                                f"got {type(t).__name__}")
+        numbers_, tensor_scalars = self._scalars(scalars)
+        if not any(t is not None for t in tensor_scalars):
+            self.op(*tensors, *numbers_)
+        else:
+            self.foreach_op(*[[t] for t in tensors], numbers_, tensor_scalars)
+
+    def foreach(self, *args, **kwargs):
+        """The update over lists: one list per tensor input (equal lengths; index k of each
+        list forms one update, of one shape), one launch per (device, dtypes) group."""
+        from fusegen.api import bind
+
+        values = bind(self._signature, args, kwargs, f"fusegen step op '{self.name}'.foreach", self.name)
+        lists, scalars = values[:len(self.inputs)], values[len(self.inputs):]
+        checked = []
+        for name, items in zip(self.inputs, lists):
+            if isinstance(items, torch.Tensor) or not isinstance(items, (list, tuple)):
+                raise TypeError(f"fusegen step op '{self.name}'.foreach: argument '{name}' must be a list "
+                                f"of tensors, got {type(items).__name__}")
+            checked.append(list(items))
+        numbers_, tensor_scalars = self._scalars(scalars)
+        self.foreach_op(*checked, numbers_, tensor_scalars)
+
+    def _scalars(self, scalars):
+        """(the numbers, with 0.0 where a tensor is given; per scalar None or its 0-d tensor)."""
+        values, tensors = [], []
+        for name, s in zip(self.scalars, scalars):
+            if isinstance(s, torch.Tensor):
+                if s.dim() != 0 or not s.is_floating_point():
+                    raise TypeError(f"fusegen step op '{self.name}': scalar '{name}' must be a number or a "
+                                    f"0-d floating-point tensor, got a {s.dim()}-d {s.dtype} tensor")
+                if s.dtype not in (torch.float32, torch.float64):
+                    s = s.float()
+                values.append(0.0)
+                tensors.append(s)
+            elif isinstance(s, numbers.Real) and not isinstance(s, bool):
+                values.append(float(s))
+                tensors.append(None)
+            else:
+                raise TypeError(f"fusegen step op '{self.name}': scalar '{name}' must be a number or a 0-d "
+                                f"tensor, got {type(s).__name__}")
+        return values, tensors
+
+    def __repr__(self):
+        return f"FusedStep(torch.ops.fusegen.{self.name}: {self.text})"
+
+
+def fuse_step(parsed, name: str | None, command: str | None = None) -> FusedStep:
+    """Build (or find in the cache) and load the step op of a parsed program."""
+    from fusegen.build import builder
+    from fusegen.codegen.printer import COMPUTE_TYPES, print_program
+    from fusegen.codegen.render import render_step
+    from fusegen.ir import limits, names
+    from fusegen.ir.step import step_spec
+
+    key = (parsed.text, parsed.inputs, parsed.scalars, name)
+    with _LOCK:
+        if key in _MEMO:
+            return _MEMO[key]
+        spec = step_spec(parsed, name, command)
+        program = names.for_c(spec.program, spec.inputs + spec.scalars)
+        files = render_step(spec, {t: print_program(program, t) for t in COMPUTE_TYPES})
+        limits.check_source(spec.name, files)
+        known = _STEPS.get(spec.name)
+        if known is not None:
+            if known.files != files:
+                raise LoadError(f"fusegen step op '{spec.name}' is already defined in this process as "
+                                f"{known.text!r}; expected the same program, got {spec.text!r}. Pick another name.")
+            _MEMO[key] = known
+            return known
+        _check_free(spec.name)
+        library = builder.build([(spec.name, files)])
+        builder.load(library)
+        step = _STEPS[spec.name] = _MEMO[key] = FusedStep(spec, files, library)
+        return step
+
+
+def _check_free(name: str):
+    """A step op's names must not be an elementwise op's (one library per name)."""
+    from fusegen import api
+
+    if name in api._OPS:
+        raise LoadError(f"fusegen op '{name}' is already defined in this process as the elementwise op "
+                        f"{api._OPS[name].entry.text!r}; pick another name for the step op")
+    if hasattr(torch.ops.fusegen, name) and name not in _STEPS:
+        raise SpecError(f"torch.ops.fusegen.{name} already exists in this process; pick another name")
