@@ -24,19 +24,11 @@ TOL = {torch.float64: dict(rtol=1e-9, atol=1e-11), torch.float32: dict(rtol=2e-5
 SGD_MOMENTUM = "b = mu*b + g + wd*p; p = p - lr*b"  # torch.optim.SGD(momentum=mu, weight_decay=wd)
 
 
-if hasattr(fusegen, "FusedStep"):
-    fuse = fusegen.fuse
-else:  # STANDIN: until the step ops are in this tree
-    import optim_standin
-    fuse = optim_standin.fuse
-    algorithms._fuse = lambda prog: optim_standin.fuse(prog.text, prog.name, prog.inputs, prog.scalars)
-
-
 @pytest.fixture(scope="module")
 def ops():
     """Every step op of the module, built (or loaded) once."""
     built = {program.name: algorithms.step_op(program) for program in algorithms.PROGRAMS}
-    built["sgd"] = fuse(SGD_MOMENTUM, name="optim_test_sgd_momentum", inputs="p,g,b", scalars="lr,mu,wd")
+    built["sgd"] = fusegen.fuse(SGD_MOMENTUM, name="optim_test_sgd_momentum", inputs="p,g,b", scalars="lr,mu,wd")
     return built
 
 
