@@ -250,6 +250,23 @@ def test_state_dict_keeps_fp32_state_of_bf16_params(ops):
     torch.testing.assert_close(twin.state[q]["v"], saved["state"][0]["v"], rtol=0, atol=0)
 
 
+def test_a_torch_adamw_state_dict_loads(ops):
+    """torch.optim.AdamW's exp_avg and exp_avg_sq are fusegen.optim.AdamW's m and v: training
+    resumes from a torch checkpoint where torch would have gone on."""
+    dtype = torch.float64
+    nets = [model(dtype), model(dtype)]
+    theirs = torch.optim.AdamW(nets[0].parameters(), lr=1e-2)
+    train(nets[0], theirs, dtype, steps=4)
+    nets[1].load_state_dict(nets[0].state_dict())
+    ours = fusegen.optim.AdamW(nets[1].parameters())
+    ours.load_state_dict(copy.deepcopy(theirs.state_dict()))
+    assert_params_close(train(nets[0], theirs, dtype, steps=4), train(nets[1], ours, dtype, steps=4), dtype)
+    lion = fusegen.optim.Lion(nets[1].parameters())
+    train(nets[1], lion, dtype, steps=1)
+    with pytest.raises(ValueError, match=r"the state of param 0 has step, m; expected step, m, v \(missing v\)"):
+        ours.load_state_dict(lion.state_dict())
+
+
 def test_zero_grad_params_without_grad_and_empty_groups(ops):
     net = model(torch.float32)
     frozen = torch.nn.Parameter(torch.ones(4))

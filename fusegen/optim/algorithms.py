@@ -112,6 +112,7 @@ class AdamW(Optimizer):
     The moments are float32 whatever the params' dtype (state_dtype=None: the param's)."""
 
     program = ADAMW
+    state_aliases = {"exp_avg": "m", "exp_avg_sq": "v"}  # torch.optim.AdamW's
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
                  capturable: bool = False, state_dtype: torch.dtype | None = torch.float32):
@@ -136,6 +137,7 @@ class Lion(Optimizer):
     AdamW's and its weight decay as many times larger."""
 
     program = LION
+    state_aliases = {"exp_avg": "m"}  # lion-pytorch's
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *,
                  capturable: bool = False, state_dtype: torch.dtype | None = torch.float32):
@@ -164,6 +166,7 @@ class Adan(Optimizer):
     (p <- p*(1 - lr*wd) - lr*update). Four state tensors: m, d, n and the previous gradient."""
 
     program = ADAN
+    state_aliases = {"exp_avg": "m", "exp_avg_diff": "d", "exp_avg_sq": "n", "pre_grad": "gp"}  # sail-sg/Adan's
 
     def __init__(self, params, lr=1e-3, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.0,
                  no_prox: bool = False, *, capturable: bool = False,

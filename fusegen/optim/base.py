@@ -58,6 +58,10 @@ class Optimizer(torch.optim.Optimizer):
     - any other keyword: a default hyper-parameter of every group (lr, betas, ...).
     """
 
+    # state names of other implementations -> this one's, accepted by load_state_dict (a
+    # torch.optim.AdamW checkpoint's exp_avg is fusegen.optim.AdamW's m)
+    state_aliases: dict[str, str] = {}
+
     def __init__(self, params, step, state: Iterable[str] | Mapping[str, str] = ("m", "v"),
                  scalars: Callable[[dict, object], dict] | None = None, param: str = "p", grad: str = "g", *,
                  state_dtype: torch.dtype | None = torch.float32, capturable: bool = False, **defaults):
@@ -238,14 +242,25 @@ class Optimizer(torch.optim.Optimizer):
 
     # -- state dict -----------------------------------------------------------------------
 
+    def _renamed(self, saved_id, state: dict) -> dict:
+        """A saved param state with state_aliases' names replaced; every state tensor there."""
+        state = {self.state_aliases.get(k, k): v for k, v in state.items()}
+        missing = [n for n in ("step", *self.state_init) if n not in state]
+        if missing and state:
+            raise ValueError(f"{type(self).__name__}.load_state_dict: the state of param {saved_id} has "
+                             f"{', '.join(map(str, state))}; expected {', '.join(('step', *self.state_init))} "
+                             f"(missing {', '.join(missing)})")
+        return state
+
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's load_state_dict, then each state tensor as this optimizer keeps it: in
+        """torch's load_state_dict (state names of state_aliases renamed: a torch.optim.AdamW
+        state dict loads into fusegen.optim.AdamW), then each state tensor as kept here: in
         state_dtype (torch would cast it to the param's dtype), the step count a float32
         tensor on the device if capturable, else on the CPU; capturable groups' hyper-
         parameters as device tensors again."""
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        saved_state = dict(state_dict["state"])
-        super().load_state_dict(state_dict)
+        saved_state = {i: self._renamed(i, s) for i, s in state_dict["state"].items()}
+        super().load_state_dict({**state_dict, "state": saved_state})
         params = [p for g in self.param_groups for p in g["params"]]
         group_of = {id(p): g for g in self.param_groups for p in g["params"]}
         dtensor = _dtensor_type()
