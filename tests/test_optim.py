@@ -395,3 +395,32 @@ def test_bench_optim_runs_on_the_cpu(ops, tmp_path, capsys):
     assert {r["impl"] for r in rows} == {"fusegen", "torch-foreach", "foreach"}
     assert all(r["ms"] > 0 and r["pct_copy"] > 0 and r["bytes"] > 0 for r in rows)
     assert "fusegen" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("setup", ["bf16", "fp32"])
+def test_bench_peers_compute_what_fusegen_computes(ops, setup, monkeypatch):
+    """Three steps of each peer of `fusegen bench optim` from the same params land where
+    fusegen's optimizer does; the compiled peer's update runs uncompiled here (inductor's
+    C++ compiles would take minutes; tests/gpu/test_optim_cuda.py compiles it)."""
+    from fusegen.bench import optim as bench
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    shapes = bench.llama_shapes(dict(vocab=50, dim=16, hidden=24, layers=1, kv=8))
+    dtype = bench.SETUPS[setup]
+    for name in bench.OPTIMIZERS:
+        finals = {}
+        for impl in bench.IMPLS:
+            if bench.TORCH_ONLY.get(impl, name) != name:
+                continue
+            params = bench.make_params(shapes, dtype, "cpu")
+            step, set_lr, _ = bench._make(impl, name, params, "cpu")
+            for lr in (None, None, bench.LR_CHANGES[0]):
+                if lr is not None:
+                    set_lr(lr)
+                step()
+            finals[impl] = params
+        for impl, params in finals.items():
+            bf16_state = impl.startswith("torch-") and setup == "bf16"  # torch's AdamW: state in bf16
+            for a, b in zip(params, finals["fusegen"]):
+                torch.testing.assert_close(a.float(), b.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                                           atol=1e-3 if bf16_state else 1e-6, msg=lambda m: f"{name} {impl}: {m}")

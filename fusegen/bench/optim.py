@@ -189,8 +189,7 @@ class CompiledStep:
         h = hyper
         betas = [scalar(b) for b in h["betas"]]
         self.lr, self.t = scalar(h["lr"]), scalar(0)
-        extra = {"adamw": [scalar(h["eps"]), scalar(h["weight_decay"])], "lion": [scalar(h["weight_decay"])],
-                 "adan": [scalar(h["eps"]), scalar(h["weight_decay"])]}[name]
+        extra = [scalar(h[k]) for k in ("eps", "weight_decay") if k in h]  # the rules' last parameters
         self.scalars = [self.t, self.lr, *betas, *extra]
         rule = {"adamw": _adamw_tensor, "lion": _lion_tensor, "adan": _adan_tensor}[name]
 
