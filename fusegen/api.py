@@ -30,6 +30,7 @@ import torch
 from fusegen.pytorch import autograd as _autograd
 from fusegen.build import builder as _build
 from fusegen.pytorch import decompose as _decompose
+from fusegen.pytorch.binding import bind
 from fusegen.build import index as _index
 from fusegen.build import keys as _keys
 from fusegen.ir import names
@@ -276,25 +277,6 @@ class FusedOp:
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"
 
 
-def bind(signature: inspect.Signature, args, kwargs, who: str, name: str) -> tuple:
-    """The arguments in the signature's order (defaults applied), or a TypeError that names
-    every unexpected keyword and the parameters (Signature.bind reports a missing argument
-    before an unexpected keyword, so a misspelt `d=` for `c` would read "missing 'c'")."""
-    params = signature.parameters
-    expected = f"expected {name}({', '.join(params)})"
-    unexpected = [k for k in kwargs if k not in params]
-    if unexpected:
-        words = ", ".join(repr(k) for k in unexpected)
-        plural = "s" if len(unexpected) > 1 else ""
-        raise TypeError(f"{who}: unexpected keyword argument{plural} {words}; {expected}")
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as err:
-        raise TypeError(f"{who}: {err}; {expected}") from None
-    bound.apply_defaults()
-    return tuple(bound.arguments[p] for p in params)
-
-
 def as_tensors(args, count: int):
     """`args` with each Python number among the first `count` (the tensor arguments) made a
     0-d CPU tensor, so that it promotes as eager's wrapped numbers do: a number takes the
@@ -326,6 +308,11 @@ _LOCK = threading.RLock()
 
 
 def _check_one_expression(entry: _index.Entry):
+    from fusegen.pytorch.step import loaded_step
+    step = loaded_step(entry.name)
+    if step is not None:
+        raise LoadError(f"fusegen op '{entry.name}' is already defined in this process as the step op "
+                        f"{step.text!r}; pick another name")
     known = _OPS.get(entry.name)
     if known is not None and known.entry.digest != entry.digest:
         raise LoadError(f"fusegen op '{entry.name}' is already defined in this process as "
@@ -416,14 +403,13 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
     if looks_like_program(expr):
         from fusegen.frontend.statements import parse_program
         from fusegen.ir.expr import Parsed
-        from fusegen.pytorch.step import fuse_step
 
         parsed = parse_program(expr, inputs=_names_arg("inputs", inputs), scalars=_names_arg("scalars", scalars) or ())
         if not isinstance(parsed, Parsed):
             if compile is not None:
                 raise SpecError("fuse(..., compile=...): a step op has one mode under torch.compile (its kernel, "
                                 "functionalized and re-inplaced); drop compile=")
-            return fuse_step(parsed, name)
+            return _fuse_step(parsed, name)
     request = Request.of({"expr": expr, "name": name, "inputs": inputs, "scalars": scalars})
     if compile is not None:
         _decompose.check(compile, f"fuse({expr!r}, compile=...)")
@@ -432,6 +418,34 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
         op = op if op is not None else fuse_many([request])[0]
         _decompose.set_mode(op.name, compile)
     return op
+
+
+def _fuse_step(parsed, name: str | None):
+    """A step op (pytorch/step.py) through its stages: spec, print, render, build, load."""
+    from fusegen.codegen.printer import print_step
+    from fusegen.codegen.render import render_step
+    from fusegen.ir import limits
+    from fusegen.ir.step import step_spec
+    from fusegen.pytorch import step as _step
+
+    key = (parsed.text, parsed.inputs, parsed.scalars, name)
+    with _LOCK, _step._LOCK:
+        found = _step.memo(key)
+        if found is not None:
+            return found
+        spec = step_spec(parsed, name)                                              # spec
+        files = render_step(spec, *print_step(spec))                                # print, render
+        limits.check_source(spec.name, files)
+        if spec.name in _OPS:
+            raise LoadError(f"fusegen op '{spec.name}' is already defined in this process as the elementwise "
+                            f"op {_OPS[spec.name].entry.text!r}; pick another name for the step op")
+
+        def build_and_load():
+            library = _build.build([(spec.name, files)])                            # build
+            _build.load(library)                                                    # load
+            return library
+
+        return _step.add(key, spec, files, build_and_load)
 
 
 def load(target) -> FusedOp:

@@ -243,3 +243,14 @@ def print_op(spec: OpSpec) -> PrintedOp:
         forward={t: print_program(spec.forward_program, t) for t in COMPUTE_TYPES},
         backward={t: print_program(spec.backward_program, t) for t in COMPUTE_TYPES},
     )
+
+
+def print_step(spec) -> tuple[dict[str, Statements], list[tuple[str, str]]]:
+    """A step op's program per compute type, and its derived scalars in double (ir/step.py)."""
+    from fusegen.ir import names
+
+    user = spec.inputs + spec.scalars
+    program = names.for_c(spec.program, user)
+    derived = names.for_c(Program(temps=(), results=tuple((s.name, e) for s, e in spec.derived)), user)
+    return ({t: print_program(program, t) for t in COMPUTE_TYPES},
+            list(print_program(derived, "double").results))

@@ -194,9 +194,10 @@ STEP_TEMPLATES = {
 }
 
 
-def render_step(spec, program_by_type: dict) -> dict[str, str]:
+def render_step(spec, program_by_type: dict, derived: list) -> dict[str, str]:
     """The files of one step op (ir/step.py): `program_by_type` is its Program printed per
-    compute type (printer.print_program)."""
+    compute type (printer.print_program), `derived` its derived scalars printed in double,
+    (name, code)."""
     for what, values in (("op name", (spec.name,)), ("input", spec.inputs), ("scalar", spec.scalars)):
         for value in values:
             problem = names.name_problem(value)
@@ -220,6 +221,7 @@ def render_step(spec, program_by_type: dict) -> dict[str, str]:
         "updated": [by_name[u] for u in spec.updated],
         "reads": [by_name[r] for r in spec.reads],
         "alias_masks": masks,
+        "derived": list(derived),
         "schema": spec.schema(),
         "foreach_schema": spec.foreach_schema(),
         "math": [{"ctype": t, "step": program_by_type[t]} for t in COMPUTE_TYPES],

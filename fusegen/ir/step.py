@@ -24,6 +24,7 @@ import sympy
 
 from fusegen.errors import SpecError
 from fusegen.ir import dag
+from fusegen.ir import primitives as fn
 from fusegen.ir import limits
 from fusegen.ir import names
 from fusegen.ir.names import check_op_name
@@ -47,6 +48,7 @@ class StepSpec:
     reads: tuple[str, ...]           # the inputs read, in input order: the kernel's inputs
     updates: tuple[tuple[str, sympy.Expr], ...]
     program: Program                 # results named by the updated inputs
+    derived: tuple[tuple[sympy.Symbol, sympy.Expr], ...]  # scalar-only subexpressions, in the scalars
     alias_ok: tuple[tuple[str, ...], ...]  # per updated input: the inputs that may be the same tensor
     command: str
 
@@ -125,6 +127,7 @@ def step_spec(parsed: ParsedProgram, name: str | None = None, command: str | Non
         exprs = [e for _, e in parsed.updates]
         _check_printable(name, [(f"the new value of '{i}'", e) for i, e in parsed.updates], set())
         budget.add_nodes(dag.count(exprs), f"the updates of '{name}'")
+        derived, exprs = _derive_scalars(exprs, parsed.scalars)
         temps, reduced = dag.cse(exprs, sympy.numbered_symbols("__cse"))
         reads = {s: dag.free_symbols([e]) for s, e in temps}
         program = _program(temps, list(zip(updated, reduced)), reads)
@@ -134,7 +137,42 @@ def step_spec(parsed: ParsedProgram, name: str | None = None, command: str | Non
                    and parsed.last_read.get(j, -1) <= parsed.first_write[u])
         alias_ok.append(ok)
     return StepSpec(name, parsed.text, parsed.inputs, parsed.scalars, updated, parsed.reads, parsed.updates,
-                    program, tuple(alias_ok), command or default_command(parsed, name))
+                    program, derived, tuple(alias_ok), command or default_command(parsed, name))
+
+
+DERIVED_PREFIX = "d"  # d0, d1, ...: never a user's C name (in_<name>) nor a temporary (t<k>)
+
+
+def _derive_scalars(exprs, scalars):
+    """Each largest subexpression of scalars and numbers alone (`1 - beta2`, `1 - lr*wd`)
+    becomes a derived scalar, computed once per call in double, as eager computes Python
+    numbers, and then rounded to the compute type: (1 - 0.999) in float32 arithmetic is
+    0.00099998713, where eager's `(1 - beta2) * g` multiplies by float32(0.001)."""
+    scalar_symbols = {sympy.Symbol(s, real=True) for s in scalars}
+    order = dag.postorder(exprs)
+    only = {}
+    for node in order:
+        if isinstance(node, sympy.Symbol):
+            only[node] = node in scalar_symbols
+        elif not node.args:
+            only[node] = True   # a number
+        else:
+            only[node] = all(only[a] for a in node.args)
+    parents = {}
+    for node in order:
+        for a in node.args:
+            parents.setdefault(a, []).append(node)
+    roots = set(exprs)
+    found = []
+    for node in order:
+        if not only[node] or not node.args or fn.is_condition(node):
+            continue
+        if node in roots or any(not only[p] for p in parents.get(node, ())):
+            found.append(node)
+    mapping = {e: sympy.Symbol(f"{DERIVED_PREFIX}{k}", real=True) for k, e in enumerate(dict.fromkeys(found))}
+    if not mapping:
+        return (), list(exprs)
+    return tuple((s, e) for e, s in mapping.items()), dag.substitute(exprs, mapping)
 
 
 def default_name(parsed: ParsedProgram) -> str:

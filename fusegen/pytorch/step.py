@@ -20,8 +20,9 @@ import threading
 import torch
 
 from fusegen.errors import LoadError, SpecError
+from fusegen.pytorch.binding import bind
 
-_LOCK = threading.RLock()
+_LOCK = threading.RLock()  # api's pipeline runs under it too
 _STEPS: dict[str, "FusedStep"] = {}        # by name: one program per name in a process
 _MEMO: dict[tuple, "FusedStep"] = {}        # by request
 
@@ -45,8 +46,6 @@ class FusedStep:
             [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in self.inputs + self.scalars])
 
     def __call__(self, *args, **kwargs):
-        from fusegen.api import bind
-
         values = bind(self._signature, args, kwargs, f"fusegen step op '{self.name}'", self.name)
         tensors, scalars = values[:len(self.inputs)], values[len(self.inputs):]
         for name, t in zip(self.inputs, tensors):
@@ -62,8 +61,6 @@ class FusedStep:
     def foreach(self, *args, **kwargs):
         """The update over lists: one list per tensor input (equal lengths; index k of each
         list forms one update, of one shape), one launch per (device, dtypes) group."""
-        from fusegen.api import bind
-
         values = bind(self._signature, args, kwargs, f"fusegen step op '{self.name}'.foreach", self.name)
         lists, scalars = values[:len(self.inputs)], values[len(self.inputs):]
         checked = []
@@ -99,22 +96,15 @@ class FusedStep:
         return f"FusedStep(torch.ops.fusegen.{self.name}: {self.text})"
 
 
-def fuse_step(parsed, name: str | None, command: str | None = None) -> FusedStep:
-    """Build (or find in the cache) and load the step op of a parsed program."""
-    from fusegen.build import builder
-    from fusegen.codegen.printer import COMPUTE_TYPES, print_program
-    from fusegen.codegen.render import render_step
-    from fusegen.ir import limits, names
-    from fusegen.ir.step import step_spec
+def memo(key: tuple) -> "FusedStep | None":
+    """The step op of a request made before in this process."""
+    return _MEMO.get(key)
 
-    key = (parsed.text, parsed.inputs, parsed.scalars, name)
+
+def add(key: tuple, spec, files: dict, load) -> FusedStep:
+    """Registers the step op of `spec` under `key`: the one loaded under its name when its
+    files are the same, else `load()` (build and load its library) and a new FusedStep."""
     with _LOCK:
-        if key in _MEMO:
-            return _MEMO[key]
-        spec = step_spec(parsed, name, command)
-        program = names.for_c(spec.program, spec.inputs + spec.scalars)
-        files = render_step(spec, {t: print_program(program, t) for t in COMPUTE_TYPES})
-        limits.check_source(spec.name, files)
         known = _STEPS.get(spec.name)
         if known is not None:
             if known.files != files:
@@ -122,19 +112,11 @@ def fuse_step(parsed, name: str | None, command: str | None = None) -> FusedStep
                                 f"{known.text!r}; expected the same program, got {spec.text!r}. Pick another name.")
             _MEMO[key] = known
             return known
-        _check_free(spec.name)
-        library = builder.build([(spec.name, files)])
-        builder.load(library)
-        step = _STEPS[spec.name] = _MEMO[key] = FusedStep(spec, files, library)
+        if hasattr(torch.ops.fusegen, spec.name):
+            raise SpecError(f"torch.ops.fusegen.{spec.name} already exists in this process; pick another name")
+        step = _STEPS[spec.name] = _MEMO[key] = FusedStep(spec, files, load())
         return step
 
 
-def _check_free(name: str):
-    """A step op's names must not be an elementwise op's (one library per name)."""
-    from fusegen import api
-
-    if name in api._OPS:
-        raise LoadError(f"fusegen op '{name}' is already defined in this process as the elementwise op "
-                        f"{api._OPS[name].entry.text!r}; pick another name for the step op")
-    if hasattr(torch.ops.fusegen, name) and name not in _STEPS:
-        raise SpecError(f"torch.ops.fusegen.{name} already exists in this process; pick another name")
+def loaded_step(name: str) -> FusedStep | None:
+    return _STEPS.get(name)

@@ -119,6 +119,75 @@ struct OpDef {
 // Autograd kernels. Called once per op from a static initializer of the op's library.
 bool register_op(const OpDef& def);
 
+// ---------------------------------------------------------------------------------------
+// Step ops: in-place updates over tensors, or over lists of tensors in one launch per
+// (device, dtypes) group, as torch's foreach and fused optimizers run.
+//
+// A step op's kernel operands are its updated tensors (the kernel's outputs), then the
+// tensors it reads; each operand has its own dtype (bf16 parameters beside fp32 state), and
+// the kernel computes in float, or in double when an operand is float64.
+
+constexpr int kStepAbi = 1;
+constexpr int kStepMaxOperands = 24;
+constexpr int kStepMaxScalars = 16;
+// Elements per CUDA block, and blocks per launch, as ATen's multi_tensor_apply.
+constexpr int64_t kStepChunk = 65536;
+constexpr int kStepMaxBlocks = 320;
+// Tensors per launch: their pointers and sizes travel in the kernel's parameters, beside
+// the blocks' (tensor, chunk) pairs and the scalars, within the 4 KiB every GPU accepts.
+constexpr int step_max_tensors(int num_operands) {
+  return (3072 - kStepMaxBlocks * 6) / (8 * num_operands + 8);
+}
+
+// One launch: `num_tensors` tensors (each one index of the lists), their operands' data
+// data[t * num_operands + k] and element counts, and the (tensor, chunk) of every block.
+// A scalar is scalars[s], unless scalar_data[s] is set: a 0-d float32 (scalar_is_double[s]
+// false) or float64 tensor on the device, which the kernel reads itself.
+struct StepLaunch {
+  int num_operands;
+  int num_tensors;
+  int num_blocks;
+  char* const* data;
+  const int64_t* numel;
+  const int* block_tensor;
+  const int* block_chunk;
+  const Dtype* dtypes;  // per operand
+  int num_scalars;
+  const double* scalars;
+  const void* const* scalar_data;
+  const bool* scalar_is_double;
+  bool aligned;  // every operand's data is 16-byte aligned
+};
+
+// CPU: one contiguous run of n elements of every operand, data[k] and dtypes[k].
+using StepCpuKernel = void (*)(char* const* data, const Dtype* dtypes, int64_t n,
+                               const double* scalars);
+using StepCudaKernel = void (*)(const StepLaunch& launch, void* stream);
+
+// One step op, described by its generated code (fields set by name, arrays static).
+struct StepDef {
+  int abi = kStepAbi;
+  const char* name = nullptr;            // fusegen::<name>
+  const char* schema = nullptr;          // "<name>(Tensor(a!) p, Tensor g, ..., float lr) -> ()"
+  const char* foreach_schema = nullptr;  // "<name>_foreach(Tensor(a!)[] p, ..., float[] scalars,
+                                         //  Tensor?[] scalar_tensors) -> ()"
+  int num_inputs = 0;
+  const char* const* input_names = nullptr;
+  int num_scalars = 0;
+  const char* const* scalar_names = nullptr;
+  int num_updated = 0;                   // operands 0 .. num_updated - 1
+  const int* updated = nullptr;          // ... as indices into the inputs
+  int num_reads = 0;                     // the operands after them
+  const int* reads = nullptr;            // ... as indices into the inputs
+  const uint32_t* alias_ok = nullptr;    // per updated input: bit j, input j may be the same tensor
+  StepCpuKernel cpu = nullptr;
+  StepCudaKernel cuda = nullptr;         // none in a build without CUDA
+};
+
+// Defines fusegen::<name> and fusegen::<name>_foreach with CPU, Meta, CUDA and Autograd
+// kernels. Called once per step op from a static initializer of its library.
+bool register_step(const StepDef& def);
+
 }  // namespace fusegen
 
 #endif  // FUSEGEN_RUNTIME_H_

@@ -1,0 +1,229 @@
+// fusegen-cuda-step.cuh: the CUDA kernel of a step op and its launcher (an op's <name>.cu
+// calls run_step_cuda). One launch covers many tensors, as ATen's multi_tensor_apply does:
+// the runtime (fusegen-step.cpp) splits each tensor into chunks of kStepChunk elements and
+// packs up to kStepMaxBlocks chunks of up to step_max_tensors() tensors into one launch,
+// one block a chunk; the tensors' pointers travel in the kernel's parameters, so a launch
+// needs no copy to the device and can be captured in a CUDA graph.
+#ifndef FUSEGEN_CUDA_STEP_CUH_
+#define FUSEGEN_CUDA_STEP_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fusegen-cuda-common.cuh"
+#include "fusegen-runtime.h"
+
+namespace fusegen {
+
+constexpr int kStepThreads = 512;
+constexpr int kStepVec = 4;  // elements per access: 16 bytes of float, 8 of fp16/bf16
+
+// The parameters of one launch (at most 4 KiB, checked below).
+template <int kN>
+struct StepArgs {
+  static constexpr int kTensors = step_max_tensors(kN);
+  char* data[kTensors][kN];
+  int64_t numel[kTensors];
+  int32_t block_chunk[kStepMaxBlocks];
+  uint16_t block_tensor[kStepMaxBlocks];
+  double scalars[kStepMaxScalars];
+  const void* scalar_data[kStepMaxScalars];
+  uint32_t scalar_is_double;
+  int8_t dtypes[kN];
+};
+
+__device__ __forceinline__ int step_size(int8_t dtype) {
+  return dtype == int8_t(Dtype::kFloat64) ? 8 : dtype == int8_t(Dtype::kFloat32) ? 4 : 2;
+}
+
+// One element of operand data `p` (of `dtype`) at index i, in T; and written from T.
+template <typename T>
+__device__ __forceinline__ T step_read(const char* p, int8_t dtype, int64_t i) {
+  switch (static_cast<Dtype>(dtype)) {
+    case Dtype::kFloat32: return static_cast<T>(reinterpret_cast<const float*>(p)[i]);
+    case Dtype::kFloat64: return static_cast<T>(reinterpret_cast<const double*>(p)[i]);
+    case Dtype::kFloat16: return static_cast<T>(to_acc(reinterpret_cast<const Half*>(p)[i]));
+    case Dtype::kBFloat16: break;
+  }
+  return static_cast<T>(to_acc(reinterpret_cast<const BFloat16*>(p)[i]));
+}
+
+template <typename T>
+__device__ __forceinline__ void step_write(char* p, int8_t dtype, int64_t i, T v) {
+  switch (static_cast<Dtype>(dtype)) {
+    case Dtype::kFloat32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case Dtype::kFloat64: reinterpret_cast<double*>(p)[i] = static_cast<double>(v); return;
+    case Dtype::kFloat16:
+      reinterpret_cast<Half*>(p)[i] = from_acc<Half>(static_cast<float>(v));
+      return;
+    case Dtype::kBFloat16: break;
+  }
+  reinterpret_cast<BFloat16*>(p)[i] = from_acc<BFloat16>(static_cast<float>(v));
+}
+
+// kStepVec elements at index i (a multiple of kStepVec, the data 16-byte aligned): one
+// vector access per operand.
+template <typename T>
+__device__ __forceinline__ void step_read_vec(const char* p, int8_t dtype, int64_t i,
+                                              T (&v)[kStepVec]) {
+  switch (static_cast<Dtype>(dtype)) {
+    case Dtype::kFloat32: {
+      const float4 a = *reinterpret_cast<const float4*>(p + i * 4);
+      v[0] = static_cast<T>(a.x), v[1] = static_cast<T>(a.y), v[2] = static_cast<T>(a.z),
+      v[3] = static_cast<T>(a.w);
+      return;
+    }
+    case Dtype::kFloat64: {
+      const double2 a = *reinterpret_cast<const double2*>(p + i * 8);
+      const double2 b = *reinterpret_cast<const double2*>(p + i * 8 + 16);
+      v[0] = static_cast<T>(a.x), v[1] = static_cast<T>(a.y), v[2] = static_cast<T>(b.x),
+      v[3] = static_cast<T>(b.y);
+      return;
+    }
+    case Dtype::kFloat16:
+    case Dtype::kBFloat16: break;
+  }
+  const uint2 a = *reinterpret_cast<const uint2*>(p + i * 2);
+  const uint16_t bits[kStepVec] = {static_cast<uint16_t>(a.x), static_cast<uint16_t>(a.x >> 16),
+                                   static_cast<uint16_t>(a.y), static_cast<uint16_t>(a.y >> 16)};
+#pragma unroll
+  for (int e = 0; e < kStepVec; ++e) {
+    v[e] = dtype == int8_t(Dtype::kFloat16) ? static_cast<T>(to_acc(Half{bits[e]}))
+                                            : static_cast<T>(to_acc(BFloat16{bits[e]}));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void step_write_vec(char* p, int8_t dtype, int64_t i,
+                                               const T (&v)[kStepVec]) {
+  switch (static_cast<Dtype>(dtype)) {
+    case Dtype::kFloat32:
+      *reinterpret_cast<float4*>(p + i * 4) =
+          make_float4(static_cast<float>(v[0]), static_cast<float>(v[1]), static_cast<float>(v[2]),
+                      static_cast<float>(v[3]));
+      return;
+    case Dtype::kFloat64:
+      *reinterpret_cast<double2*>(p + i * 8) =
+          make_double2(static_cast<double>(v[0]), static_cast<double>(v[1]));
+      *reinterpret_cast<double2*>(p + i * 8 + 16) =
+          make_double2(static_cast<double>(v[2]), static_cast<double>(v[3]));
+      return;
+    case Dtype::kFloat16:
+    case Dtype::kBFloat16: break;
+  }
+  uint16_t bits[kStepVec];
+#pragma unroll
+  for (int e = 0; e < kStepVec; ++e) {
+    bits[e] = dtype == int8_t(Dtype::kFloat16) ? from_acc<Half>(static_cast<float>(v[e])).x
+                                               : from_acc<BFloat16>(static_cast<float>(v[e])).x;
+  }
+  *reinterpret_cast<uint2*>(p + i * 2) =
+      make_uint2(bits[0] | (static_cast<unsigned>(bits[1]) << 16),
+                 bits[2] | (static_cast<unsigned>(bits[3]) << 16));
+}
+
+// One block per chunk: the block's tensor and chunk from the parameters, the scalars from
+// the parameters or the device, then F over the chunk, kStepVec elements per thread and step.
+template <typename T, typename F>
+__global__ void __launch_bounds__(kStepThreads)
+    step_kernel(const StepArgs<F::kInputs + F::kOutputs> a, bool aligned) {
+  constexpr int kIn = F::kInputs;
+  constexpr int kOut = F::kOutputs;
+  constexpr int kN = kIn + kOut;
+  constexpr int kInRows = kIn > 0 ? kIn : 1;
+  constexpr int kScalarSlots = F::kScalars > 0 ? F::kScalars : 1;
+  const int t = a.block_tensor[blockIdx.x];
+  const int64_t start = int64_t(a.block_chunk[blockIdx.x]) * kStepChunk;
+  const int64_t left = a.numel[t] - start;
+  const int64_t n = left < kStepChunk ? left : kStepChunk;
+  double s[kScalarSlots] = {};
+#pragma unroll
+  for (int k = 0; k < F::kScalars; ++k) {
+    const void* d = a.scalar_data[k];
+    s[k] = d == nullptr                       ? a.scalars[k]
+           : (a.scalar_is_double >> k) & 1u ? *static_cast<const double*>(d)
+                                             : static_cast<double>(*static_cast<const float*>(d));
+  }
+  const F f = F::make(s);
+  char* p[kN];
+  int8_t dtype[kN];
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    dtype[k] = a.dtypes[k];
+    p[k] = a.data[t][k] + start * step_size(dtype[k]);
+  }
+  for (int64_t i = int64_t(threadIdx.x) * kStepVec; i < n; i += int64_t(kStepThreads) * kStepVec) {
+    T x[kInRows][kStepVec];
+    T y[kOut][kStepVec];
+    const bool whole = aligned && i + kStepVec <= n;
+    if (whole) {
+#pragma unroll
+      for (int k = 0; k < kIn; ++k) step_read_vec(p[kOut + k], dtype[kOut + k], i, x[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kIn; ++k) {
+#pragma unroll
+        for (int e = 0; e < kStepVec; ++e)
+          x[k][e] = i + e < n ? step_read<T>(p[kOut + k], dtype[kOut + k], i + e) : T(0);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kStepVec; ++e) {
+      T xe[kInRows];
+      T ye[kOut];
+#pragma unroll
+      for (int k = 0; k < kIn; ++k) xe[k] = x[k][e];
+      f(xe, ye);
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) y[j][e] = ye[j];
+    }
+    if (whole) {
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) step_write_vec(p[j], dtype[j], i, y[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) {
+#pragma unroll
+        for (int e = 0; e < kStepVec; ++e)
+          if (i + e < n) step_write(p[j], dtype[j], i + e, y[j][e]);
+      }
+    }
+  }
+}
+
+// One launch of F over the runtime's StepLaunch on `stream`: in double when an operand is
+// float64, else in float.
+template <template <typename> class F>
+void run_step_cuda(const StepLaunch& l, cudaStream_t stream) {
+  constexpr int kN = F<float>::kInputs + F<float>::kOutputs;
+  static_assert(sizeof(StepArgs<kN>) <= 4096, "a kernel's parameters fit in 4 KiB");
+  StepArgs<kN> a{};
+  for (int t = 0; t < l.num_tensors; ++t) {
+    for (int k = 0; k < kN; ++k) a.data[t][k] = l.data[t * kN + k];
+    a.numel[t] = l.numel[t];
+  }
+  for (int b = 0; b < l.num_blocks; ++b) {
+    a.block_tensor[b] = static_cast<uint16_t>(l.block_tensor[b]);
+    a.block_chunk[b] = static_cast<int32_t>(l.block_chunk[b]);
+  }
+  for (int k = 0; k < l.num_scalars && k < kStepMaxScalars; ++k) {
+    a.scalars[k] = l.scalars[k];
+    a.scalar_data[k] = l.scalar_data[k];
+    if (l.scalar_is_double[k]) a.scalar_is_double |= 1u << k;
+  }
+  bool wide = false;
+  for (int k = 0; k < kN; ++k) {
+    a.dtypes[k] = static_cast<int8_t>(l.dtypes[k]);
+    wide = wide || l.dtypes[k] == Dtype::kFloat64;
+  }
+  if (wide) {
+    step_kernel<double, F<double>><<<l.num_blocks, kStepThreads, 0, stream>>>(a, l.aligned);
+  } else {
+    step_kernel<float, F<float>><<<l.num_blocks, kStepThreads, 0, stream>>>(a, l.aligned);
+  }
+}
+
+}  // namespace fusegen
+
+#endif  // FUSEGEN_CUDA_STEP_CUH_
