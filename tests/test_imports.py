@@ -19,7 +19,7 @@ modules (errors, files, version), which every module may import:
     pytorch    torch.library, autograd, torch.compile, ONNX   -> ir, build
     tools      cli, check, package, reference                 -> anything
     bench      the benchmarks                                 -> anything
-    optim      fused optimizers, built with fusegen.fuse        -> anything
+    optim      fused optimizers, built with fusegen.fuse      -> anything
 
 The drivers may import everything: api.py, ops.py, the package's __init__ and __main__, and
 frontend/decorator.py (the @fused entry point, a driver like api.fuse: it waits for the
