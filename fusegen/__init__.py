@@ -14,15 +14,20 @@ from fusegen.version import FUSEGEN_VERSION
 __all__ = ["fuse", "fuse_many", "fused", "build_pending", "load", "ops", "FusedOp", "Request",
            "FusegenError", "onnx_translations"]
 __version__ = FUSEGEN_VERSION
+__all__ += ["Optimizer", "optim"]  # fused optimizers (fusegen/optim)
 
 _LAZY = {"fuse": "api", "fuse_many": "api", "FusedOp": "api", "Request": "api", "load": "api",
          "fused": "frontend.decorator", "build_pending": "frontend.decorator", "onnx_translations": "pytorch.onnx"}
+_LAZY["Optimizer"] = "optim"
 
 
 def __getattr__(name: str):
     if name == "ops":
         import importlib
         return importlib.import_module(".ops", __name__)  # a module: `from fusegen.ops import fma` works too
+    if name == "optim":
+        import importlib
+        return importlib.import_module(".optim", __name__)
     if name in _LAZY:
         import importlib
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

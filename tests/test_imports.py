@@ -19,6 +19,7 @@ modules (errors, files, version), which every module may import:
     pytorch    torch.library, autograd, torch.compile, ONNX   -> ir, build
     tools      cli, check, package, reference                 -> anything
     bench      the benchmarks                                 -> anything
+    optim      fused optimizers, built with fusegen.fuse      -> anything
 
 The drivers may import everything: api.py, ops.py, the package's __init__ and __main__, and
 frontend/decorator.py (the @fused entry point, a driver like api.fuse: it waits for the
@@ -45,6 +46,7 @@ ALLOWED = {  # stage -> the stages (or single modules) it may import, besides BA
     "pytorch": {"ir", "build"},
     "tools": None,   # anything
     "bench": None,
+    "optim": None,
 }
 # (importer, imported): allowed inside a function only.
 LAZY_EXCEPTIONS = {("fusegen.pytorch.onnx", "fusegen.api"), ("fusegen.pytorch.onnx", "fusegen.frontend.decorator")}
@@ -163,7 +165,7 @@ def _allowed(importer: str, target: str, top: bool) -> bool:
     if not top and (importer, target) in LAZY_EXCEPTIONS:
         return True
     if target in DRIVERS:
-        return stage(importer) in ("tools", "bench")
+        return stage(importer) in ("tools", "bench", "optim")
     mine, theirs = stage(importer), stage(target)
     if mine is None:  # a top-level module that is neither a driver nor a base module
         return False

@@ -1,7 +1,7 @@
 """`fusegen bench` (and `python -m fusegen.bench`): the subcommands, one table.
 
     fusegen bench [EXPR ...] [--quick] ...     # the race of implementations (core.py)
-    fusegen bench build | cpu | layouts | gp | ffn | compile
+    fusegen bench build | cpu | layouts | gp | ffn | compile | optim
 
 Each subcommand's module is imported only when it runs."""
 
@@ -49,8 +49,13 @@ def _gp(argv) -> int:  # a gradient-penalty training step
     return 0
 
 
+def _optim(argv) -> int:  # an optimizer step over a 1.1B-parameter Llama's params
+    from fusegen.bench import optim
+    return optim.main(argv)
+
+
 SUBCOMMANDS = {"build": _build, "cpu": _layouts("cpu"), "layouts": _layouts("layouts"), "gp": _gp,
-               "ffn": _ffn, "compile": _compile}
+               "ffn": _ffn, "compile": _compile, "optim": _optim}
 
 
 def main(argv=None) -> int:
