@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|compile|tiles|accumulating|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|optim|compile|tiles|accumulating|vector|all]
 # One mode is one device call of 1-5 minutes (2026-12-01, H200: tests about 4 min, bench
 # about 3, build 1); `all` is more than the 10 minutes a call may run and brings back more
 # than the 8 files a call returns, so split it over calls.
@@ -32,6 +32,14 @@ fi
 if [[ $what == build || $what == all ]]; then
   python3 -m fusegen.bench build --no-compile --json "$OUT/bench_build.json" 2>&1 | tee "$OUT/bench_build.log"
   status=$((status | ${PIPESTATUS[0]}))
+fi
+if [[ $what == optim || $what == all ]]; then
+  python3 -m pytest -q -m cuda tests/gpu/test_step_cuda.py tests/gpu/test_optim_cuda.py 2>&1 | tee "$OUT/pytest_optim.log"
+  status=$((status | ${PIPESTATUS[0]}))
+  for setup in bf16 fp32; do  # one setup a run: each compile row compiles a 201-tensor step
+    python3 -m fusegen.bench optim --setups $setup --json "$OUT/bench_optim_$setup.json" 2>&1 | tee "$OUT/bench_optim_$setup.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
 fi
 if [[ $what == compile || $what == all ]]; then
   python3 -m fusegen.bench.compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"
