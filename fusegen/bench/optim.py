@@ -47,7 +47,7 @@ QUICK = dict(vocab=8000, dim=1024, hidden=2816, layers=2, kv=256)
 CPU_QUICK = dict(vocab=2000, dim=256, hidden=704, layers=2, kv=64)
 SETUPS = {"bf16": torch.bfloat16, "fp32": torch.float32}
 OPTIMIZERS = ("adamw", "lion", "adan")
-IMPLS = ("fusegen", "torch-fused", "torch-foreach", "foreach", "compile")
+IMPLS = ("fusegen", "fusegen-narrow", "torch-fused", "torch-foreach", "foreach", "compile")
 TORCH_ONLY = {"torch-fused": "adamw", "torch-foreach": "adamw"}  # impl -> the optimizer it exists for
 HYPER = {"adamw": dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1),
          "lion": dict(lr=1e-5, betas=(0.9, 0.99), weight_decay=1.0),
@@ -223,9 +223,12 @@ def _make(impl: str, name: str, params, device: str):
     import fusegen.optim as optim
 
     hyper = HYPER[name]
-    if impl == "fusegen":
-        opt = {"adamw": optim.AdamW, "lion": optim.Lion, "adan": optim.Adan}[name](params, **hyper)
-        return opt.step, lambda lr: opt.param_groups[0].__setitem__("lr", lr), torch.float32
+    if impl in ("fusegen", "fusegen-narrow"):  # state in float32, or (narrow) in the params' dtype as torch's
+        narrow = impl == "fusegen-narrow"
+        opt = {"adamw": optim.AdamW, "lion": optim.Lion, "adan": optim.Adan}[name](
+            params, **hyper, **({"state_dtype": None} if narrow else {}))
+        return opt.step, lambda lr: opt.param_groups[0].__setitem__("lr", lr), \
+            params[0].dtype if narrow else torch.float32
     if impl in TORCH_ONLY:
         opt = torch.optim.AdamW(params, **hyper, **{impl.removeprefix("torch-"): True})
         return opt.step, lambda lr: opt.param_groups[0].__setitem__("lr", lr), params[0].dtype
@@ -324,16 +327,15 @@ def report(result: dict):
     rows = result["rows"]
     best = {}
     for r in rows:
-        if r["impl"] != "fusegen":
+        if not r["impl"].startswith("fusegen"):
             k = (r["setup"], r["optimizer"])
             best[k] = min(best.get(k, float("inf")), r["ms"])
-    fusegen_ms = {(r["setup"], r["optimizer"]): r["ms"] for r in rows if r["impl"] == "fusegen"}
 
     def vs(r):
         k = (r["setup"], r["optimizer"])
-        if r["impl"] != "fusegen" or k not in best:
+        if not r["impl"].startswith("fusegen") or k not in best:
             return "-"
-        return f"{fusegen_ms[k] / best[k]:.2f}"
+        return f"{r['ms'] / best[k]:.2f}"
 
     table("ms per optimizer step (median ±spread), GB/s and % of copy of the bytes it moves; "
           "fusegen / best PyTorch",

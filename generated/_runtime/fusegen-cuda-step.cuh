@@ -1,9 +1,8 @@
 // fusegen-cuda-step.cuh: the CUDA kernel of a step op and its launcher (an op's <name>.cu
 // calls run_step_cuda). One launch covers many tensors, as ATen's multi_tensor_apply does:
-// the runtime (fusegen-step.cpp) splits each tensor into chunks of kStepChunk elements and
-// packs up to kStepMaxBlocks chunks of up to step_max_tensors() tensors into one launch,
-// one block a chunk; the tensors' pointers travel in the kernel's parameters, so a launch
-// needs no copy to the device and can be captured in a CUDA graph.
+// the runtime (fusegen-step.cpp) packs up to step_max_tensors() tensors into one launch,
+// one block per chunk of kStepChunk elements; the tensors' pointers travel in the kernel's
+// parameters, so a launch needs no copy to the device and can be captured in a CUDA graph.
 #ifndef FUSEGEN_CUDA_STEP_CUH_
 #define FUSEGEN_CUDA_STEP_CUH_
 
@@ -16,6 +15,8 @@
 
 namespace fusegen {
 
+// 512 threads, two blocks per SM: at most 64 registers (unbounded, the 4-element ILP of
+// AdamW took 104, one block per SM).
 constexpr int kStepThreads = 512;
 constexpr int kStepVec = 4;  // elements per access: 16 bytes of float, 8 of fp16/bf16
 
@@ -25,8 +26,8 @@ struct StepArgs {
   static constexpr int kTensors = step_max_tensors(kN);
   char* data[kTensors][kN];
   int64_t numel[kTensors];
-  int32_t block_chunk[kStepMaxBlocks];
-  uint16_t block_tensor[kStepMaxBlocks];
+  int32_t first_chunk[kTensors + 1];
+  int32_t num_tensors;
   double scalars[kStepMaxScalars];
   const void* scalar_data[kStepMaxScalars];
   uint32_t scalar_is_double;
@@ -126,15 +127,25 @@ __device__ __forceinline__ void step_write_vec(char* p, int8_t dtype, int64_t i,
 // One block per chunk: the block's tensor and chunk from the parameters, the scalars from
 // the parameters or the device, then F over the chunk, kStepVec elements per thread and step.
 template <typename T, typename F>
-__global__ void __launch_bounds__(kStepThreads)
+__global__ void __launch_bounds__(kStepThreads, 2)
     step_kernel(const StepArgs<F::kInputs + F::kOutputs> a, bool aligned) {
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
   constexpr int kN = kIn + kOut;
   constexpr int kInRows = kIn > 0 ? kIn : 1;
   constexpr int kScalarSlots = F::kScalars > 0 ? F::kScalars : 1;
-  const int t = a.block_tensor[blockIdx.x];
-  const int64_t start = int64_t(a.block_chunk[blockIdx.x]) * kStepChunk;
+  const int32_t block = static_cast<int32_t>(blockIdx.x);
+  int t = 0;  // the last tensor whose first chunk is at most this block
+  for (int lo = 0, hi = a.num_tensors - 1; lo <= hi;) {
+    const int mid = (lo + hi) / 2;
+    if (a.first_chunk[mid] <= block) {
+      t = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t start = int64_t(block - a.first_chunk[t]) * kStepChunk;
   const int64_t left = a.numel[t] - start;
   const int64_t n = left < kStepChunk ? left : kStepChunk;
   double s[kScalarSlots] = {};
@@ -203,10 +214,9 @@ void run_step_cuda(const StepLaunch& l, cudaStream_t stream) {
     for (int k = 0; k < kN; ++k) a.data[t][k] = l.data[t * kN + k];
     a.numel[t] = l.numel[t];
   }
-  for (int b = 0; b < l.num_blocks; ++b) {
-    a.block_tensor[b] = static_cast<uint16_t>(l.block_tensor[b]);
-    a.block_chunk[b] = static_cast<int32_t>(l.block_chunk[b]);
-  }
+  for (int t = 0; t <= l.num_tensors; ++t) a.first_chunk[t] = l.first_chunk[t];
+  a.num_tensors = l.num_tensors;
+  const unsigned blocks = static_cast<unsigned>(l.first_chunk[l.num_tensors]);
   for (int k = 0; k < l.num_scalars && k < kStepMaxScalars; ++k) {
     a.scalars[k] = l.scalars[k];
     a.scalar_data[k] = l.scalar_data[k];
@@ -218,9 +228,9 @@ void run_step_cuda(const StepLaunch& l, cudaStream_t stream) {
     wide = wide || l.dtypes[k] == Dtype::kFloat64;
   }
   if (wide) {
-    step_kernel<double, F<double>><<<l.num_blocks, kStepThreads, 0, stream>>>(a, l.aligned);
+    step_kernel<double, F<double>><<<blocks, kStepThreads, 0, stream>>>(a, l.aligned);
   } else {
-    step_kernel<float, F<float>><<<l.num_blocks, kStepThreads, 0, stream>>>(a, l.aligned);
+    step_kernel<float, F<float>><<<blocks, kStepThreads, 0, stream>>>(a, l.aligned);
   }
 }
 

@@ -127,30 +127,30 @@ bool register_op(const OpDef& def);
 // tensors it reads; each operand has its own dtype (bf16 parameters beside fp32 state), and
 // the kernel computes in float, or in double when an operand is float64.
 
-constexpr int kStepAbi = 1;
+constexpr int kStepAbi = 2;
 constexpr int kStepMaxOperands = 24;
 constexpr int kStepMaxScalars = 16;
-// Elements per CUDA block, and blocks per launch, as ATen's multi_tensor_apply.
+// Elements per CUDA block (a chunk), as ATen's multi_tensor_apply.
 constexpr int64_t kStepChunk = 65536;
-constexpr int kStepMaxBlocks = 320;
-// Tensors per launch: their pointers and sizes travel in the kernel's parameters, beside
-// the blocks' (tensor, chunk) pairs and the scalars, within the 4 KiB every GPU accepts.
+// Tensors per launch: their pointers, sizes and first chunks travel in the kernel's
+// parameters, beside the scalars, within the 4 KiB every GPU accepts. A launch has as many
+// blocks as its tensors have chunks (each block finds its tensor by bisection), so a long
+// list runs as a few launches of many waves, not many launches each ending in a tail.
 constexpr int step_max_tensors(int num_operands) {
-  return (3072 - kStepMaxBlocks * 6) / (8 * num_operands + 8);
+  return (4096 - 512) / (8 * num_operands + 8 + 4);
 }
 
 // One launch: `num_tensors` tensors (each one index of the lists), their operands' data
-// data[t * num_operands + k] and element counts, and the (tensor, chunk) of every block.
-// A scalar is scalars[s], unless scalar_data[s] is set: a 0-d float32 (scalar_is_double[s]
-// false) or float64 tensor on the device, which the kernel reads itself.
+// data[t * num_operands + k], element counts, and first chunks (first_chunk[num_tensors]
+// is the launch's block count). A scalar is scalars[s], unless scalar_data[s] is set: a
+// 0-d float32 (scalar_is_double[s] false) or float64 tensor on the device, which the
+// kernel reads itself.
 struct StepLaunch {
   int num_operands;
   int num_tensors;
-  int num_blocks;
   char* const* data;
   const int64_t* numel;
-  const int* block_tensor;
-  const int* block_chunk;
+  const int* first_chunk;
   const Dtype* dtypes;  // per operand
   int num_scalars;
   const double* scalars;

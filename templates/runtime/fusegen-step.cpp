@@ -4,8 +4,8 @@
 //
 // Both schemas take the same path: check the arguments (defined, devices, dtypes, shapes,
 // overlaps), then run each index of the lists. CPU: each tensor's elements split over
-// threads. CUDA: the indices grouped by (device, dtypes), each group's tensors split into
-// chunks and packed into as few launches as the kernel's parameter block allows.
+// threads. CUDA: the indices grouped by (device, dtypes), each group's tensors packed into
+// as few launches as the kernel's parameter block allows, a block per chunk.
 // Tensors whose layouts differ (a transposed gradient beside a contiguous parameter) are
 // updated through contiguous copies, copied back.
 #include "fusegen-runtime-impl.h"
@@ -229,30 +229,27 @@ void run_cpu(const StepDef& def, const std::vector<at::Tensor>& ops, const Scala
 
 #ifdef FUSEGEN_WITH_CUDA
 // Packs one group's tensors (same device and dtypes, each `ops[t]` an index's operands)
-// into launches: a chunk of kStepChunk elements per block, kStepMaxBlocks blocks and
-// step_max_tensors() tensors per launch; a tensor cut by a full launch continues in the
-// next one.
+// into launches of step_max_tensors() tensors, a block per chunk of kStepChunk elements.
 void run_cuda_group(const StepDef& def, const std::vector<std::vector<at::Tensor>>& group,
                     const Scalars& s) {
   const int num_operands = def.num_updated + def.num_reads;
   const int max_tensors = step_max_tensors(num_operands);
+  // A launch's blocks: below 2^31, the grid's limit.
+  constexpr int64_t kMaxChunks = (int64_t(1) << 31) - 1;
   std::vector<Dtype> dtypes;
   for (const at::Tensor& t : group[0]) dtypes.push_back(kernel_dtype(t.scalar_type()));
   std::vector<char*> data;
   std::vector<int64_t> numel;
-  std::vector<int> block_tensor;
-  std::vector<int> block_chunk;
+  std::vector<int> first_chunk{0};
   bool aligned = true;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const auto flush = [&] {
-    if (block_tensor.empty()) return;
+    if (numel.empty()) return;
     const StepLaunch launch{num_operands,
                             static_cast<int>(numel.size()),
-                            static_cast<int>(block_tensor.size()),
                             data.data(),
                             numel.data(),
-                            block_tensor.data(),
-                            block_chunk.data(),
+                            first_chunk.data(),
                             dtypes.data(),
                             def.num_scalars,
                             s.values.data(),
@@ -263,32 +260,21 @@ void run_cuda_group(const StepDef& def, const std::vector<std::vector<at::Tensor
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     data.clear();
     numel.clear();
-    block_tensor.clear();
-    block_chunk.clear();
+    first_chunk.assign(1, 0);
     aligned = true;
-  };
-  const auto add_tensor = [&](const std::vector<at::Tensor>& ops) {
-    for (const at::Tensor& t : ops) {
-      char* p = static_cast<char*>(const_cast<void*>(t.const_data_ptr()));
-      data.push_back(p);
-      aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-    }
-    numel.push_back(ops[0].numel());
   };
   for (const std::vector<at::Tensor>& ops : group) {
     const int64_t n = ops[0].numel();
     if (n == 0) continue;
     const int64_t chunks = (n + kStepChunk - 1) / kStepChunk;
-    if (static_cast<int>(numel.size()) == max_tensors) flush();
-    add_tensor(ops);
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (static_cast<int>(block_tensor.size()) == kStepMaxBlocks) {
-        flush();
-        add_tensor(ops);  // the rest of this tensor starts the next launch
-      }
-      block_tensor.push_back(static_cast<int>(numel.size()) - 1);
-      block_chunk.push_back(static_cast<int>(c));
+    if (static_cast<int>(numel.size()) == max_tensors || first_chunk.back() + chunks > kMaxChunks) flush();
+    for (const at::Tensor& t : ops) {
+      char* p = static_cast<char*>(const_cast<void*>(t.const_data_ptr()));
+      data.push_back(p);
+      aligned = aligned && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
     }
+    numel.push_back(n);
+    first_chunk.push_back(first_chunk.back() + static_cast<int>(chunks));
   }
   flush();
 }

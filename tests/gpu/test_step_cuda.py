@@ -56,9 +56,9 @@ TOL = {torch.float64: dict(rtol=1e-12, atol=1e-14), torch.float32: dict(rtol=2e-
                                             (torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16),
                                             (torch.float64, torch.float64)])
 def test_foreach_matches_eager_in_float64(adamw, pdtype, sdtype):
-    # Odd sizes (tails of a vector), many tensors (more than one launch's tensors), one tensor
-    # longer than one launch's 320 chunks (split across launches), and an empty one.
-    shapes = [(3,), (1, 5), (0,), (4097,), (130, 7)] * 12 + [(321 * 65536 + 5,)]
+    # Odd sizes (tails of a vector), more tensors than one launch takes (81 of 4 operands),
+    # one tensor of 321 chunks and a partial one, and empty ones.
+    shapes = [(3,), (1, 5), (0,), (4097,), (130, 7)] * 20 + [(321 * 65536 + 5,)]
     ps, gs, ms, vs = lists(shapes, pdtype, sdtype)
     want = reference(ps, gs, ms, vs, SCALARS)
     adamw.foreach(ps, gs, ms, vs, **SCALARS)
