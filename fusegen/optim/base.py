@@ -74,7 +74,6 @@ class Optimizer(torch.optim.Optimizer):
         self.scalars_fn = scalars
         self.state_dtype = state_dtype
         self._check_step(step)
-        self._checked_scalars = False
         super().__init__(params, {**defaults, "capturable": bool(capturable)})
 
     # -- construction ---------------------------------------------------------------------
@@ -219,15 +218,15 @@ class Optimizer(torch.optim.Optimizer):
         values = self.scalars_fn(group, count)
         if not group["capturable"]:  # a tensor LR of a plain group: read once here, as torch.optim does
             values = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
-        if not self._checked_scalars:
-            wanted, got = list(self.fused_step.scalars), list(values)
-            missing, extra = [s for s in wanted if s not in got], [s for s in got if s not in wanted]
-            if missing or extra:
-                raise ValueError(f"scalars= of {type(self).__name__} returned {', '.join(got) or 'nothing'}; step op "
-                                 f"{self.fused_step.name} takes {', '.join(wanted) or 'no scalars'}"
-                                 + (f" (missing {', '.join(missing)})" if missing else "")
-                                 + (f" (unknown {', '.join(extra)})" if extra else ""))
-            self._checked_scalars = True
+        # Checked on every step (a few names): a flag set on the optimizer would be a setattr
+        # inside a torch.compile'd step, which dynamo refuses.
+        wanted, got = list(self.fused_step.scalars), list(values)
+        missing, extra = [s for s in wanted if s not in got], [s for s in got if s not in wanted]
+        if missing or extra:
+            raise ValueError(f"scalars= of {type(self).__name__} returned {', '.join(got) or 'nothing'}; step op "
+                             f"{self.fused_step.name} takes {', '.join(wanted) or 'no scalars'}"
+                             + (f" (missing {', '.join(missing)})" if missing else "")
+                             + (f" (unknown {', '.join(extra)})" if extra else ""))
         return values
 
     @staticmethod

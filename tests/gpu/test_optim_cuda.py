@@ -128,10 +128,7 @@ def test_cuda_graph_replays_a_changing_lr():
 def test_compiled_training_step_compiles_once(name):
     """torch.compile (inductor) of forward, backward and a capturable fusegen step; the LR
     changes every step, in place in its 0-d tensor as torch's schedulers change it: no graph
-    after the first step's, and the params are those of eager steps. (torch 2.11's dynamo
-    cannot trace an LR scheduler's patched `step` of an Optimizer subclass, a setattr through
-    its weak reference, so the schedule is applied by hand; torch 2.13 traces it, see
-    tests/test_optim.py.)"""
+    after the first step's, and the params are those of eager steps."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
