@@ -401,15 +401,19 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
     (ATen ops of its expression, which Inductor fuses with their neighbours; eager calls
     keep the kernels); None keeps the op's mode ($FUSEGEN_COMPILE, else opaque)."""
     if looks_like_program(expr):
+        step_request = StepRequest(expr, name, _names_arg("inputs", inputs), _names_arg("scalars", scalars) or ())
+        step = _cached_step(step_request)  # this process, or the index: no sympy
+        if step is not None:
+            return step
         from fusegen.frontend.statements import parse_program
         from fusegen.ir.expr import Parsed
 
-        parsed = parse_program(expr, inputs=_names_arg("inputs", inputs), scalars=_names_arg("scalars", scalars) or ())
+        parsed = parse_program(expr, inputs=step_request.inputs, scalars=step_request.scalars)
         if not isinstance(parsed, Parsed):
             if compile is not None:
                 raise SpecError("fuse(..., compile=...): a step op has one mode under torch.compile (its kernel, "
                                 "functionalized and re-inplaced); drop compile=")
-            return _fuse_step(parsed, name)
+            return _fuse_step(parsed, step_request)
     request = Request.of({"expr": expr, "name": name, "inputs": inputs, "scalars": scalars})
     if compile is not None:
         _decompose.check(compile, f"fuse({expr!r}, compile=...)")
@@ -420,32 +424,77 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
     return op
 
 
-def _fuse_step(parsed, name: str | None):
-    """A step op (pytorch/step.py) through its stages: spec, print, render, build, load."""
-    from fusegen.codegen.printer import print_step
-    from fusegen.codegen.render import render_step
-    from fusegen.ir import limits
-    from fusegen.ir.step import step_spec
+@dataclass(frozen=True)
+class StepRequest:
+    """A step op to make: `fuse`'s arguments as given (its key in the memo and the index)."""
+
+    expr: str
+    name: str | None = None
+    inputs: tuple[str, ...] | None = None
+    scalars: tuple[str, ...] = ()
+
+
+def _cached_step(request: StepRequest):
+    """The step op of `request` when this process made it or the index knows its library."""
     from fusegen.pytorch import step as _step
 
-    key = (parsed.text, parsed.inputs, parsed.scalars, name)
     with _LOCK, _step._LOCK:
-        found = _step.memo(key)
+        found = _step.memo(request)
         if found is not None:
             return found
-        spec = step_spec(parsed, name)                                              # spec
-        files = render_step(spec, *print_step(spec))                                # print, render
-        limits.check_source(spec.name, files)
+        data = _index.lookup_step(request)
+        if data is None or data["name"] in _OPS:
+            return None
+        known = _step.loaded_step(data["name"])
+        if known is None:
+            _step.check_free(data["name"])
+            try:
+                _build.load(data["library"])
+            except LoadError:
+                return None  # gone or unsafe since the lookup: the long way says why
+        loaded = _step.Loaded(**data, generate=lambda: _generate_step(request))
+        return _step.add(request, data["name"], data["digest"], data["text"], lambda: loaded)
+
+
+def _generate_step(request: StepRequest, parsed=None):
+    """(spec, files) of a step request: the stages up to the files (`parsed`: its program,
+    when parsed already)."""
+    from fusegen.codegen.printer import print_step
+    from fusegen.codegen.render import render_step
+    from fusegen.frontend.statements import parse_program
+    from fusegen.ir import limits
+    from fusegen.ir.step import step_spec
+
+    if parsed is None:
+        parsed = parse_program(request.expr, inputs=request.inputs, scalars=request.scalars)  # parse
+    spec = step_spec(parsed, request.name)                                                    # spec
+    files = render_step(spec, *print_step(spec))                                              # print, render
+    limits.check_source(spec.name, files)
+    return spec, files
+
+
+def _fuse_step(parsed, request: StepRequest):
+    """A step op (pytorch/step.py) through its stages: spec, print, render, build, load;
+    recorded in the index for the next process."""
+    from fusegen.pytorch import step as _step
+
+    with _LOCK, _step._LOCK:
+        spec, files = _generate_step(request, parsed)
         if spec.name in _OPS:
             raise LoadError(f"fusegen op '{spec.name}' is already defined in this process as the elementwise "
                             f"op {_OPS[spec.name].entry.text!r}; pick another name for the step op")
+        digest = _keys.files_digest(files)
 
         def build_and_load():
             library = _build.build([(spec.name, files)])                            # build
             _build.load(library)                                                    # load
-            return library
+            _index.record_step(request, spec.name, spec.inputs, spec.scalars, spec.updated, spec.text,
+                               digest, library)
+            return _step.Loaded(spec.name, spec.inputs, spec.scalars, spec.updated, spec.text, digest,
+                                library, lambda: (spec, files))
 
-        return _step.add(key, spec, files, build_and_load)
+        _step.check_free(spec.name)
+        return _step.add(request, spec.name, digest, spec.text, build_and_load)
 
 
 def load(target) -> FusedOp:

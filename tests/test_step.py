@@ -255,3 +255,23 @@ def test_torch_export_records_the_mutation(adamw):
     functional = exported.run_decompositions()  # auto_functionalized: the mutations in the signature
     assert sorted(functional.graph_signature.buffers_to_mutate.values()) == ["m", "v"]
     assert list(functional.graph_signature.user_inputs_to_mutate.values()) == ["p"]
+
+
+def test_a_cached_step_op_loads_without_sympy(adamw, tmp_path):
+    """A new process finds the step op in the request index: no parser, no sympy, no Jinja."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "load.py"
+    script.write_text(f"""
+import sys, torch, fusegen
+step = fusegen.fuse({ADAMW!r}, name="t_step_adamw", inputs="p,g,m,v", scalars="lr,beta1,beta2,eps,wd,bc1,bc2")
+assert not any(m in sys.modules for m in ("sympy", "jinja2")), "the pipeline ran"
+p, g, m, v = (torch.ones(3) for _ in range(4))
+step(p, g, m, v, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.0, bc1=1.0, bc2=1.0)
+assert step.updated == ("p", "m", "v") and float(m[0]) == 1.0
+print(step.spec.name)  # the spec on request: the pipeline runs now
+""")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "t_step_adamw"

@@ -152,3 +152,43 @@ def names() -> list[str]:
         except (OSError, ValueError):
             continue
     return sorted(out)
+
+
+# -- step ops -------------------------------------------------------------------------------
+#
+# A step op (ir/step.py) has no family and no auxiliary ops: its entry names the library
+# and what a FusedStep needs without its spec (name, parameters, the updated inputs, the
+# text, a digest of the files). Keyed by the same request key, of a StepRequest.
+
+def lookup_step(request) -> dict | None:
+    """The cached step op of `request`: {"name", "inputs", "scalars", "updated", "text",
+    "digest", "library"}; None when the index does not know it or its library is gone."""
+    try:
+        data = json.loads(_path(keys.request_key(request)).read_text())
+        if data.get("format") != keys.INDEX_FORMAT or data.get("kind") != "step":
+            return None
+        root = build.cache_dir()
+        key, runtime_key = data["library"], data["runtime"]
+        library = build.Library(root / key / f"fusegen_{key}.so", key, 0.0, True,
+                                root / f"runtime-{runtime_key}" / f"libfusegen_runtime_{runtime_key}.so")
+        if _cache.verify(library.path) is not None or _cache.verify(library.runtime) is not None:
+            return None
+        return {"name": str(data["name"]), "inputs": tuple(map(str, data["inputs"])),
+                "scalars": tuple(map(str, data["scalars"])), "updated": tuple(map(str, data["updated"])),
+                "text": str(data["text"]), "digest": str(data["digest"]), "library": library}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def record_step(request, name: str, inputs, scalars, updated, text: str, digest: str, library):
+    """Remember where the step op of `request` was built (best effort, as `record`)."""
+    data = {"format": keys.INDEX_FORMAT, "kind": "step", "name": name, "inputs": list(inputs),
+            "scalars": list(scalars), "updated": list(updated), "text": text, "digest": digest,
+            "library": library.key, "runtime": library.runtime.parent.name.removeprefix("runtime-")}
+    try:
+        path = _path(keys.request_key(request))
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    except OSError as err:
+        build.log.debug("fusegen: could not write the index entry for %s: %s", name, err)
+

@@ -13,37 +13,70 @@ of one.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
 import threading
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from fusegen.errors import LoadError, SpecError
 from fusegen.pytorch.binding import bind
 
+FOREACH_SUFFIX = "_foreach"  # as ir/step.py names it (this stage reads no ir module)
 _LOCK = threading.RLock()  # api's pipeline runs under it too
 _STEPS: dict[str, "FusedStep"] = {}        # by name: one program per name in a process
 _MEMO: dict[tuple, "FusedStep"] = {}        # by request
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """What a FusedStep needs, from its spec or from the request index (no sympy): its
+    parameters, the inputs it updates, its text, a digest of its files and its library.
+    `generate()` gives (spec, files) when they are asked for."""
+
+    name: str
+    inputs: tuple[str, ...]
+    scalars: tuple[str, ...]
+    updated: tuple[str, ...]
+    text: str
+    digest: str
+    library: object
+    generate: Callable[[], tuple] = field(compare=False, repr=False, default=None)
+
+
 class FusedStep:
     """A built, loaded step op: updates its `updated` inputs in place, returns None."""
 
-    def __init__(self, spec, files: dict, library):
-        self.spec = spec
-        self.files = files
-        self.library = library
-        self.name = spec.name
-        self.inputs = spec.inputs
-        self.updated = spec.updated
-        self.mutated = spec.updated
-        self.scalars = spec.scalars
-        self.text = spec.text
+    def __init__(self, loaded: Loaded):
+        self._loaded = loaded
+        self.library = loaded.library
+        self.digest = loaded.digest
+        self.name = loaded.name
+        self.inputs = loaded.inputs
+        self.updated = loaded.updated
+        self.mutated = loaded.updated
+        self.scalars = loaded.scalars
+        self.text = loaded.text
         self.op = getattr(torch.ops.fusegen, self.name)
-        self.foreach_op = getattr(torch.ops.fusegen, spec.foreach_name)
+        self.foreach_op = getattr(torch.ops.fusegen, self.name + FOREACH_SUFFIX)
         self._signature = inspect.Signature(
             [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in self.inputs + self.scalars])
+
+    @functools.cached_property
+    def _generated(self) -> tuple:
+        return self._loaded.generate()
+
+    @property
+    def spec(self):
+        """The StepSpec (ir/step.py); for a step op found in the index, its pipeline runs now."""
+        return self._generated[0]
+
+    @property
+    def files(self) -> dict:
+        return self._generated[1]
 
     def __call__(self, *args, **kwargs):
         values = bind(self._signature, args, kwargs, f"fusegen step op '{self.name}'", self.name)
@@ -101,21 +134,26 @@ def memo(key: tuple) -> "FusedStep | None":
     return _MEMO.get(key)
 
 
-def add(key: tuple, spec, files: dict, load) -> FusedStep:
-    """Registers the step op of `spec` under `key`: the one loaded under its name when its
-    files are the same, else `load()` (build and load its library) and a new FusedStep."""
+def add(key, name: str, digest: str, text: str, load) -> FusedStep:
+    """Registers the step op `name` under `key`: the one loaded under that name when its
+    files (`digest`) are the same, else `load()` (build or find and load its library,
+    returning a Loaded) and a new FusedStep. The caller has checked the name is free."""
     with _LOCK:
-        known = _STEPS.get(spec.name)
+        known = _STEPS.get(name)
         if known is not None:
-            if known.files != files:
-                raise LoadError(f"fusegen step op '{spec.name}' is already defined in this process as "
-                                f"{known.text!r}; expected the same program, got {spec.text!r}. Pick another name.")
+            if known.digest != digest:
+                raise LoadError(f"fusegen step op '{name}' is already defined in this process as "
+                                f"{known.text!r}; expected the same program, got {text!r}. Pick another name.")
             _MEMO[key] = known
             return known
-        if hasattr(torch.ops.fusegen, spec.name):
-            raise SpecError(f"torch.ops.fusegen.{spec.name} already exists in this process; pick another name")
-        step = _STEPS[spec.name] = _MEMO[key] = FusedStep(spec, files, load())
+        step = _STEPS[name] = _MEMO[key] = FusedStep(load())
         return step
+
+
+def check_free(name: str):
+    """Before a step op's library is loaded: no op of that name is registered yet."""
+    if name not in _STEPS and hasattr(torch.ops.fusegen, name):
+        raise SpecError(f"torch.ops.fusegen.{name} already exists in this process; pick another name")
 
 
 def loaded_step(name: str) -> FusedStep | None:
