@@ -275,3 +275,18 @@ print(step.spec.name)  # the spec on request: the pipeline runs now
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "t_step_adamw"
+
+
+def test_fp32_master_copy_beside_bf16_params():
+    """Mixed precision as optimizers keep it: the fp32 master weights updated, the bf16
+    model weights written from them (a write-only input), in one pass."""
+    step = fusegen.fuse("w = w - lr * g; p = w", name="t_step_master", inputs="w,g,p", scalars="lr")
+    master = [torch.randn(5, 3), torch.randn(70)]
+    grads = [torch.randn(t.shape).bfloat16() for t in master]
+    model = [t.bfloat16() for t in master]
+    want = [w - 0.1 * g.float() for w, g in zip(master, grads)]
+    step.foreach(master, grads, model, lr=0.1)
+    for w, p, ref in zip(master, model, want):
+        torch.testing.assert_close(w, ref, rtol=1e-6, atol=1e-7)
+        assert p.dtype == torch.bfloat16 and torch.equal(p, ref.bfloat16())
+    assert step.updated == ("w", "p")
