@@ -49,6 +49,17 @@ def _path(key: str) -> Path:
     return build.cache_dir() / "index" / f"{key}.json"
 
 
+def _library(data: dict) -> build.Library | None:
+    """The library an entry names, when it and its runtime are the ones published in the cache."""
+    root = build.cache_dir()
+    key, runtime_key = data["library"], data["runtime"]
+    library = build.Library(root / key / f"fusegen_{key}.so", key, 0.0, True,
+                            root / f"runtime-{runtime_key}" / f"libfusegen_runtime_{runtime_key}.so")
+    if _cache.verify(library.path) is not None or _cache.verify(library.runtime) is not None:
+        return None
+    return library
+
+
 def lookup(request) -> Entry | None:
     """The request's op and library when the index knows them and the library (and the
     runtime it links against) are still in the cache; None otherwise."""
@@ -56,11 +67,8 @@ def lookup(request) -> Entry | None:
         data = json.loads(_path(keys.request_key(request)).read_text())
         if data.get("format") != keys.INDEX_FORMAT:
             return None
-        root = build.cache_dir()
-        key, runtime_key = data["library"], data["runtime"]
-        library = build.Library(root / key / f"fusegen_{key}.so", key, 0.0, True,
-                                root / f"runtime-{runtime_key}" / f"libfusegen_runtime_{runtime_key}.so")
-        if _cache.verify(library.path) is not None or _cache.verify(library.runtime) is not None:
+        library = _library(data)
+        if library is None:
             return None  # gone, or not the library published: the long way rebuilds it
         family = tuple(Member(str(n), int(t), bool(b), bool(c)) for n, t, b, c in data["family"])
         if not family or family[0].name != data["name"]:
@@ -167,11 +175,8 @@ def lookup_step(request) -> dict | None:
         data = json.loads(_path(keys.request_key(request)).read_text())
         if data.get("format") != keys.INDEX_FORMAT or data.get("kind") != "step":
             return None
-        root = build.cache_dir()
-        key, runtime_key = data["library"], data["runtime"]
-        library = build.Library(root / key / f"fusegen_{key}.so", key, 0.0, True,
-                                root / f"runtime-{runtime_key}" / f"libfusegen_runtime_{runtime_key}.so")
-        if _cache.verify(library.path) is not None or _cache.verify(library.runtime) is not None:
+        library = _library(data)
+        if library is None:
             return None
         return {"name": str(data["name"]), "inputs": tuple(map(str, data["inputs"])),
                 "scalars": tuple(map(str, data["scalars"])), "updated": tuple(map(str, data["updated"])),

@@ -21,8 +21,6 @@ namespace {
 // ---------------------------------------------------------------------------------------
 // Boxed kernels: one class, told which op, which of its two schemas and which dispatch key.
 
-enum class Key { kCpu, kMeta, kCuda, kAutograd };
-
 class Kernel final : public c10::OperatorKernel {
  public:
   Kernel(const Op* op, bool backward, Key key) : op_(op), backward_(backward), key_(key) {}
@@ -57,10 +55,13 @@ class Kernel final : public c10::OperatorKernel {
   Key key_;
 };
 
-// The registrations, alive for the rest of the process (never destroyed: unregistering at
-// exit, after torch's own teardown began, is not worth the risk). Function-local statics:
-// an op compiled into the same library (a standalone build) may register from its static
-// initializer before this file's namespace-scope objects would have been constructed.
+std::unordered_map<std::string, const Op*>& registry() {
+  static auto* ops = new std::unordered_map<std::string, const Op*>();
+  return *ops;
+}
+
+}  // namespace
+
 std::mutex& registry_mutex() {
   static std::mutex* mutex = new std::mutex();
   return *mutex;
@@ -70,13 +71,6 @@ std::vector<torch::Library*>& libraries() {
   static std::vector<torch::Library*>* all = new std::vector<torch::Library*>();
   return *all;
 }
-
-std::unordered_map<std::string, const Op*>& registry() {
-  static auto* ops = new std::unordered_map<std::string, const Op*>();
-  return *ops;
-}
-
-}  // namespace
 
 const Op* find_op(const std::string& name) {
   std::lock_guard<std::mutex> lock(registry_mutex());
@@ -116,13 +110,7 @@ bool register_op(const OpDef& def) {
     op->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(
         ("fusegen::" + op->backward_name).c_str(), "");
   }
-  const std::pair<c10::DispatchKey, Key> keys[] = {
-      {c10::DispatchKey::CPU, Key::kCpu},
-      {c10::DispatchKey::Meta, Key::kMeta},
-      {c10::DispatchKey::CUDA, Key::kCuda},
-      {c10::DispatchKey::Autograd, Key::kAutograd},
-  };
-  for (const auto& [dispatch_key, key] : keys) {
+  for (const auto& [dispatch_key, key] : kKeys) {
 #ifndef FUSEGEN_WITH_CUDA
     if (key == Key::kCuda) continue;  // a runtime built without CUDA
 #endif

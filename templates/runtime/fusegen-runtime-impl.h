@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,10 @@
 #ifdef FUSEGEN_WITH_CUDA
 #include <ATen/TensorIterator.h>
 #endif
+
+namespace torch {
+class Library;
+}  // namespace torch
 
 // Internal to the runtime library: not exported beside register_op.
 #pragma GCC visibility push(hidden)
@@ -163,6 +168,27 @@ void run_autograd(const Op& op, bool backward, const c10::OperatorHandle& handle
 // fusegen-registration.cpp: the registered ops, by name (nullptr: not registered).
 
 const Op* find_op(const std::string& name);
+
+// The dispatch keys every op (register_op) and step op (register_step) has a kernel for.
+enum class Key { kCpu, kMeta, kCuda, kAutograd };
+struct KeyOf {
+  c10::DispatchKey dispatch;
+  Key key;
+};
+inline constexpr KeyOf kKeys[] = {
+    {c10::DispatchKey::CPU, Key::kCpu},
+    {c10::DispatchKey::Meta, Key::kMeta},
+    {c10::DispatchKey::CUDA, Key::kCuda},
+    {c10::DispatchKey::Autograd, Key::kAutograd},
+};
+
+// The registrations' lock and their torch::Library objects, alive for the rest of the
+// process (never destroyed: unregistering at exit, after torch's own teardown began, is not
+// worth the risk). Function-local statics: an op compiled into the same library (a
+// standalone build) may register from its static initializer before namespace-scope
+// objects of the runtime would have been constructed.
+std::mutex& registry_mutex();
+std::vector<torch::Library*>& libraries();
 
 }  // namespace fusegen::rt
 #pragma GCC visibility pop

@@ -335,8 +335,6 @@ void run_step(const StepOp& op, Device device, StepArgs& a) {
   for (auto& [argument, copy] : copy_back) argument.copy_(copy);
 }
 
-enum class Key { kCpu, kMeta, kCuda, kAutograd };
-
 // The Autograd kernel: a tensor that requires grad may not be updated while grad mode is
 // on (eager refuses an in-place op on a leaf that requires grad; an optimizer steps under
 // no_grad). Below it, the device's kernel; after it, every updated tensor's version
@@ -396,17 +394,6 @@ class StepKernel final : public c10::OperatorKernel {
   Key key_;
 };
 
-// Alive for the rest of the process, as register_op's (fusegen-registration.cpp).
-std::mutex& step_mutex() {
-  static std::mutex* mutex = new std::mutex();
-  return *mutex;
-}
-
-std::vector<torch::Library*>& step_libraries() {
-  static std::vector<torch::Library*>* all = new std::vector<torch::Library*>();
-  return *all;
-}
-
 }  // namespace
 }  // namespace fusegen::rt
 #pragma GCC visibility pop
@@ -420,23 +407,17 @@ bool register_step(const StepDef& def) {
               def.abi, ", but the runtime has ", kStepAbi, "; rebuild the op");
   TORCH_CHECK(def.num_updated + def.num_reads <= kStepMaxOperands && def.num_scalars <= kStepMaxScalars,
               "fusegen::", def.name, ": too many operands or scalars for the step kernel");
-  std::lock_guard<std::mutex> lock(step_mutex());
+  std::lock_guard<std::mutex> lock(registry_mutex());
   auto* op = new StepOp{&def, "fusegen::" + std::string(def.name),
                         "fusegen::" + std::string(def.name) + "_foreach"};
   const char* file = "fusegen-step.cpp";
   auto* defs = new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
   defs->def(def.schema);
   defs->def(def.foreach_schema);
-  step_libraries().push_back(defs);
+  libraries().push_back(defs);
   const std::string plain = def.name;
   const std::string foreach = plain + "_foreach";
-  const std::pair<c10::DispatchKey, Key> keys[] = {
-      {c10::DispatchKey::CPU, Key::kCpu},
-      {c10::DispatchKey::Meta, Key::kMeta},
-      {c10::DispatchKey::CUDA, Key::kCuda},
-      {c10::DispatchKey::Autograd, Key::kAutograd},
-  };
-  for (const auto& [dispatch_key, key] : keys) {
+  for (const auto& [dispatch_key, key] : kKeys) {
 #ifndef FUSEGEN_WITH_CUDA
     if (key == Key::kCuda) continue;  // a runtime built without CUDA
 #endif
@@ -446,7 +427,7 @@ bool register_step(const StepDef& def) {
                 torch::CppFunction::makeFromBoxedFunctor(std::make_unique<StepKernel>(op, false, key)));
     impls->impl(foreach.c_str(),
                 torch::CppFunction::makeFromBoxedFunctor(std::make_unique<StepKernel>(op, true, key)));
-    step_libraries().push_back(impls);
+    libraries().push_back(impls);
   }
   return true;
 }
