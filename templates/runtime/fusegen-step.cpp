@@ -72,7 +72,8 @@ StepArgs read_args(const StepDef& def, bool foreach, const torch::jit::Stack& st
     for (const c10::IValue& v : stack[first + def.num_inputs + 1].toListRef())
       a.scalar_tensors.push_back(v.isNone() ? at::Tensor() : v.toTensor());
   } else {
-    for (int i = 0; i < def.num_scalars; ++i) a.scalars.push_back(stack[first + i + def.num_inputs].toDouble());
+    for (int i = 0; i < def.num_scalars; ++i)
+      a.scalars.push_back(stack[first + def.num_inputs + i].toDouble());
     a.scalar_tensors.resize(def.num_scalars);
   }
   return a;
@@ -109,9 +110,10 @@ void check_args(const StepOp& op, StepArgs& a, bool overlaps) {
   for (int s = 0; s < def.num_scalars; ++s) {
     const at::Tensor& t = a.scalar_tensors[s];
     if (!t.defined()) continue;
-    TORCH_CHECK(t.dim() == 0 && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble), who,
-                ": scalar '", def.scalar_names[s], "' must be a number or a 0-d float32/float64 tensor, got a ",
-                t.dim(), "-d ", t.scalar_type(), " tensor");
+    const bool wide = t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
+    TORCH_CHECK(t.dim() == 0 && wide, who, ": scalar '", def.scalar_names[s],
+                "' must be a number or a 0-d float32/float64 tensor, got a ", t.dim(), "-d ",
+                t.scalar_type(), " tensor");
   }
   for (size_t k = 0; k < n; ++k) {
     const at::Tensor& lead = a.lists[0][k];
@@ -121,13 +123,15 @@ void check_args(const StepOp& op, StepArgs& a, bool overlaps) {
       TORCH_CHECK(t.defined(), who, ": argument '", def.input_names[i], "'", where,
                   " is None; expected a tensor");
       TORCH_CHECK(is_float(t.scalar_type()), who, ": argument '", def.input_names[i], "'", where,
-                  " has dtype ", t.scalar_type(), "; expected float32, float64, float16 or bfloat16");
+                  " has dtype ", t.scalar_type(),
+                  "; expected float32, float64, float16 or bfloat16");
       TORCH_CHECK(t.device() == lead.device(), who, ": argument '", def.input_names[i], "'", where,
                   " is on ", t.device(), ", but '", def.input_names[0], "'", where, " is on ",
                   lead.device(), "; expected one device");
-      TORCH_CHECK(t.sizes().equals(lead.sizes()), who, ": argument '", def.input_names[i], "'", where,
-                  " has shape ", t.sizes(), ", but '", def.input_names[0], "'", where, " has shape ",
-                  lead.sizes(), "; a step op updates tensors of one shape (no broadcasting)");
+      TORCH_CHECK(t.sizes().equals(lead.sizes()), who, ": argument '", def.input_names[i], "'",
+                  where, " has shape ", t.sizes(), ", but '", def.input_names[0], "'", where,
+                  " has shape ", lead.sizes(),
+                  "; a step op updates tensors of one shape (no broadcasting)");
     }
     // An updated tensor must not overlap itself (an expanded tensor) nor another argument,
     // unless it is the very same tensor where that gives eager's result (StepDef::alias_ok).
@@ -138,19 +142,20 @@ void check_args(const StepOp& op, StepArgs& a, bool overlaps) {
       const std::string where = a.foreach ? "[" + std::to_string(k) + "]" : "";
       TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, who, ": argument '",
                   def.input_names[i], "'", where,
-                  " is updated in place but some of its elements share memory (an expanded tensor); "
-                  "pass a tensor of its own (.clone())");
+                  " is updated in place but some of its elements share memory (an expanded "
+                  "tensor); pass a tensor of its own (.clone())");
       for (int j = 0; j < def.num_inputs; ++j) {
         if (j == i) continue;
         // TooHard (a layout ATen does not analyse) passes, as it does for eager's in-place ops.
         const at::MemOverlapStatus status = at::get_overlap_status(t, a.lists[j][k]);
         if (status == at::MemOverlapStatus::No || status == at::MemOverlapStatus::TooHard) continue;
         const bool same = status == at::MemOverlapStatus::Full;
-        TORCH_CHECK(same && ((def.alias_ok[u] >> j) & 1u), who, ": argument '", def.input_names[i], "'",
-                    where, " is updated in place and ", same ? "is the same tensor as" : "overlaps",
-                    " argument '", def.input_names[j], "'", where,
-                    same ? ", which the statements read after updating it (eagerly they would see the new "
-                           "value); pass separate tensors"
+        TORCH_CHECK(same && ((def.alias_ok[u] >> j) & 1u), who, ": argument '",
+                    def.input_names[i], "'", where, " is updated in place and ",
+                    same ? "is the same tensor as" : "overlaps", " argument '", def.input_names[j],
+                    "'", where,
+                    same ? ", which the statements read after updating it (eagerly they would see "
+                           "the new value); pass separate tensors"
                          : "; pass tensors that do not share memory");
       }
     }
@@ -267,7 +272,8 @@ void run_cuda_group(const StepDef& def, const std::vector<std::vector<at::Tensor
     const int64_t n = ops[0].numel();
     if (n == 0) continue;
     const int64_t chunks = (n + kStepChunk - 1) / kStepChunk;
-    if (static_cast<int>(numel.size()) == max_tensors || first_chunk.back() + chunks > kMaxChunks) flush();
+    if (static_cast<int>(numel.size()) == max_tensors || first_chunk.back() + chunks > kMaxChunks)
+      flush();
     for (const at::Tensor& t : ops) {
       char* p = static_cast<char*>(const_cast<void*>(t.const_data_ptr()));
       data.push_back(p);
@@ -321,7 +327,8 @@ void run_step(const StepOp& op, Device device, StepArgs& a) {
     for (const std::vector<int>& key : order) {
       const std::vector<size_t>& members = groups[key];
       const c10::Device dev = ops[members[0]][0].device();
-      TORCH_CHECK(dev.is_cuda(), op.name, kind(a), ": tensors on ", dev, " reached the CUDA kernel");
+      TORCH_CHECK(dev.is_cuda(), op.name, kind(a), ": tensors on ", dev,
+                  " reached the CUDA kernel");
       const c10::cuda::CUDAGuard guard(dev);
       const Scalars s = scalars_for(def, a, dev);
       std::vector<std::vector<at::Tensor>> group;
@@ -356,11 +363,12 @@ void run_autograd(const StepOp& op, bool foreach, const c10::OperatorHandle& han
     for (size_t k = 0; k < list.size(); ++k) {
       const at::Tensor& t = list[k];
       if (!t.defined()) continue;
-      TORCH_CHECK(!(c10::GradMode::is_enabled() && t.requires_grad()), op.name, foreach ? "_foreach" : "",
-                  ": argument '", def.input_names[def.updated[u]], "'",
+      TORCH_CHECK(!(c10::GradMode::is_enabled() && t.requires_grad()), op.name,
+                  foreach ? "_foreach" : "", ": argument '", def.input_names[def.updated[u]], "'",
                   foreach ? "[" + std::to_string(k) + "]" : std::string(),
-                  " requires grad and is updated in place while grad mode is on; run the op under "
-                  "torch.no_grad() (as optimizers step), or pass a tensor that does not require grad");
+                  " requires grad and is updated in place while grad mode is on; run the op "
+                  "under torch.no_grad() (as optimizers step), or pass a tensor that does not "
+                  "require grad");
       updated.push_back(t);
     }
   }
@@ -384,7 +392,10 @@ class StepKernel final : public c10::OperatorKernel {
       return;
     }
     StepArgs a = read_args(*op_->def, foreach_, *stack);
-    run_step(*op_, key_ == Key::kCpu ? Device::kCpu : key_ == Key::kMeta ? Device::kMeta : Device::kCuda, a);
+    const Device device = key_ == Key::kCpu    ? Device::kCpu
+                          : key_ == Key::kMeta ? Device::kMeta
+                                               : Device::kCuda;
+    run_step(*op_, device, a);
     torch::jit::drop(*stack, stack_count(*op_->def, foreach_));
   }
 
@@ -403,15 +414,18 @@ namespace fusegen {
 using namespace rt;  // NOLINT: the runtime's own internals
 
 bool register_step(const StepDef& def) {
-  TORCH_CHECK(def.abi == kStepAbi, "fusegen::", def.name, ": built against fusegen-runtime.h step ABI ",
-              def.abi, ", but the runtime has ", kStepAbi, "; rebuild the op");
-  TORCH_CHECK(def.num_updated + def.num_reads <= kStepMaxOperands && def.num_scalars <= kStepMaxScalars,
+  TORCH_CHECK(def.abi == kStepAbi, "fusegen::", def.name,
+              ": built against fusegen-runtime.h step ABI ", def.abi, ", but the runtime has ",
+              kStepAbi, "; rebuild the op");
+  TORCH_CHECK(def.num_updated + def.num_reads <= kStepMaxOperands &&
+                  def.num_scalars <= kStepMaxScalars,
               "fusegen::", def.name, ": too many operands or scalars for the step kernel");
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto* op = new StepOp{&def, "fusegen::" + std::string(def.name),
                         "fusegen::" + std::string(def.name) + "_foreach"};
   const char* file = "fusegen-step.cpp";
-  auto* defs = new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
+  auto* defs =
+      new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
   defs->def(def.schema);
   defs->def(def.foreach_schema);
   libraries().push_back(defs);
@@ -423,10 +437,11 @@ bool register_step(const StepDef& def) {
 #endif
     if (key == Key::kCuda && def.cuda == nullptr) continue;  // an op built without CUDA
     auto* impls = new torch::Library(torch::Library::IMPL, "fusegen", dispatch_key, file, __LINE__);
-    impls->impl(plain.c_str(),
-                torch::CppFunction::makeFromBoxedFunctor(std::make_unique<StepKernel>(op, false, key)));
-    impls->impl(foreach.c_str(),
-                torch::CppFunction::makeFromBoxedFunctor(std::make_unique<StepKernel>(op, true, key)));
+    for (const bool lists : {false, true}) {
+      impls->impl((lists ? foreach : plain).c_str(),
+                  torch::CppFunction::makeFromBoxedFunctor(
+                      std::make_unique<StepKernel>(op, lists, key)));
+    }
     libraries().push_back(impls);
   }
   return true;
