@@ -290,3 +290,37 @@ def test_fp32_master_copy_beside_bf16_params():
         torch.testing.assert_close(w, ref, rtol=1e-6, atol=1e-7)
         assert p.dtype == torch.bfloat16 and torch.equal(p, ref.bfloat16())
     assert step.updated == ("w", "p")
+
+
+# -- hostile programs ------------------------------------------------------------------------------
+
+def test_repeated_squaring_stays_a_graph_not_a_tree():
+    """64 statements that each double the expression's tree size are 64 nodes of a graph:
+    the work is bounded by distinct operations, not by the tree they would expand to."""
+    text = "; ".join(["x = x*x + 1"] * 64)
+    prog = parse_program(text)
+    from fusegen.ir import dag
+    assert dag.count([e for _, e in prog.updates]) <= 2 * 64 + 2
+
+
+@pytest.mark.parametrize("text, message", [
+    ("; ".join(["x = x + 1"] * 65), "limit 64"),
+    ("x = " + "exp(" * 60 + "x" + ")" * 60, "nested too deeply"),
+    ("x = x + 1\n" * 500, "too long"),
+    ("x = x\u00b2", "non-ASCII"),
+    ("x = lambda: 1", "unsupported syntax"),
+    ("x = [x]", "unsupported syntax"),
+    ("x.y = 1", "unsupported statement"),
+    ("del x", "unsupported statement"),
+])
+def test_hostile_programs_are_refused_with_a_clear_error(text, message):
+    with pytest.raises((ParseError, SpecError)) as err:
+        parse_program(text)
+    assert message in str(err.value)
+
+
+def test_too_many_operands_is_refused_before_any_build():
+    names_ = [f"x{i}" for i in range(25)]
+    text = "; ".join(f"{n} = {n} + 1" for n in names_)
+    with pytest.raises(SpecError, match="at most 24 in all"):
+        fusegen.fuse(text, name="t_step_wide")
