@@ -422,20 +422,40 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
 
 def _fuse_step(parsed, name: str | None):
     """A step op (pytorch/step.py) through its stages: spec, print, render, build, load."""
-    from fusegen.codegen.printer import print_step
-    from fusegen.codegen.render import render_step
-    from fusegen.ir import limits
-    from fusegen.ir.step import step_spec
     from fusegen.pytorch import step as _step
 
-    key = (parsed.text, parsed.inputs, parsed.scalars, name)
+    key = step_key(parsed, name)
     with _LOCK, _step._LOCK:
         found = _step.memo(key)
         if found is not None:
             return found
-        spec = step_spec(parsed, name)                                              # spec
-        files = render_step(spec, *print_step(spec))                                # print, render
-        limits.check_source(spec.name, files)
+        return load_step(key, *generate_step(parsed, name))
+
+
+def step_key(parsed, name: str | None) -> tuple:
+    """What names one step-op request in this process's memo (pytorch/step.py)."""
+    return (parsed.text, parsed.inputs, parsed.scalars, name)
+
+
+def generate_step(parsed, name: str | None = None, command: str | None = None):
+    """A step op's (spec, files): every stage but the compiler, what `fusegen PROGRAM
+    --no-build` writes."""
+    from fusegen.codegen.printer import print_step
+    from fusegen.codegen.render import render_step
+    from fusegen.ir import limits
+    from fusegen.ir.step import step_spec
+
+    spec = step_spec(parsed, name, command)                                         # spec
+    files = render_step(spec, *print_step(spec))                                    # print, render
+    limits.check_source(spec.name, files)
+    return spec, files
+
+
+def load_step(key: tuple, spec, files: dict):
+    """The step op of (spec, files), built and loaded unless this process has it."""
+    from fusegen.pytorch import step as _step
+
+    with _LOCK, _step._LOCK:
         if spec.name in _OPS:
             raise LoadError(f"fusegen op '{spec.name}' is already defined in this process as the elementwise "
                             f"op {_OPS[spec.name].entry.text!r}; pick another name for the step op")
@@ -459,9 +479,13 @@ def load(target) -> FusedOp:
         return _load_folder(Path(target))
     if not isinstance(target, str):
         raise TypeError(f"fusegen.load: expected an op name or a generated folder, got {target!r}")
+    from fusegen.pytorch.step import loaded_step
     with _LOCK:
         if target in _OPS:
             return _OPS[target]
+        step = loaded_step(target)
+        if step is not None:
+            return step
         requests, total = _index.named(target)
         other = False
         for request in _recorded(requests):
@@ -528,6 +552,8 @@ def _load_folder(path: Path) -> FusedOp:
                         f"a folder that `fusegen EXPR --name NAME` wrote") from None
     if not isinstance(name, str) or not isinstance(expr, str):
         raise LoadError(f"fusegen.load({str(path)!r}): {folder}/spec.json has no op name and expression")
+    if data.get("kind") == "step":
+        return _load_step_folder(path, name, expr, inputs, scalars)
     digest = _keys.files_digest(files)
     with _LOCK:
         known = _OPS.get(name)
@@ -540,6 +566,19 @@ def _load_folder(path: Path) -> FusedOp:
                 if op is not None:
                     return op
         return fuse_many([Request(expr, name, inputs, scalars)])[0]
+
+
+def _load_step_folder(path: Path, name: str, program: str, inputs, scalars):
+    """The step op of a generated folder (spec.json's "kind": "step"): its program, read back
+    through the statement parser, built (or found in the cache) and loaded."""
+    from fusegen.frontend.statements import parse_program
+    from fusegen.ir.expr import ParsedProgram
+
+    parsed = parse_program(program, inputs=inputs, scalars=scalars)
+    if not isinstance(parsed, ParsedProgram) or parsed.inputs != inputs or parsed.scalars != scalars:
+        raise LoadError(f"fusegen.load({str(path)!r}): spec.json's program {program!r} is not a step op of "
+                        f"inputs {list(inputs)} and scalars {list(scalars)}; regenerate the folder")
+    return _fuse_step(parsed, name)
 
 
 def _names_arg(what: str, value) -> tuple[str, ...] | None:
