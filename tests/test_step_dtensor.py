@@ -108,4 +108,4 @@ def test_a_failed_registration_warns(monkeypatch):
     from fusegen.pytorch import dtensor
 
     with pytest.warns(RuntimeWarning, match="no DTensor rule for step op t_dt_missing"):
-        dtensor._register_step_now("t_dt_missing")  # no such op: getattr fails
+        dtensor._register_step_now(("t_dt_missing", ()))  # no such op: getattr fails

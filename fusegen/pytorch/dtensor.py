@@ -163,25 +163,29 @@ def _strategy(backward: bool):
 
 # -- step ops ---------------------------------------------------------------------------------
 
-def register_step(name: str) -> None:
+def register_step(name: str, scalars=()) -> None:
     """Give the step op `name` and `<name>_foreach` the local-shard handler (module docstring),
-    now if torch.distributed.tensor is imported, otherwise right after it is."""
+    now if torch.distributed.tensor is imported, otherwise right after it is. `scalars`: the
+    op's scalar names, for its errors."""
     if torch.distributed.is_available():
-        _now_or_later(_register_step_now, name)
+        _now_or_later(_register_step_now, (name, tuple(scalars)))
 
 
-def _register_step_now(name: str) -> None:
+def _register_step_now(step) -> None:
+    name, scalars = step
     try:
         from torch.distributed.tensor import DTensor
 
+        def handler(op_call, args, kwargs):
+            return _on_local_shards(op_call, args, kwargs, scalars)
         handlers = DTensor._op_dispatcher._custom_op_handlers
         for op_name in (name, name + "_foreach"):
-            handlers[getattr(torch.ops.fusegen, op_name).default] = _on_local_shards
+            handlers[getattr(torch.ops.fusegen, op_name).default] = handler
     except Exception as error:
         warnings.warn(f"fusegen: no DTensor rule for step op {name}: {error!r}", RuntimeWarning, stacklevel=2)
 
 
-def _on_local_shards(op_call, args, kwargs):
+def _on_local_shards(op_call, args, kwargs, scalars=()):
     """The step op on each rank's shards: every DTensor of one update swapped for its local
     tensor, after the checks that make that the same update as on the full tensors."""
     from torch.distributed.tensor import DTensor, Partial
@@ -200,10 +204,7 @@ def _on_local_shards(op_call, args, kwargs):
             swapped = [t._local_tensor if isinstance(t, DTensor) else t for t in items]
             local.append(swapped[0] if kind == "Tensor" else swapped)
         elif kind == "List[Optional[Tensor]]":  # the scalars given as 0-d tensors, in the op's scalar order
-            from fusegen.pytorch.step import loaded_step
-            step = loaded_step(schema.name.partition("::")[2].removesuffix("_foreach"))
-            named = list(step.scalars) if step is not None else []
-            local.append([_replicated_scalar(where, named[k] if k < len(named) else f"{arg.name}[{k}]", t)
+            local.append([_replicated_scalar(where, scalars[k] if k < len(scalars) else f"{arg.name}[{k}]", t)
                           for k, t in enumerate(value)])
         else:
             local.append(value)

@@ -116,7 +116,7 @@ def add(key: tuple, spec, files: dict, load) -> FusedStep:
             raise SpecError(f"torch.ops.fusegen.{spec.name} already exists in this process; pick another name")
         step = _STEPS[spec.name] = _MEMO[key] = FusedStep(spec, files, load())
         from fusegen.pytorch import dtensor
-        dtensor.register_step(spec.name)  # its local-shard rule for DTensor arguments
+        dtensor.register_step(spec.name, spec.scalars)  # its local-shard rule for DTensor arguments
         return step
 
 
