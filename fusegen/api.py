@@ -473,7 +473,8 @@ def load(target) -> FusedOp:
     `fusegen.load("fma")`, from the request index in the cache (no sympy, no compiler: a
     JSON read and a dlopen); or from a generated folder, `fusegen.load("generated/fma")`
     (its spec.json names the expression), which builds the op when the cache no longer holds
-    it. `fusegen.ops.fma` is `fusegen.load("fma")`. By name, the op built last wins when
+    it; a step op's folder (spec.json "kind": "step") gives its FusedStep. `fusegen.ops.fma`
+    is `fusegen.load("fma")`. By name, the op built last wins when
     the index knows several expressions under one name."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and ("/" in target or os.sep in target)):
         return _load_folder(Path(target))
