@@ -452,34 +452,48 @@ def _cached_step(request: StepRequest):
                 _build.load(data["library"])
             except LoadError:
                 return None  # gone or unsafe since the lookup: the long way says why
-        loaded = _step.Loaded(**data, generate=lambda: _generate_step(request))
+
+        def generate():
+            from fusegen.frontend.statements import parse_program
+            parsed = parse_program(request.expr, inputs=request.inputs, scalars=request.scalars)
+            return generate_step(parsed, request.name)
+
+        loaded = _step.Loaded(**data, generate=generate)
         return _step.add(request, data["name"], data["digest"], data["text"], lambda: loaded)
 
 
-def _generate_step(request: StepRequest, parsed=None):
-    """(spec, files) of a step request: the stages up to the files (`parsed`: its program,
-    when parsed already)."""
+def step_key(parsed, name: str | None) -> StepRequest:
+    """What names a parsed step-op request in this process's memo and in the index."""
+    return StepRequest(parsed.text, name, parsed.inputs, parsed.scalars)
+
+
+def generate_step(parsed, name: str | None = None, command: str | None = None):
+    """A step op's (spec, files): every stage but the compiler, what `fusegen PROGRAM
+    --no-build` writes."""
     from fusegen.codegen.printer import print_step
     from fusegen.codegen.render import render_step
-    from fusegen.frontend.statements import parse_program
     from fusegen.ir import limits
     from fusegen.ir.step import step_spec
 
-    if parsed is None:
-        parsed = parse_program(request.expr, inputs=request.inputs, scalars=request.scalars)  # parse
-    spec = step_spec(parsed, request.name)                                                    # spec
-    files = render_step(spec, *print_step(spec))                                              # print, render
+    spec = step_spec(parsed, name, command)                                         # spec
+    files = render_step(spec, *print_step(spec))                                    # print, render
     limits.check_source(spec.name, files)
     return spec, files
 
 
 def _fuse_step(parsed, request: StepRequest):
-    """A step op (pytorch/step.py) through its stages: spec, print, render, build, load;
-    recorded in the index for the next process."""
+    return load_step(request, *generate_step(parsed, request.name))
+
+
+def load_step(key: StepRequest, spec, files: dict):
+    """The step op of (spec, files), built and loaded unless this process has it; recorded
+    in the index under `key` for the next process."""
     from fusegen.pytorch import step as _step
 
     with _LOCK, _step._LOCK:
-        spec, files = _generate_step(request, parsed)
+        found = _step.memo(key)
+        if found is not None:
+            return found
         if spec.name in _OPS:
             raise LoadError(f"fusegen op '{spec.name}' is already defined in this process as the elementwise "
                             f"op {_OPS[spec.name].entry.text!r}; pick another name for the step op")
@@ -488,13 +502,13 @@ def _fuse_step(parsed, request: StepRequest):
         def build_and_load():
             library = _build.build([(spec.name, files)])                            # build
             _build.load(library)                                                    # load
-            _index.record_step(request, spec.name, spec.inputs, spec.scalars, spec.updated, spec.text,
+            _index.record_step(key, spec.name, spec.inputs, spec.scalars, spec.updated, spec.text,
                                digest, library)
             return _step.Loaded(spec.name, spec.inputs, spec.scalars, spec.updated, spec.text, digest,
                                 library, lambda: (spec, files))
 
         _step.check_free(spec.name)
-        return _step.add(request, spec.name, digest, spec.text, build_and_load)
+        return _step.add(key, spec.name, digest, spec.text, build_and_load)
 
 
 def load(target) -> FusedOp:
@@ -502,15 +516,20 @@ def load(target) -> FusedOp:
     `fusegen.load("fma")`, from the request index in the cache (no sympy, no compiler: a
     JSON read and a dlopen); or from a generated folder, `fusegen.load("generated/fma")`
     (its spec.json names the expression), which builds the op when the cache no longer holds
-    it. `fusegen.ops.fma` is `fusegen.load("fma")`. By name, the op built last wins when
+    it; a step op's folder (spec.json "kind": "step") gives its FusedStep. `fusegen.ops.fma`
+    is `fusegen.load("fma")`. By name, the op built last wins when
     the index knows several expressions under one name."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and ("/" in target or os.sep in target)):
         return _load_folder(Path(target))
     if not isinstance(target, str):
         raise TypeError(f"fusegen.load: expected an op name or a generated folder, got {target!r}")
+    from fusegen.pytorch.step import loaded_step
     with _LOCK:
         if target in _OPS:
             return _OPS[target]
+        step = loaded_step(target)
+        if step is not None:
+            return step
         requests, total = _index.named(target)
         other = False
         for request in _recorded(requests):
@@ -577,6 +596,8 @@ def _load_folder(path: Path) -> FusedOp:
                         f"a folder that `fusegen EXPR --name NAME` wrote") from None
     if not isinstance(name, str) or not isinstance(expr, str):
         raise LoadError(f"fusegen.load({str(path)!r}): {folder}/spec.json has no op name and expression")
+    if data.get("kind") == "step":
+        return _load_step_folder(path, name, expr, inputs, scalars)
     digest = _keys.files_digest(files)
     with _LOCK:
         known = _OPS.get(name)
@@ -589,6 +610,19 @@ def _load_folder(path: Path) -> FusedOp:
                 if op is not None:
                     return op
         return fuse_many([Request(expr, name, inputs, scalars)])[0]
+
+
+def _load_step_folder(path: Path, name: str, program: str, inputs, scalars):
+    """The step op of a generated folder (spec.json's "kind": "step"): its program, read back
+    through the statement parser, built (or found in the cache) and loaded."""
+    from fusegen.frontend.statements import parse_program
+    from fusegen.ir.expr import ParsedProgram
+
+    parsed = parse_program(program, inputs=inputs, scalars=scalars)
+    if not isinstance(parsed, ParsedProgram) or parsed.inputs != inputs or parsed.scalars != scalars:
+        raise LoadError(f"fusegen.load({str(path)!r}): spec.json's program {program!r} is not a step op of "
+                        f"inputs {list(inputs)} and scalars {list(scalars)}; regenerate the folder")
+    return load_step(step_key(parsed, name), *generate_step(parsed, name))
 
 
 def _names_arg(what: str, value) -> tuple[str, ...] | None:

@@ -139,3 +139,15 @@ BY_NAME = {c.name: c for c in CORPUS}
 SEEDS = [c for c in CORPUS if c.category == "seed"]
 # The one seed table: generated/<golden>/ holds each seed's files (tests/test_golden.py).
 GOLDEN = {c.golden: c.expr for c in SEEDS}
+
+# Step ops (ir/step.py), rendered into generated/<name>/ beside the seeds: name -> (program,
+# inputs, scalars), as `fusegen PROGRAM --name NAME --inputs .. --scalar ..` writes them.
+ADAMW = ("m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g; "
+         "p = p*(1-lr*wd) - lr*(m/bc1)/(sqrt(v/bc2)+eps)")
+GOLDEN_STEPS = {"adamw_step": (ADAMW, ("p", "g", "m", "v"), ("lr", "beta1", "beta2", "eps", "wd", "bc1", "bc2"))}
+
+
+def step_cli_args(name: str) -> list[str]:
+    """The CLI's arguments that write generated/<name>/ for a step op of GOLDEN_STEPS."""
+    program, inputs, scalars = GOLDEN_STEPS[name]
+    return [program, "--name", name, "--inputs", ",".join(inputs)] + [a for s in scalars for a in ("--scalar", s)]

@@ -335,6 +335,39 @@ def check_ddp(state):
         torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m: f"{name}: {m}")
 
 
+def check_step_op(state):
+    """A step op (an in-place update, no result) on DTensors: on each rank's shard, for
+    Shard(0) of an uneven size (5 rows over 2 ranks), Shard(1) and Replicate, and through
+    `_foreach` with other placements per update; the full tensors are eager's update of
+    the unsharded ones, with no collective."""
+    import fusegen
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    dev, mesh = state["device"], _mesh(state)
+    step = fusegen.fuse("m = beta*m + g; p = p - lr*m", name="dt_sgd_step", inputs="p,g,m", scalars="lr,beta")
+
+    def eager(p, g, m, lr, beta):
+        m = beta * m + g
+        return p - lr * m, m
+
+    groups = []
+    for k, placements in enumerate(([Shard(0)], [Shard(1)], [Replicate()])):
+        full = [_full((5, 3), 80 + 3 * k + i, dev) for i in range(3)]
+        groups.append((full, [distribute_tensor(t.clone(), mesh, placements) for t in full]))
+    with CommDebugMode() as comm:
+        for full, ours in groups:
+            step(*ours, lr=0.1, beta=0.9)
+        step.foreach(*[[ours[i] for _, ours in groups] for i in range(3)], lr=0.05, beta=0.5)
+    assert comm.get_total_counts() == 0, dict(comm.get_comm_counts())
+    for full, ours in groups:
+        p, m = eager(*full, lr=0.1, beta=0.9)
+        p, m = eager(p, full[1], m, lr=0.05, beta=0.5)
+        torch.testing.assert_close(ours[0].full_tensor(), p, **TOL)
+        torch.testing.assert_close(ours[2].full_tensor(), m, **TOL)
+        torch.testing.assert_close(ours[1].full_tensor(), full[1], rtol=0, atol=0)
+
+
 CHECKS = {
     "build_once": check_build_once,
     "placements": check_placements,
@@ -343,4 +376,5 @@ CHECKS = {
     "double_backward": check_double_backward,
     "tensor_parallel_mlp": check_tensor_parallel_mlp,
     "ddp": check_ddp,
+    "step_op": check_step_op,
 }

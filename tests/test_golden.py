@@ -16,23 +16,34 @@ import pytest
 from fusegen.api import Request, generate
 from fusegen.files import RUNTIME_FOLDER, runtime_files, write
 
-from corpus import GOLDEN
+from corpus import GOLDEN, GOLDEN_STEPS, step_cli_args
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "generated"
 
-# The one seed table (tests/corpus.py): generated/<name>/ -> expression.
+# The one seed table (tests/corpus.py): generated/<name>/ -> expression; and the step ops'.
 SEEDS = GOLDEN
+STEPS = GOLDEN_STEPS
+
+
+def render(name: str) -> dict:
+    """What fusegen renders today for the seed or step op `name`."""
+    if name in STEPS:
+        from fusegen.api import generate_step
+        from fusegen.frontend.statements import parse_program
+        program, inputs, scalars = STEPS[name]
+        return generate_step(parse_program(program, inputs=inputs, scalars=scalars), name)[1]
+    return generate(Request(SEEDS[name], name=name)).files
 
 
 def test_generated_holds_every_seed():
     """Every seed has its folder; other folders (a user's `fusegen ... --name mine`) are ignored."""
-    assert [n for n in sorted(SEEDS) if not (GENERATED / n).is_dir()] == []
+    assert [n for n in sorted(SEEDS) + sorted(STEPS) if not (GENERATED / n).is_dir()] == []
 
 
-@pytest.mark.parametrize("name", sorted(SEEDS))
+@pytest.mark.parametrize("name", sorted(SEEDS) + sorted(STEPS))
 def test_golden(name):
-    files = generate(Request(SEEDS[name], name=name)).files
+    files = render(name)
     if os.environ.get("FUSEGEN_UPDATE_GOLDEN") == "1":
         write(files, GENERATED / name)
     on_disk = {p.name: p.read_bytes() for p in (GENERATED / name).iterdir() if p.is_file()}
@@ -62,11 +73,14 @@ def test_a_folder_the_user_added_does_not_fail_the_golden_test(tmp_path, monkeyp
 
     for name, expr in SEEDS.items():
         assert main([expr, "--name", name, "--out", str(tmp_path), "--no-build"]) == 0
+    for name in STEPS:
+        assert main(step_cli_args(name) + ["--out", str(tmp_path), "--no-build"]) == 0
     assert main(["x*y + 1", "--name", "users_op", "--out", str(tmp_path), "--no-build"]) == 0
     monkeypatch.setattr(sys.modules[__name__], "GENERATED", tmp_path)
     monkeypatch.delenv("FUSEGEN_UPDATE_GOLDEN", raising=False)
     test_generated_holds_every_seed()
     test_golden("fma")
+    test_golden("adamw_step")
     with open(tmp_path / "fma" / "fma.cu", "ab") as fh:
         fh.write(b" ")
     with pytest.raises(AssertionError, match="fma.cu differs"):
@@ -91,3 +105,17 @@ def test_output_is_identical_across_processes(tmp_path):
         outs.append({p.name: p.read_bytes() for p in (out / "gelu_tanh").iterdir()})
     assert outs[0] == outs[1]
     assert outs[0]["gelu_tanh.cu"] == (GENERATED / "gelu_tanh" / "gelu_tanh.cu").read_bytes()
+
+
+def test_step_op_output_is_identical_across_processes(tmp_path):
+    """A step op's folder, written by the CLI in two fresh interpreters, is the same bytes
+    as generated/'s."""
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        subprocess.run([sys.executable, "-m", "fusegen", *step_cli_args("adamw_step"), "--no-build", "--out",
+                        str(out)], check=True, env=env, capture_output=True)
+        outs.append({p.name: p.read_bytes() for p in (out / "adamw_step").iterdir()})
+    assert outs[0] == outs[1]
+    assert outs[0] == {p.name: p.read_bytes() for p in (GENERATED / "adamw_step").iterdir()}

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-from corpus import GOLDEN  # noqa: E402  (tests/ is on sys.path via conftest)
+from corpus import GOLDEN, GOLDEN_STEPS  # noqa: E402  (tests/ is on sys.path via conftest)
 
-# Every seed's kernels; folders a user added to generated/ are not ours to compile.
-KERNELS = [ROOT / "generated" / name / f"{name}.cu" for name in sorted(GOLDEN)]
+# Every seed's and golden step op's kernels; folders a user added to generated/ are not ours to compile.
+KERNELS = [ROOT / "generated" / name / f"{name}.cu" for name in sorted(GOLDEN) + sorted(GOLDEN_STEPS)]
 RUNTIME = ROOT / "generated" / "_runtime"  # the headers every op's sources include
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 # The architectures we ship for (H100/H200 and A100), warnings as errors.
@@ -32,7 +32,7 @@ def _compile(cu: Path, out_dir: Path):
 
 def test_every_seed_has_its_kernels():
     missing = [str(cu) for cu in KERNELS if not cu.is_file()]
-    assert not missing and len(KERNELS) == len(GOLDEN) == 7, missing
+    assert not missing and len(KERNELS) == len(GOLDEN) + len(GOLDEN_STEPS) == 8, missing
 
 
 @pytest.mark.slow
@@ -79,18 +79,25 @@ def test_cuda_host_code_compiles(tmp_path):
     macros = tmp_path / "cfg" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
     macros.parent.mkdir(parents=True)
     macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    bundle = tmp_path / "bundle.cpp"
     from fusegen.build.builder import RUNTIME_UNITS
     units = sorted((ROOT / "generated" / "_runtime").glob("*.cpp"))
     assert sorted(u.name for u in units) == sorted(RUNTIME_UNITS)
-    # cuda_runtime_api.h first: the ops' own spelling of cudaStream_t must agree with CUDA's.
-    bundle.write_text("#include <cuda_runtime_api.h>\n" + "".join(f'#include "{u}"\n' for u in units)
-                      + "".join(f'#include "{cu.with_suffix(".cpp")}"\n' for cu in KERNELS))
+    # The runtime's units are translation units of their own (each has file-local helpers of
+    # the same names); the ops' .cpp files go in one more. cuda_runtime_api.h first: the ops'
+    # own spelling of cudaStream_t must agree with CUDA's.
+    bundles = [[u] for u in units] + [[cu.with_suffix(".cpp") for cu in KERNELS]]
     includes = [f"-isystem{p}" for p in [tmp_path / "cfg", *include_paths("cpu"), cuda_include]]
     includes.append(f"-I{ROOT / 'generated' / '_runtime'}")
-    result = subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra",
-                             "-DFUSEGEN_WITH_CUDA", *includes, str(bundle)], capture_output=True, text=True)
-    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+    def check(k):
+        bundle = tmp_path / f"bundle{k}.cpp"
+        bundle.write_text("#include <cuda_runtime_api.h>\n" + "".join(f'#include "{u}"\n' for u in bundles[k]))
+        return subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra",
+                               "-DFUSEGEN_WITH_CUDA", *includes, str(bundle)], capture_output=True, text=True)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(check, range(len(bundles))))
+    failures = [r.stderr for r in results if r.returncode != 0 or r.stderr.strip()]
+    assert not failures, "\n\n".join(failures)
 
 
 _FWD, _BWD = "FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY"

@@ -6,8 +6,18 @@
 
 The function is read as source (never run) by the same parser as the CLI, so the
 undecorated function stays valid eager PyTorch and serves as the reference.
-A parameter is a runtime scalar when it is annotated `float` or `int`, or when its
-default is a number; defaults work as in Python.
+A parameter is a runtime scalar when it is annotated `float` or `int`, when its
+default is a number, or when `scalars=` names it; defaults work as in Python.
+
+A body that updates parameters in place with `copy_` is a step op (fusegen.FusedStep):
+
+    @fusegen.fused(scalars=("lr", "beta"))
+    def momentum_step(p, g, b, lr, beta):
+        b.copy_(beta * b + g)
+        p.copy_(p - lr * b)       # reads b's new value, as eager does
+
+It is the statement program `b = beta*b + g; p = p - lr*b` (frontend/statements.py), one
+kernel; calling it updates p and b and returns None; `.foreach` takes lists.
 
 Functions decorated together are built together. The decorator checks the function at once
 (a bad body fails at the `def`), and an op built before in any process is loaded at once;
@@ -33,6 +43,7 @@ import torch
 from fusegen import api
 from fusegen.pytorch import decompose as _decompose
 from fusegen.api import Request
+from fusegen.frontend import statements
 from fusegen.frontend.parse import dotted_name
 from fusegen.errors import ParseError, SpecError
 
@@ -45,12 +56,13 @@ def _is_scalar(param: inspect.Parameter) -> bool:
     return param.annotation in _SCALAR_ANNOTATIONS or number_default
 
 
-def fused(fn=None, *, name: str | None = None, compile: str | None = None):
+def fused(fn=None, *, name: str | None = None, compile: str | None = None, scalars=()):
     """Decorate a function; usable bare (`@fused`) or with a name (`@fused(name="silu")`).
-    `compile`: what torch.compile makes of the op, as for `fusegen.fuse`."""
+    `compile`: what torch.compile makes of the op, as for `fusegen.fuse`. `scalars`: names
+    of parameters that are runtime floats, besides those annotated or defaulted so."""
     if fn is None:
         def decorate(f):
-            return fused(f, name=name, compile=compile)
+            return fused(f, name=name, compile=compile, scalars=scalars)
         decorate.__fusegen_fused__ = True  # so that _is_fused knows `@fused(name=...)`
         return decorate
     if hasattr(fn, "__wrapped__"):
@@ -81,9 +93,20 @@ def fused(fn=None, *, name: str | None = None, compile: str | None = None):
             raise SpecError(f"@fused function '{fn.__name__}': parameter '{p.name}' has default "
                             f"{p.default!r}; expected a number (a runtime scalar) or no default")
     params = tuple(signature.parameters)
-    scalars = tuple(p for p, v in signature.parameters.items() if _is_scalar(v))
-    request = Request(source, name=name or fn.__name__, scalars=scalars, params=params,
-                      command=f"@fusegen.fused on {fn.__module__}.{fn.__qualname__}")
+    named = (scalars,) if isinstance(scalars, str) else tuple(scalars or ())
+    unknown = [s for s in named if s not in params]
+    if unknown:
+        raise SpecError(f"@fused function '{fn.__name__}': scalars={list(named)} names '{unknown[0]}', which is "
+                        f"not a parameter; expected some of {list(params)}")
+    scalars = tuple(p for p, v in signature.parameters.items() if _is_scalar(v) or p in named)
+    command = f"@fusegen.fused on {fn.__module__}.{fn.__qualname__}"
+    if statements.updates_in_place(source):
+        if compile is not None:
+            raise SpecError(f"@fused(compile=...) on '{fn.__name__}', which updates its parameters in place: a "
+                            "step op has one mode under torch.compile (its kernel); drop compile=")
+        parsed = statements.parse_function(source, params, scalars)
+        return FusedStepFunction(fn, signature, parsed, name or fn.__name__, command)
+    request = Request(source, name=name or fn.__name__, scalars=scalars, params=params, command=command)
     _decompose.set_mode(request.name, compile)  # applied when the op is loaded
     return FusedFunction(fn, signature, request)
 
@@ -172,7 +195,82 @@ class FusedFunction:
         return f"<@fused {self.eager.__module__}.{self.eager.__qualname__}>"
 
 
-_PENDING: list[FusedFunction] = []
+class FusedStepFunction:
+    """What @fused returns for a function that updates its parameters in place
+    (`p.copy_(...)`): call it like the function, which updates the tensors and returns None,
+    as eager does. It is the step op of the same statements (fusegen.FusedStep):
+    `.op` is torch.ops.fusegen.<name>, `.foreach(...)` the update over lists of tensors
+    (torch.ops.fusegen.<name>_foreach), `.step` the FusedStep; `.eager` is the undecorated
+    function, the reference. Built on first use, as the other @fused functions."""
+
+    def __init__(self, fn, signature: inspect.Signature, parsed, name: str, command: str):
+        functools.update_wrapper(self, fn)
+        self.eager = fn
+        self._signature = signature
+        self._key = api.step_key(parsed, name)
+        self._step = None
+        # Checked now, so a bad body fails at its `def`, not at first use.
+        self._generated = api.generate_step(parsed, name, command)
+        self.name = self._generated[0].name
+        with _PENDING_LOCK:
+            _PENDING.append(self)
+        _build_before_compiling()
+
+    @property
+    def step(self):
+        """The FusedStep (building it and every other waiting @fused function, if not built yet)."""
+        if self._step is None:
+            build_pending()
+        return self._step
+
+    def _load(self):
+        self._step = api.load_step(self._key, *self._generated)
+
+    @property
+    def op(self):
+        return self.step.op
+
+    @property
+    def foreach_op(self):
+        return self.step.foreach_op
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self._generated[0].inputs
+
+    @property
+    def scalars(self) -> tuple[str, ...]:
+        return self._generated[0].scalars
+
+    @property
+    def updated(self) -> tuple[str, ...]:
+        return self._generated[0].updated
+
+    def _ready(self):
+        if self._step is None and torch.compiler.is_compiling():
+            raise RuntimeError(f"@fused function {self.name!r} is not built yet and torch.compile is tracing it; "
+                               "call fusegen.build_pending() before compiling")
+        return self.step
+
+    def __call__(self, *args, **kwargs):
+        values = dict(zip(self._signature.parameters, api.bind(
+            self._signature, args, kwargs, f"@fused function '{self.__name__}'", self.__name__)))
+        step = self._ready()
+        step(*(values[p] for p in step.inputs + step.scalars))
+
+    def foreach(self, *args, **kwargs):
+        """The update over lists, one list per tensor parameter (FusedStep.foreach); scalars
+        as for a call, their defaults included."""
+        values = dict(zip(self._signature.parameters, api.bind(
+            self._signature, args, kwargs, f"@fused function '{self.__name__}'.foreach", self.__name__)))
+        step = self._ready()
+        step.foreach(*(values[p] for p in step.inputs + step.scalars))
+
+    def __repr__(self):
+        return f"<@fused step {self.eager.__module__}.{self.eager.__qualname__}>"
+
+
+_PENDING: list = []  # FusedFunction and FusedStepFunction
 _PENDING_LOCK = threading.Lock()
 
 
@@ -199,11 +297,20 @@ def build_pending():
     """Build every @fused function not built yet, all into one library, in one compiler run."""
     with _PENDING_LOCK:
         waiting, _PENDING[:] = list(_PENDING), []
+    ops = [f for f in waiting if isinstance(f, FusedFunction)]
+    steps = [f for f in waiting if isinstance(f, FusedStepFunction)]
     try:
-        api.load_requests([(f._request, f._generated) for f in waiting])
+        api.load_requests([(f._request, f._generated) for f in ops])
     except BaseException:
         with _PENDING_LOCK:  # nothing built: they wait for the next try
             _PENDING[:0] = waiting
         raise
-    for function in waiting:
+    for function in ops:
         function._op = api.cached(function._request)
+    for k, function in enumerate(steps):  # a library each, as fusegen.fuse builds a step op
+        try:
+            function._load()
+        except BaseException:
+            with _PENDING_LOCK:
+                _PENDING[:0] = steps[k:]
+            raise

@@ -38,9 +38,11 @@ def is_program(text: object) -> bool:
     return any(isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign)) for s in module.body) or len(module.body) > 1
 
 
-def parse_program(text: str, inputs=None, scalars=()) -> ParsedProgram | Parsed:
+def parse_program(text: str, inputs=None, scalars=(), shadowing=None) -> ParsedProgram | Parsed:
     """Parse statements. A program that updates an input is a ParsedProgram; one of
-    temporaries and a trailing result is a Parsed, the ordinary op it spells."""
+    temporaries and a trailing result is a Parsed, the ordinary op it spells. `shadowing`:
+    the names of a @fused function (parameter or local name) that no call may use as a
+    function or module name (parse._Converter.shadowing)."""
     if not isinstance(text, str):
         raise ParseError(f"expression must be a string, got {type(text).__name__}", repr(text)[:80])
     if len(text) > _parse.MAX_LENGTH:
@@ -65,6 +67,7 @@ def parse_program(text: str, inputs=None, scalars=()) -> ParsedProgram | Parsed:
     given = None if inputs is None else tuple(p.strip() for p in inputs.split(",") if p.strip()) \
         if isinstance(inputs, str) else tuple(inputs)
     conv = _parse._Converter(source)
+    conv.shadowing = dict(shadowing or {})
     seen: list[str] = []           # tensor names in order of first appearance
     temporaries: set[str] = set()
     values: dict[str, sympy.Expr] = {}  # updated input -> its value so far
@@ -139,3 +142,101 @@ def _scalar_names(scalars) -> tuple[str, ...]:
         scalars = [p.strip() for p in scalars.split(",") if p.strip()]
     return tuple(scalars or ())
 
+
+
+# -- @fused functions that update their parameters ------------------------------------------
+
+COPY = "copy_"
+
+
+def updates_in_place(source: str) -> bool:
+    """Whether a @fused function's body calls `<name>.copy_(...)` anywhere: then it is a step
+    function (parse_function), not one expression."""
+    try:
+        func = ast.parse(source).body[0]
+    except (SyntaxError, IndexError, ValueError, RecursionError, MemoryError):
+        return False
+    if not isinstance(func, ast.FunctionDef):
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == COPY
+               for stmt in func.body for n in ast.walk(stmt))
+
+
+def parse_function(source: str, params, scalars) -> ParsedProgram:
+    """A @fused function body of `p.copy_(expr)` updates and `t = expr` temporaries, as eager
+    PyTorch runs it (a read after `p.copy_` sees the new value), read as the statement
+    program `t = expr; p = expr` of its tensor parameters: the same ParsedProgram, and the
+    same text in spec.json, as `fusegen.fuse` of that program makes. It ends without a
+    value (no `return`, or `return None`), as a function that updates in place does."""
+    _parse._check_ascii_code(source)
+    try:
+        module = ast.parse(source)
+    except SyntaxError as err:
+        raise ParseError(f"invalid syntax: {err.msg}", source.splitlines()[0]) from None
+    func = module.body[0] if module.body else None
+    if not isinstance(func, ast.FunctionDef):
+        raise ParseError("@fused expects a plain function definition", source.splitlines()[0])
+    _parse._check_limits(source, func)
+    conv = _parse._Converter(source)  # for its errors: line and caret in the function's source
+    params, scalars = list(params), list(scalars)
+    tensors = [p for p in params if p not in scalars]
+    body = list(func.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # docstring
+    if body and isinstance(body[-1], ast.Return):
+        value = body[-1].value
+        if value is not None and not (isinstance(value, ast.Constant) and value.value is None):
+            conv.fail(body[-1], f"@fused function '{func.name}' updates parameters in place (copy_) and also "
+                      "returns a value", "a function that updates its parameters returns nothing: drop the "
+                      "return, or compute the value in another @fused function")
+        body = body[:-1]
+    shadowing = {p: "parameter" for p in params}
+    lines = []
+    for stmt in body:
+        target = _copy_target(conv, stmt, func.name, params, scalars)
+        if target is not None:
+            value = stmt.value.args[0]
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            target, value = stmt.targets[0].id, stmt.value
+            if target in params:
+                conv.fail(stmt, f"assignment to parameter '{target}' rebinds the name and leaves the tensor "
+                          "unchanged", f"write {target}.copy_(...) to update it in place, or use a new name")
+            shadowing.setdefault(target, "local name")
+        else:
+            conv.fail(stmt, f"unsupported statement in @fused function '{func.name}': {type(stmt).__name__}",
+                      "expected `p.copy_(expression)` updates and `name = expression` lines")
+        nested = next((n for n in ast.walk(value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                       and n.func.attr == COPY), None)
+        if nested is not None:
+            conv.fail(nested, "copy_ inside an expression", "write each update as a statement of its own: "
+                      "p.copy_(expression)")
+        lines.append(f"{target} = {_parse._unparse(source, value)}")
+    if not lines:
+        conv.fail(func, f"@fused function '{func.name}' has no statements")
+    parsed = parse_program("\n".join(lines), inputs=tensors, scalars=scalars, shadowing=shadowing)
+    if not isinstance(parsed, ParsedProgram):  # unreachable: a copy_ is an update of a parameter
+        raise SpecError(f"@fused function '{func.name}' updates no parameter")
+    return parsed
+
+
+def _copy_target(conv, stmt, function: str, params, scalars) -> str | None:
+    """The parameter a `p.copy_(expr)` statement updates, after its checks; None for any
+    other statement."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == COPY):
+        return None
+    owner = call.func.value
+    spelled = owner.id if isinstance(owner, ast.Name) else _parse._unparse("", owner)
+    if not isinstance(owner, ast.Name) or owner.id not in params:
+        what = "a local name" if isinstance(owner, ast.Name) else "an expression"
+        conv.fail(call, f"copy_ on {what} ('{spelled}'), not a parameter of '{function}'",
+                  "copy_ updates a tensor parameter in place: p.copy_(expression)")
+    if owner.id in scalars:
+        conv.fail(call, f"copy_ on scalar parameter '{owner.id}'",
+                  "scalars are read-only numbers; update a tensor parameter")
+    if len(call.args) != 1 or call.keywords or isinstance(call.args[0], ast.Starred):
+        conv.fail(call, f"{owner.id}.copy_ takes one argument here, got "
+                  f"{len(call.args)} positional and {len(call.keywords)} keyword",
+                  f"write {owner.id}.copy_(expression): the update's value alone (no non_blocking=)")
+    return owner.id

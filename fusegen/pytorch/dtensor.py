@@ -23,6 +23,15 @@ on each rank's shard, and wraps the results.
   gradient with the other inputs replicated stays Partial, as it does through eager's
   `grad * f'(x)` (`aten.mul`'s rule). The mask is in the propagator's cache key.
 
+- step ops, `<name>` and `<name>_foreach` (ir/step.py: Tensor(a!) arguments, no result):
+  `register_step`, a handler of DTensor's dispatcher that runs the op on the local shards.
+  An update is pointwise over arguments of one shape, so it is the same update shard by
+  shard when every tensor of a call (of one index of the lists, for `_foreach`) is a
+  DTensor of the same mesh, placements and global shape, Shard and Replicate only. Any
+  other call is an error that names the argument: a mutated argument cannot be
+  redistributed (the update would land on a copy), and a Partial one holds summands, not
+  the values the update reads. A scalar given as a 0-d tensor may be a replicated DTensor.
+
 Float scalars never change the sharding, so they are kept out of the cache key (a new
 `alpha` reuses the propagation). A failed registration (a torch whose private DTensor API
 moved) is a RuntimeWarning, never an error in `fuse` or in `import torch.distributed.tensor`.
@@ -42,7 +51,7 @@ import warnings
 import torch
 
 _MODULE = "torch.distributed.tensor"
-_WAITING: list = []      # families (tuples of family.Member) loaded before _MODULE was imported
+_WAITING: list = []      # (register function, family or step op) loaded before _MODULE was imported
 _HOOK: list = []         # the installed _AfterImport finder, at most one
 
 
@@ -51,10 +60,14 @@ def register(members) -> None:
     if torch.distributed.tensor is imported, otherwise right after it is."""
     if not torch.distributed.is_available():
         return
+    _now_or_later(_register_now, members)
+
+
+def _now_or_later(register_fn, what) -> None:
     if _MODULE in sys.modules:
-        _register_now(members)
+        register_fn(what)
         return
-    _WAITING.append(members)
+    _WAITING.append((register_fn, what))
     if not _HOOK:
         _HOOK.append(_AfterImport())
         sys.meta_path.insert(0, _HOOK[0])
@@ -62,7 +75,8 @@ def register(members) -> None:
 
 def _register_waiting() -> None:
     while _WAITING:
-        _register_now(_WAITING.pop(0))
+        register_fn, what = _WAITING.pop(0)
+        register_fn(what)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -145,3 +159,81 @@ def _strategy(backward: bool):
                 spec.output_specs = (spec.output_specs,) if outputs else ()
         return expanded
     return strategy
+
+
+# -- step ops ---------------------------------------------------------------------------------
+
+def register_step(name: str, scalars=()) -> None:
+    """Give the step op `name` and `<name>_foreach` the local-shard handler (module docstring),
+    now if torch.distributed.tensor is imported, otherwise right after it is. `scalars`: the
+    op's scalar names, for its errors."""
+    if torch.distributed.is_available():
+        _now_or_later(_register_step_now, (name, tuple(scalars)))
+
+
+def _register_step_now(step) -> None:
+    name, scalars = step
+    try:
+        from torch.distributed.tensor import DTensor
+
+        def handler(op_call, args, kwargs):
+            return _on_local_shards(op_call, args, kwargs, scalars)
+        handlers = DTensor._op_dispatcher._custom_op_handlers
+        for op_name in (name, name + "_foreach"):
+            handlers[getattr(torch.ops.fusegen, op_name).default] = handler
+    except Exception as error:
+        warnings.warn(f"fusegen: no DTensor rule for step op {name}: {error!r}", RuntimeWarning, stacklevel=2)
+
+
+def _on_local_shards(op_call, args, kwargs, scalars=()):
+    """The step op on each rank's shards: every DTensor of one update swapped for its local
+    tensor, after the checks that make that the same update as on the full tensors."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    schema = op_call._schema
+    values = list(args) + [kwargs[a.name] for a in schema.arguments[len(args):]]
+    where = f"fusegen step op '{schema.name.partition('::')[2]}' on DTensors"
+    groups: dict[int, list] = {}  # update index (0 for the plain op) -> [(argument, value)]
+    local = []
+    for arg, value in zip(schema.arguments, values):
+        kind = str(arg.type)
+        if kind == "Tensor" or kind == "List[Tensor]":
+            items = [value] if kind == "Tensor" else list(value)
+            for k, t in enumerate(items):
+                groups.setdefault(k, []).append((arg.name if kind == "Tensor" else f"{arg.name}[{k}]", t))
+            swapped = [t._local_tensor if isinstance(t, DTensor) else t for t in items]
+            local.append(swapped[0] if kind == "Tensor" else swapped)
+        elif kind == "List[Optional[Tensor]]":  # the scalars given as 0-d tensors, in the op's scalar order
+            local.append([_replicated_scalar(where, scalars[k] if k < len(scalars) else f"{arg.name}[{k}]", t)
+                          for k, t in enumerate(value)])
+        else:
+            local.append(value)
+    for members in groups.values():
+        first_name, first = members[0]
+        for arg_name, t in members:
+            if not isinstance(t, DTensor):
+                raise RuntimeError(f"{where}: argument '{arg_name}' is a torch.Tensor while '{first_name}' is a "
+                                   "DTensor; expected DTensors of one mesh and placements for every tensor of an "
+                                   "update (distribute_tensor it alike)")
+            if any(isinstance(p, Partial) for p in t.placements):
+                raise RuntimeError(f"{where}: argument '{arg_name}' has placements {t.placements}; a Partial "
+                                   "tensor holds summands, not the values the update reads: reduce it first "
+                                   "(redistribute to Shard or Replicate)")
+            if t.device_mesh != first.device_mesh or t.placements != first.placements or t.shape != first.shape:
+                raise RuntimeError(f"{where}: argument '{arg_name}' has placements {t.placements} and shape "
+                                   f"{tuple(t.shape)}, '{first_name}' {first.placements} and {tuple(first.shape)}; "
+                                   "expected the same mesh, placements and shape for every tensor of an update "
+                                   "(the updated ones cannot be redistributed: the update would land on a copy)")
+    op_call(*local)
+    return None
+
+
+def _replicated_scalar(where: str, name: str, t):
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return t
+    if not all(p.is_replicate() for p in t.placements):
+        raise RuntimeError(f"{where}: scalar tensor '{name}' has placements {t.placements}; expected a "
+                           "replicated 0-d DTensor, or a plain tensor")
+    return t._local_tensor

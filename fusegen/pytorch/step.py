@@ -147,6 +147,8 @@ def add(key, name: str, digest: str, text: str, load) -> FusedStep:
             _MEMO[key] = known
             return known
         step = _STEPS[name] = _MEMO[key] = FusedStep(load())
+        from fusegen.pytorch import dtensor
+        dtensor.register_step(step.name, step.scalars)  # its local-shard rule for DTensor arguments
         return step
 
 

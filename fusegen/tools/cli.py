@@ -2,13 +2,15 @@
 
     fusegen EXPR [--name N] [--inputs a,b,c] [--scalar NAME ...] [--out DIR]
                  [--no-build] [--check] [--bench] [--show] [--quiet]
+    fusegen "m = beta*m + g; p = p - lr*m" --name sgd_momentum --inputs p,g,m --scalar lr --scalar beta
     fusegen cache [list | clear | trim --older-than AGE]
     fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build] [--force]
     fusegen bench [EXPR ...] [--dtypes ..] [--sizes ..] [--quick] [--json F] [--plot F.png]
 
 A first word in COMMANDS is that command (`cache`, `package`, `bench`: fusegen/bench/
 command.py); an op whose expression is the bare name `cache` is written `fusegen "(cache)"`.
-`fusegen EXPR` loads the op as `fuse()` does (api.load_requests). Errors print one line,
+`fusegen EXPR` loads the op as `fuse()` does (api.load_requests); a program of statements
+that assigns to an input is a step op (ir/step.py), written and loaded as `fuse()` makes it. Errors print one line,
 `fusegen: error: ...`, and exit non-zero, by the exception's class: 2 for bad arguments, a
 bad expression or name, 1 for a failed build (BuildError, package.WheelBuildError) or a
 cache that cannot be changed, 3 for a failed --check.
@@ -40,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                     "(torch.ops.fusegen.<name>). `fusegen cache` lists and trims the build cache; "
                     "`fusegen bench` races fused ops against eager, torch.compile, jiterator and CuPy.",
         epilog='example: fusegen "a*b+c" --name fma --check')
-    p.add_argument("expr", help='the expression, Python syntax: "a*b+c", "x*sigmoid(x)"')
+    p.add_argument("expr", help='the expression, Python syntax: "a*b+c", "x*sigmoid(x)"; or statements that '
+                                'update inputs in place: "m = beta*m + g; p = p - lr*m" (a step op)')
     p.add_argument("--name", help="op name (default: fused_<hash of the expression>)")
     p.add_argument("--inputs", help="tensor inputs in schema order, comma-separated "
                                     "(default: order of first appearance)")
@@ -108,6 +111,12 @@ def _run(args) -> int:
     from fusegen.files import RUNTIME_FOLDER, runtime_files, write
 
     say = (lambda *a: None) if args.quiet else print
+    if api.looks_like_program(args.expr):
+        from fusegen.frontend.statements import parse_program
+        from fusegen.ir.expr import ParsedProgram
+        parsed = parse_program(args.expr, inputs=api._names_arg("inputs", args.inputs), scalars=args.scalar)
+        if isinstance(parsed, ParsedProgram):
+            return _run_step(args, parsed, say)
     request = api.Request.of({"expr": args.expr, "name": args.name, "inputs": args.inputs,
                               "scalars": args.scalar})
     generated = api.generate(request)
@@ -153,6 +162,50 @@ def _run(args) -> int:
     return status
 
 
+def _run_step(args, parsed, say) -> int:
+    """A program that updates inputs in place: its step op's folder, built and loaded as
+    fusegen.fuse loads it. --check and --bench race an op's result against eager's; a step
+    op has none, so they are refused before anything is written."""
+    from fusegen import api
+    from fusegen.errors import SpecError
+    from fusegen.files import RUNTIME_FOLDER, runtime_files, write
+
+    if args.check or args.bench:
+        raise SpecError(f"--{'check' if args.check else 'bench'} compares an op's result with eager PyTorch's; "
+                        f"{args.expr!r} updates {', '.join(u for u, _ in parsed.updates)} in place and has no "
+                        "result: load it (fusegen.load(\"generated/NAME\")) and compare with the statements run "
+                        "eagerly, or `fusegen bench optim` for optimizers")
+    spec, files = api.generate_step(parsed, args.name)
+    say(f"op       torch.ops.fusegen.{spec.name}({', '.join(spec.inputs + spec.scalars)}) -> ()")
+    say(f"foreach  torch.ops.fusegen.{spec.foreach_name}: lists of tensors, one launch per device and dtypes")
+    for line in spec.summary():
+        say(f"update   {line}")
+    out_dir = Path(args.out or "generated") / spec.name
+    if not args.force:
+        _check_overwrite(out_dir, spec)
+    paths = write(files, out_dir)
+    write(runtime_files(), out_dir.parent / RUNTIME_FOLDER)
+    say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}")
+    if args.show:
+        for name, text in files.items():
+            print(f"\n===== {out_dir / name} =====\n{text}", end="")
+    if args.no_build:
+        return 0
+    start = time.perf_counter()
+    step = api.load_step(api.step_key(parsed, args.name), spec, files)
+    lib = step.library
+    how = f"built in {lib.seconds:.1f} s" if not lib.cached else \
+        f"loaded from cache in {time.perf_counter() - start:.2f} s"
+    say(f"library  {how}: {lib.path}")
+    return 0
+
+
+def _identity(doc: dict) -> tuple:
+    """What makes two spec.json the same op: kind, what it computes, inputs and scalars."""
+    what = doc.get("updates") if doc.get("kind") == "step" else doc.get("forward")
+    return doc.get("kind", "op"), what, doc.get("inputs"), doc.get("scalars")
+
+
 def _check_overwrite(out_dir: Path, spec):
     """Refuse to replace a generated folder that holds another op, as a second expression
     under one name is refused in one process. The same expression (same forward, inputs and
@@ -164,8 +217,11 @@ def _check_overwrite(out_dir: Path, spec):
         return
     try:
         old = json.loads((out_dir / "spec.json").read_text())
-        same = (old.get("forward"), old.get("inputs"), old.get("scalars")) == \
-            (notation.text(spec.forward), list(spec.inputs), list(spec.scalars))
+        if hasattr(spec, "updates"):  # a step op (ir/step.py)
+            mine = ("step", {i: notation.text(e) for i, e in spec.updates}, list(spec.inputs), list(spec.scalars))
+        else:
+            mine = ("op", notation.text(spec.forward), list(spec.inputs), list(spec.scalars))
+        same = _identity(old) == mine
         held = f"op {old.get('name')!r} for {old.get('expression')!r} (its spec.json)"
     except (OSError, ValueError, AttributeError):
         same, held = False, "files that are not a fusegen op (no readable spec.json)"

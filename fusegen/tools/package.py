@@ -53,17 +53,20 @@ def collect(folders: list[Path]) -> tuple[list[str], dict[str, bytes]]:
 
     A folder is read as untrusted input: its spec.json must hold what fusegen writes (the
     op name checked as the CLI checks it, the expression read back through the parser),
-    and of its files only the ones fusegen writes for that op are read, each a regular
+    and of its files only the ones fusegen writes for that op are read (a step op's
+    program read back through the statement parser, frontend/statements.py), each a regular
     file, not a symbolic link (which would copy any file of this machine into the wheel);
     the runtime's folder must be a real folder too."""
     ops: list[str] = []
+    kinds: dict[str, str] = {}  # op name -> "op" or "step"
     chosen: dict[str, bytes] = {}
     where: dict[str, Path] = {}
     for folder in folders:
         folder = Path(folder)
-        name, auxiliary = _read_spec(folder)
+        name, auxiliary, kind = _read_spec(folder)
         if name not in ops:
             ops.append(name)
+            kinds[name] = kind
         runtime = _runtime_folder(folder)
         for file_name in op_files(name, auxiliary):
             path = (runtime if file_name in RUNTIME else folder) / file_name
@@ -77,6 +80,12 @@ def collect(folders: list[Path]) -> tuple[list[str], dict[str, bytes]]:
                                    "(regenerate the folders with one fusegen version; two ops cannot share a name)")
     if not ops:
         raise PackageError("no op folders given")
+    registered = set(ops)
+    for name in ops:  # a step op registers <name>_foreach too
+        foreach = name + "_foreach"
+        if kinds[name] == "step" and foreach in registered:
+            raise PackageError(f"op {foreach!r} and step op {name!r} (which registers {foreach}) cannot "
+                               "share one library; rename one of them")
     return ops, chosen
 
 
@@ -101,8 +110,9 @@ def op_files(name: str, auxiliary=()) -> list[str]:
     return [f"{op}{suffix}" for op in (name, *auxiliary) for suffix in (".h", ".cu", ".cpp")] + list(RUNTIME)
 
 
-def _read_spec(folder: Path) -> tuple[str, list[str]]:
-    """(op name, auxiliary op names) from the folder's spec.json, each value checked."""
+def _read_spec(folder: Path) -> tuple[str, list[str], str]:
+    """(op name, auxiliary op names, "op" or "step") from the folder's spec.json, each value
+    checked."""
     from fusegen.frontend.parse import reparse
     from fusegen.ir.names import check_identifier, check_op_name
 
@@ -123,6 +133,12 @@ def _read_spec(folder: Path) -> tuple[str, list[str]]:
                 raise PackageError(f"{path}: {what!r} must be a list of names, got {values!r}"[:300])
             for value in values:
                 check_identifier(value, what[:-1])
+        kind = doc.get("kind", "op")
+        if kind == "step":
+            _check_step(path, name, doc, inputs, scalars)
+            return name, [], kind
+        if kind != "op":
+            raise PackageError(f"{path}: 'kind' must be \"step\" (a step op) or absent (an op), got {kind!r}"[:300])
         reparse(doc.get("expression"), inputs, scalars)
         auxiliary = doc.get("auxiliary_ops", {})
         allowed = [name + names.GRAD2_SUFFIX, name + names.JVP_SUFFIX]
@@ -133,7 +149,31 @@ def _read_spec(folder: Path) -> tuple[str, list[str]]:
         raise
     except FusegenError as err:
         raise PackageError(f"{path}: {err}") from None
-    return name, [a for a in allowed if a in auxiliary]
+    return name, [a for a in allowed if a in auxiliary], kind
+
+
+def _check_step(path: Path, name: str, doc: dict, inputs: list, scalars: list):
+    """A step op's spec.json (ir/step.py): its program read back through the statement
+    parser to the inputs, scalars and updated inputs recorded; no auxiliary ops. Its files
+    are named as an op's (render.STEP_TEMPLATES: <name>.h, .cu, .cpp)."""
+    from fusegen.frontend.statements import parse_program
+    from fusegen.ir.expr import ParsedProgram
+    from fusegen.ir.step import FOREACH_SUFFIX
+
+    if name.endswith(FOREACH_SUFFIX):
+        raise PackageError(f"{path}: name must not end in '{FOREACH_SUFFIX}' (a step op registers "
+                           f"<name>{FOREACH_SUFFIX} too), got {name!r}")
+    if "auxiliary_ops" in doc:
+        raise PackageError(f"{path}: a step op has no auxiliary ops, got 'auxiliary_ops'")
+    program = doc.get("expression")
+    parsed = parse_program(program, inputs=inputs, scalars=scalars)
+    if not isinstance(parsed, ParsedProgram):
+        raise PackageError(f"{path}: {program!r} updates no input; a step op's program assigns to its inputs"[:300])
+    updated = [u for u, _ in parsed.updates]
+    if list(parsed.inputs) != inputs or list(parsed.scalars) != scalars or doc.get("updated") != updated:
+        raise PackageError(f"{path}: the program {program!r} reads inputs {list(parsed.inputs)}, scalars "
+                           f"{list(parsed.scalars)} and updates {updated}, not the recorded {inputs}, {scalars} "
+                           f"and {doc.get('updated')!r}"[:400])
 
 
 def _read_file(path: Path) -> bytes:
