@@ -512,7 +512,7 @@ def load_step(key: StepRequest, spec, files: dict):
 
 
 def load(target) -> FusedOp:
-    """An op built before, in this process or another (the CLI, a script): by its name,
+    """An op (or step op) built before, in this process or another (the CLI, a script): by its name,
     `fusegen.load("fma")`, from the request index in the cache (no sympy, no compiler: a
     JSON read and a dlopen); or from a generated folder, `fusegen.load("generated/fma")`
     (its spec.json names the expression), which builds the op when the cache no longer holds
@@ -536,7 +536,7 @@ def load(target) -> FusedOp:
             if request is None:
                 other = True  # recorded by another fusegen, torch, Python or CUDA setup
                 continue
-            op = cached(request)
+            op = _cached_step(request) if isinstance(request, StepRequest) else cached(request)
             if op is not None:
                 return op
         raise OpNotFound(_not_found(target, total, other))
@@ -547,12 +547,12 @@ class OpNotFound(LoadError):
 
 
 def _recorded(requests: list[dict]):
-    """Each index entry's Request, or None for one recorded in another environment (its key
-    is not what this environment computes for the same request)."""
+    """Each index entry's Request (or StepRequest), or None for one recorded in another
+    environment (its key is not what this environment computes for the same request)."""
     for data in requests:
         try:
-            fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "_key"}
-            request = Request(**fields)
+            fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k[0] != "_"}
+            request = (StepRequest if data.get("_kind") == "step" else Request)(**fields)
         except TypeError:
             continue
         yield request if _keys.request_key(request) == data["_key"] else None
@@ -604,7 +604,7 @@ def _load_folder(path: Path) -> FusedOp:
         if known is not None and known.entry.digest == digest:
             return known
         for request in _recorded(_index.named(name)[0]):
-            entry = request and _index.lookup(request)
+            entry = isinstance(request, Request) and _index.lookup(request)
             if entry is not None and entry.digest == digest:
                 op = cached(request)
                 if op is not None:

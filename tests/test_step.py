@@ -270,8 +270,18 @@ assert not any(m in sys.modules for m in ("sympy", "jinja2")), "the pipeline ran
 p, g, m, v = (torch.ones(3) for _ in range(4))
 step(p, g, m, v, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.0, bc1=1.0, bc2=1.0)
 assert step.updated == ("p", "m", "v") and float(m[0]) == 1.0
+assert fusegen.load("t_step_adamw") is step and fusegen.ops.t_step_adamw is step
 print(step.spec.name)  # the spec on request: the pipeline runs now
 """)
+    by_name = tmp_path / "by_name.py"
+    by_name.write_text("""
+import sys, fusegen
+step = fusegen.load("t_step_adamw")  # by name, from the index: a FusedStep
+assert type(step).__name__ == "FusedStep" and step.updated == ("p", "m", "v")
+assert "sympy" not in sys.modules
+""")
+    run = subprocess.run([sys.executable, str(by_name)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "t_step_adamw"

@@ -126,8 +126,8 @@ def auxiliary_library(entry: Entry, name: str) -> build.Library | None:
 
 def named(name: str) -> tuple[list[dict], int]:
     """The index entries' requests of op `name`, the newest first (the requests as recorded:
-    dicts of Request fields, entries of another environment among them), and how many
-    entries the index holds in all."""
+    dicts of Request or StepRequest fields, `_kind` "op" or "step", entries of another
+    environment among them), and how many entries the index holds in all."""
     folder = build.cache_dir() / "index"
     try:
         paths = list(folder.glob("*.json"))
@@ -138,7 +138,8 @@ def named(name: str) -> tuple[list[dict], int]:
         try:
             data = json.loads(path.read_text())
             if data.get("format") == keys.INDEX_FORMAT and data.get("name") == name and isinstance(data.get("request"), dict):
-                found.append((path.stat().st_mtime, path.stem, data["request"]))
+                request = dict(data["request"], _kind=data.get("kind", "op"))
+                found.append((path.stat().st_mtime, path.stem, request))
         except (OSError, ValueError):
             continue
     found.sort(key=lambda f: f[0], reverse=True)
@@ -189,7 +190,8 @@ def record_step(request, name: str, inputs, scalars, updated, text: str, digest:
     """Remember where the step op of `request` was built (best effort, as `record`)."""
     data = {"format": keys.INDEX_FORMAT, "kind": "step", "name": name, "inputs": list(inputs),
             "scalars": list(scalars), "updated": list(updated), "text": text, "digest": digest,
-            "library": library.key, "runtime": library.runtime.parent.name.removeprefix("runtime-")}
+            "library": library.key, "runtime": library.runtime.parent.name.removeprefix("runtime-"),
+            "request": {f: list(v) if isinstance(v, tuple) else v for f, v in vars(request).items()}}
     try:
         path = _path(keys.request_key(request))
         path.parent.mkdir(mode=0o700, exist_ok=True)
