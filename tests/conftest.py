@@ -3,6 +3,7 @@ per test run into one library (one compile instead of one per op)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -25,9 +26,8 @@ if not os.environ.get("FUSEGEN_CACHE_DIR"):
 BUILD_SECONDS: dict[str, float] = {}
 
 
-@pytest.fixture(scope="session")
-def corpus_ops():
-    """name -> FusedOp for every corpus case, all in one library."""
+@functools.cache
+def _corpus_ops() -> dict:
     from corpus import CORPUS
     from fusegen.api import Request, fuse_many
 
@@ -35,6 +35,13 @@ def corpus_ops():
     ops = fuse_many([Request(c.expr, c.name, c.inputs, c.scalars) for c in CORPUS])
     BUILD_SECONDS["corpus"] = time.perf_counter() - start
     return {c.name: op for c, op in zip(CORPUS, ops)}
+
+
+@pytest.fixture(scope="module")
+def corpus_ops():
+    """name -> FusedOp for every corpus case, all in one library, built once per test run
+    (at the first test that asks for it)."""
+    return _corpus_ops()
 
 
 def seed_runtime(cache: Path) -> Path:
@@ -50,12 +57,21 @@ def seed_runtime(cache: Path) -> Path:
     return target
 
 
+# The tests this run will execute, after -k/-m deselection (which pytest's own hook makes).
+_SELECTED: list = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    _SELECTED[:] = items
+
+
 def selected_params(request, param: str) -> list:
     """The values of the parametrized argument `param` of the tests of this run that use the
     requesting fixture (after -m/-k deselection), so that a fixture building one library for
     a whole table builds only the rows that will run (the rest may be marked slow)."""
     values = []
-    for item in request.session.items:
+    for item in _SELECTED:
         callspec = getattr(item, "callspec", None)
         if request.fixturename in getattr(item, "fixturenames", ()) and callspec and param in callspec.params:
             if callspec.params[param] not in values:

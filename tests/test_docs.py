@@ -24,8 +24,7 @@ MARKDOWN = ["README.md", "CONTRIBUTING.md", *sorted(str(p.relative_to(ROOT)) for
 # Spelt in pieces, so that this file does not match itself in a plain grep of the tree.
 DIARY = re.compile("|".join((r"\bsess" r"ions?\b", "device " "budget", "work" "place", r"\biss" r"ue [0-9]+",
                              r"\bfif" r"th\b", r"\bfour" r"th\b", "next " "engineer")), re.IGNORECASE)
-ALLOWED = re.compile(r'scope="session"|InferenceSession|\bsession\.(get_inputs|get_outputs|run)\(|\bsession = '
-                     r'|\brequest\.session\b')
+ALLOWED = re.compile(r'InferenceSession|\bsession\.(get_inputs|get_outputs|run)\(|\bsession = ')
 SKIPPED_DIRS = {".git", "generated", "__pycache__", ".pytest_cache", "build", "dist"}
 
 
@@ -90,9 +89,9 @@ def test_the_diary_check_catches_and_allows():
     assert diary_lines("Measured in the fif" "th sess" "ion")
     assert diary_lines("see iss" "ue 7's targets")
     assert diary_lines("The device " "budget was spent")
-    assert not diary_lines('@pytest.fixture(scope="session")')
+    assert diary_lines('@pytest.fixture(scope="sess' 'ion")')
     assert not diary_lines("s = onnxruntime.InferenceSession(path)")
     assert not diary_lines("    session = onnxruntime.InferenceSession(proto)")
     assert not diary_lines("return session.run(None, feeds)")
-    assert not diary_lines("for item in request.session.items:")
+    assert diary_lines("for item in request.sess" "ion.items:")
     assert not diary_lines("the cache is built once per test run")

@@ -109,7 +109,7 @@ INDICES = [pytest.param(i, marks=() if i < QUICK else pytest.mark.slow) for i in
 IDS = [f"{i:02d}:{t}" for i, t in enumerate(BATCH)]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def random_ops(request):
     """index -> FusedOp, or the exception fusegen raised making it; one library for the
     expressions of the tests selected in this run."""
