@@ -91,13 +91,24 @@ def record(request, entry: Entry):
             "auxiliary": dict(entry.auxiliary),
             # the request itself, so that fusegen.load(name) can find it by name and check
             # that its key is still this environment's
-            "request": {f: list(v) if isinstance(v, tuple) else v for f, v in vars(request).items()}}
+            "request": _fields(request)}
+    _write(request, data)
+
+
+def _fields(request) -> dict:
+    """A request's fields as JSON holds them (tuples as lists)."""
+    return {f: list(v) if isinstance(v, tuple) else v for f, v in vars(request).items()}
+
+
+def _write(request, data: dict):
+    """The entry of `request`. Best effort: a cache we cannot write loses only the fast
+    path, never the op."""
     try:
         path = _path(keys.request_key(request))
         path.parent.mkdir(mode=0o700, exist_ok=True)
         write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     except OSError as err:
-        build.log.debug("fusegen: could not write the index entry for %s: %s", entry.name, err)
+        build.log.debug("fusegen: could not write the index entry for %s: %s", data["name"], err)
 
 
 def record_auxiliary(request, name: str, key: str):
@@ -191,11 +202,6 @@ def record_step(request, name: str, inputs, scalars, updated, text: str, digest:
     data = {"format": keys.INDEX_FORMAT, "kind": "step", "name": name, "inputs": list(inputs),
             "scalars": list(scalars), "updated": list(updated), "text": text, "digest": digest,
             "library": library.key, "runtime": library.runtime.parent.name.removeprefix("runtime-"),
-            "request": {f: list(v) if isinstance(v, tuple) else v for f, v in vars(request).items()}}
-    try:
-        path = _path(keys.request_key(request))
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-    except OSError as err:
-        build.log.debug("fusegen: could not write the index entry for %s: %s", name, err)
+            "request": _fields(request)}
+    _write(request, data)
 

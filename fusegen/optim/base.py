@@ -91,7 +91,7 @@ class Optimizer(torch.optim.Optimizer):
     def _check_step(self, step):
         name = getattr(step, "name", type(step).__name__)
         inputs = tuple(getattr(step, "inputs", ()))
-        mutated = tuple(getattr(step, "mutated", ()))
+        updated = tuple(getattr(step, "updated", ()))
         if not hasattr(step, "foreach") or not inputs:
             raise TypeError(f"step= expects a fusegen.FusedStep (fusegen.fuse of a statement program), got {step!r}")
         supplied = [self.param_name, self.grad_name, *self.state_init]
@@ -106,7 +106,7 @@ class Optimizer(torch.optim.Optimizer):
         if unsupplied:
             raise ValueError(f"step op {name}: nothing supplies its input {', '.join(map(repr, unsupplied))}; "
                              f"name it in state= (expected inputs {', '.join(supplied)})")
-        if self.param_name not in mutated:
+        if self.param_name not in updated:
             raise ValueError(f"step op {name} does not assign its parameter input {self.param_name!r}")
 
     def add_param_group(self, param_group: dict) -> None:

@@ -57,7 +57,6 @@ class FusedStep:
         self.name = loaded.name
         self.inputs = loaded.inputs
         self.updated = loaded.updated
-        self.mutated = loaded.updated
         self.scalars = loaded.scalars
         self.text = loaded.text
         self.op = getattr(torch.ops.fusegen, self.name)

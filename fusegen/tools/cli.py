@@ -108,7 +108,6 @@ def _run(args) -> int:
             args.out, args.temporary = tmp, True
             return _run(args)
     from fusegen import api
-    from fusegen.files import RUNTIME_FOLDER, runtime_files, write
 
     say = (lambda *a: None) if args.quiet else print
     if api.looks_like_program(args.expr):
@@ -125,26 +124,14 @@ def _run(args) -> int:
     say(f"forward  out = {spec.text}")
     for line in spec.summary():
         say(f"backward {line}")
-    out_dir = Path(args.out or "generated") / spec.name
-    if not args.force:
-        _check_overwrite(out_dir, spec)
-    paths = write(generated.files, out_dir)
-    write(runtime_files(), out_dir.parent / RUNTIME_FOLDER)  # one copy for every op folder
-    temporary = " (temporary: pass --out DIR or --name to keep them)" if getattr(args, "temporary", False) else ""
-    say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}{temporary}")
-    if args.show:
-        for name, text in generated.files.items():
-            print(f"\n===== {out_dir / name} =====\n{text}", end="")
+    _write_folder(args, spec, generated.files, say)
     if args.no_build:
         return 0
 
     start = time.perf_counter()
     api.load_requests([(request, generated)])  # as fuse() loads it: the index, else a build, recorded
     op = api.cached(request)
-    lib = op.library
-    how = f"built in {lib.seconds:.1f} s" if not lib.cached else \
-        f"loaded from cache in {time.perf_counter() - start:.2f} s"
-    say(f"library  {how}: {lib.path}")
+    _say_library(op.library, start, say)
 
     status = 0
     if args.check:
@@ -168,7 +155,6 @@ def _run_step(args, parsed, say) -> int:
     op has none, so they are refused before anything is written."""
     from fusegen import api
     from fusegen.errors import SpecError
-    from fusegen.files import RUNTIME_FOLDER, runtime_files, write
 
     if args.check or args.bench:
         raise SpecError(f"--{'check' if args.check else 'bench'} compares an op's result with eager PyTorch's; "
@@ -180,24 +166,36 @@ def _run_step(args, parsed, say) -> int:
     say(f"foreach  torch.ops.fusegen.{spec.foreach_name}: lists of tensors, one launch per device and dtypes")
     for line in spec.summary():
         say(f"update   {line}")
+    _write_folder(args, spec, files, say)
+    if args.no_build:
+        return 0
+    start = time.perf_counter()
+    step = api.load_step(api.step_key(parsed, args.name), spec, files)
+    _say_library(step.library, start, say)
+    return 0
+
+
+def _write_folder(args, spec, files: dict, say):
+    """An op's (or step op's) files into DIR/<name>/ (refusing another expression's folder
+    unless --force), the runtime beside it, once for every op folder; --show prints them."""
+    from fusegen.files import RUNTIME_FOLDER, runtime_files, write
+
     out_dir = Path(args.out or "generated") / spec.name
     if not args.force:
         _check_overwrite(out_dir, spec)
     paths = write(files, out_dir)
     write(runtime_files(), out_dir.parent / RUNTIME_FOLDER)
-    say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}")
+    temporary = " (temporary: pass --out DIR or --name to keep them)" if getattr(args, "temporary", False) else ""
+    say(f"wrote    {out_dir}/: {' '.join(p.name for p in paths)}{temporary}")
     if args.show:
         for name, text in files.items():
             print(f"\n===== {out_dir / name} =====\n{text}", end="")
-    if args.no_build:
-        return 0
-    start = time.perf_counter()
-    step = api.load_step(api.step_key(parsed, args.name), spec, files)
-    lib = step.library
+
+
+def _say_library(lib, start: float, say):
     how = f"built in {lib.seconds:.1f} s" if not lib.cached else \
         f"loaded from cache in {time.perf_counter() - start:.2f} s"
     say(f"library  {how}: {lib.path}")
-    return 0
 
 
 def _identity(doc: dict) -> tuple:
