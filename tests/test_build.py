@@ -100,16 +100,21 @@ def test_the_runtime_is_built_once_and_op_libraries_link_to_it(corpus_ops):
         assert f"[$ORIGIN/../{runtime.path.parent.name}]" in dynamic and str(runtime.path.parent) not in dynamic
 
 
-def test_translation_units_spread_cuda_sources_over_the_cores(monkeypatch):
+@pytest.mark.parametrize("route, suffix", [("nvcc", "_kernels.cu"), ("nvrtc", "_launch.cpp")])
+def test_translation_units_spread_cuda_sources_over_the_cores(monkeypatch, route, suffix):
     """A new op (its .cpp/.cu and its auxiliary ops') is one C++ unit, and its three .cu
-    files are three nvcc runs in parallel on a machine with the cores for it."""
+    files are three compiler runs in parallel on a machine with the cores for it: nvcc's,
+    or on the NVRTC route the host compiler's, of the launchers alone."""
+    monkeypatch.setenv("FUSEGEN_CUDA_COMPILER", route)
     files = {f"op{s}.{ext}": "" for s in ("", "_grad2", "_jvp") for ext in ("cpp", "cu", "h")}
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     units = build._units([("op", files)], cuda=True)
-    assert sorted(units) == ["unit0.cpp", "unit0_kernels.cu", "unit1_kernels.cu", "unit2_kernels.cu"]
+    assert sorted(units) == ["unit0.cpp"] + [f"unit{k}{suffix}" for k in range(3)]
     assert units["unit0.cpp"].count("#include") == 3 and "fusegen-" not in units["unit0.cpp"]
     many = build._units([(f"op{k}", {"a.cu": "", "a.cpp": ""}) for k in range(40)], cuda=True)
-    assert sum(1 for u in many if u.endswith(".cu")) == 14  # 40 files, 3 per unit on 16 cores
-    assert sum(u.count("#include") for n, u in many.items() if n.endswith(".cu")) == 40
+    assert sum(1 for u in many if u.endswith(suffix)) == 14  # 40 files, 3 per unit on 16 cores
+    assert sum(u.count("#include") for n, u in many.items() if n.endswith(suffix)) == 40
+    if route == "nvrtc":  # each .cu's path, once, for its rtc_source()
+        assert sum(u.count("#define FUSEGEN_RTC_FILE") for u in many.values()) == 40
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert sum(1 for u in build._units([("op", files)], cuda=True) if u.endswith(".cu")) == 2
+    assert sum(1 for u in build._units([("op", files)], cuda=True) if u.endswith(suffix)) == 2

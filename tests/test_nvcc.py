@@ -4,6 +4,8 @@ The .cu files include no torch headers, so this needs only the CUDA toolkit. On 
 without nvcc the test skips, except in CI (CI=true), where a missing nvcc is a failure.
 """
 
+from __future__ import annotations
+
 import os
 import shutil
 import subprocess
@@ -53,6 +55,7 @@ def test_cold_op_units_split_its_own_cu_by_three_dtype_groups(monkeypatch):
     from fusegen.build import builder as build
     folder = ROOT / "generated" / "fma"
     files = {f.name: f.read_text() for f in folder.iterdir() if f.suffix in (".cu", ".cpp")}
+    monkeypatch.setenv("FUSEGEN_CUDA_COMPILER", "nvcc")
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     units = [t for n, t in build._units([("fma", files)], cuda=True).items() if n.endswith(".cu")]
     per_cu = {cu: sum(f'/{cu}"' in t for t in units) for cu in ("fma.cu", "fma_grad2.cu", "fma_jvp.cu")}
@@ -121,6 +124,7 @@ def test_split_units_define_each_entry_point_once(tmp_path, monkeypatch, cores, 
     from fusegen.build import builder as build
     folder = ROOT / "generated" / "addmul"
     files = {"addmul.cu": (folder / "addmul.cu").read_text(), "addmul.cpp": (folder / "addmul.cpp").read_text()}
+    monkeypatch.setenv("FUSEGEN_CUDA_COMPILER", "nvcc")
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     units = {name: text for name, text in build._units([("addmul", files)], cuda=True).items() if name.endswith(".cu")}
     assert [tuple(line[len("#define "):] for line in text.splitlines() if line.startswith("#define"))

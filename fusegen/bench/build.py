@@ -164,7 +164,9 @@ def _seconds(s: float) -> str:
 
 
 def report(results: dict, device: str, load_before: tuple, load_after: tuple) -> list[str]:
-    lines = [f"build latency on {device} ({os.cpu_count()} cores); load average "
+    from fusegen.build.toolchain import cuda_compiler
+    kernels = f", CUDA kernels by {cuda_compiler()}" if device == "cuda" else ""
+    lines = [f"build latency on {device} ({os.cpu_count()} cores{kernels}); load average "
              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (a busy machine's figures are slower "
              "and spread more)",
              f"{'figure':36s} {'median':>9s} {'spread (min..max)':>21s} {'runs':>4s}  {'target':28s} met"]

@@ -49,7 +49,7 @@ import torch
 from fusegen.build import cache as _cache
 from fusegen.build import keys as _keys
 from fusegen.build.cache import cache_dir
-from fusegen.build.toolchain import build_flags, cuda_enabled, libmvec
+from fusegen.build.toolchain import build_flags, cuda_compiler, cuda_enabled, libmvec
 from fusegen.errors import BuildError, CompilerError, FusegenError, LoadError
 from fusegen.files import RUNTIME_FOLDER, runtime_files, write, write_text
 from fusegen.version import FUSEGEN_VERSION
@@ -104,12 +104,17 @@ SPLIT_MACROS = ("FUSEGEN_FORWARD_ONLY", "FUSEGEN_BACKWARD_ONLY")
 DTYPE_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY",))
 HALF_MACROS = (("FUSEGEN_WIDE_ONLY",), ("FUSEGEN_16BIT_ONLY", "FUSEGEN_FP16_ONLY"),
                ("FUSEGEN_16BIT_ONLY", "FUSEGEN_BF16_ONLY"))
+# The NVRTC route's launch units are host code that runs once per call (layout tests and
+# launch sizes): GCC compiles them at -O1, in three quarters of the time -O3 takes (0.55 s
+# against 0.71 s for a backward's fp32/fp64 launchers on the CPU machine).
+RTC_HOST_PRELUDE = '#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC optimize("O1")\n#endif\n'
 # C++ sources per translation unit: an op's .cpp compiles in about 0.3 s, mostly headers, so
 # a few share one unit (a batch of ops; a new op's auxiliary ops, built on first use).
 CPP_PER_UNIT = 6
 # The runtime's translation units (templates/runtime/*.cpp), compiled in parallel: each
 # includes only the torch headers of its own concern.
-RUNTIME_UNITS = ("fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-registration.cpp", "fusegen-step.cpp")
+RUNTIME_UNITS = ("fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-registration.cpp", "fusegen-rtc.cpp",
+                 "fusegen-step.cpp")
 LINK_FLAGS = "fusegen-link.rsp"  # an op library's link flags for the runtime (see _compile)
 
 
@@ -206,33 +211,52 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     cpp = [f"{n}/{f}" for n, files in ops for f in _own(files, ".cpp")]
     for index, chunk in enumerate(chunks(cpp, CPP_PER_UNIT)):
         units[f"unit{index}.cpp"] = include(chunk)
-    if cuda:
-        cu = [(f"{n}/{f}", files[f]) for n, files in ops for f in _own(files, ".cu")]
-        cores = os.cpu_count() or 1
-        if 2 * len(cu) <= cores:
-            # Cores to spare (a new op on the GPU machine): each .cu that has a backward is
-            # compiled twice, forward kernels and backward kernels, in parallel, which cuts
-            # the longest nvcc run by about a third (op_kernels.cu.j2).
-            # With four cores per .cu each of those is two again, by dtype (DTYPE_MACROS):
-            # the longest unit of a cold op went from 2.9 to 1.9 s of nvcc (2-core CPU machine).
-            own = {f"{n}/{n}.cu" for n, _ in ops}  # an op's own .cu, beside its auxiliary ops
-            by_dtype = 4 * len(cu) <= cores
-            by_half = by_dtype and 2 * len(own) + 4 * len(cu) <= cores
-            index = 0
-            for path, text in cu:
-                directions = SPLIT_MACROS if f"#ifndef {SPLIT_MACROS[0]}" in text else (None,)
-                groups = ((),)
-                if by_dtype and DTYPE_MACROS[1][0] in text:
-                    groups = HALF_MACROS if by_half and path in own and HALF_MACROS[1][1] in text else DTYPE_MACROS
-                for direction, group in itertools.product(directions, groups):
-                    part = "".join(f"#define {m}\n" for m in ((direction,) if direction else ()) + group)
-                    units[f"unit{index}_kernels.cu"] = part + include([path])
-                    index += 1
-        else:
-            paths = [path for path, _ in cu]
-            per_unit = -(-len(paths) // max(1, min(len(paths), cores)))
-            for index, chunk in enumerate(chunks(paths, per_unit)):
-                units[f"unit{index}_kernels.cu"] = include(chunk)
+    if not cuda:
+        return units
+    # Each unit of .cu files: (the paths it includes, the macros that select its part).
+    parts: list[tuple[list[str], tuple[str, ...]]] = []
+    cu = [(f"{n}/{f}", files[f]) for n, files in ops for f in _own(files, ".cu")]
+    cores = os.cpu_count() or 1
+    if 2 * len(cu) <= cores:
+        # Cores to spare (a new op on the GPU machine): each .cu that has a backward is
+        # compiled twice, forward kernels and backward kernels, in parallel, which cuts
+        # the longest nvcc run by about a third (op_kernels.cu.j2).
+        # With four cores per .cu each of those is two again, by dtype (DTYPE_MACROS):
+        # the longest unit of a cold op went from 2.9 to 1.9 s of nvcc (2-core CPU machine).
+        own = {f"{n}/{n}.cu" for n, _ in ops}  # an op's own .cu, beside its auxiliary ops
+        by_dtype = 4 * len(cu) <= cores
+        by_half = by_dtype and 2 * len(own) + 4 * len(cu) <= cores
+        for path, text in cu:
+            directions = SPLIT_MACROS if f"#ifndef {SPLIT_MACROS[0]}" in text else (None,)
+            groups = ((),)
+            if by_dtype and DTYPE_MACROS[1][0] in text:
+                groups = HALF_MACROS if by_half and path in own and HALF_MACROS[1][1] in text else DTYPE_MACROS
+            for direction, group in itertools.product(directions, groups):
+                parts.append(([path], ((direction,) if direction else ()) + group))
+    else:
+        paths = [path for path, _ in cu]
+        per_unit = -(-len(paths) // max(1, min(len(paths), cores)))
+        parts += [(chunk, ()) for chunk in chunks(paths, per_unit)]
+    if cuda_compiler() == "nvcc":
+        for index, (paths, macros) in enumerate(parts):
+            units[f"unit{index}_kernels.cu"] = "".join(f"#define {m}\n" for m in macros) + include(paths)
+        return units
+    # The NVRTC route: the same parts, compiled by the host compiler as the launchers alone
+    # (FUSEGEN_RTC_HOST); the first unit of each .cu also defines its rtc_source(), the
+    # file's path in the library's folder (names.py allows only [A-Za-z0-9_] in an op name).
+    defined = set()
+    for index, (paths, macros) in enumerate(parts):
+        text = RTC_HOST_PRELUDE + "".join(f"#define {m}\n" for m in ("FUSEGEN_RTC_HOST",) + macros)
+        for path in paths:
+            if path in defined:
+                text += include([path])
+                continue
+            defined.add(path)
+            if not _PLAIN_PATH.fullmatch(path):
+                raise BuildError(f"fusegen: a kernel source's path {path!r} holds characters a C string "
+                                 "cannot take as they are")
+            text += f'#define FUSEGEN_RTC_FILE "{path}"\n' + include([path]) + "#undef FUSEGEN_RTC_FILE\n"
+        units[f"unit{index}_launch.cpp"] = text
     return units
 
 
@@ -404,6 +428,23 @@ def runtime_library(verbose: bool = False) -> Library:
                    _Meta("runtime", (), cuda))
 
 
+def rtc_events() -> list[str]:
+    """What the NVRTC route did in this process (templates/runtime/fusegen-rtc.cpp), one
+    entry per kernel in order: "compiled <kernel>", or "loaded <kernel>" from its cubin in
+    the cache. Empty in a build without CUDA."""
+    if not cuda_enabled():
+        return []
+    import ctypes
+    runtime = ctypes.CDLL(str(runtime_library().path))  # the copy loaded already
+    events = runtime.fusegen_rtc_events
+    events.restype = ctypes.c_size_t
+    events.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    size = events(None, 0) + 1
+    text = ctypes.create_string_buffer(size)
+    events(text, size)
+    return text.value.decode().splitlines()
+
+
 def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
     """Compile the ops into one shared library in the cache (or find it there). A cache
     deleted during the build is recreated and the build runs again, once."""
@@ -429,6 +470,7 @@ def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Libra
 
     lib = _cached(key, key, f"fusegen_{key}.so", compile_into, "op(s) " + ", ".join(n for n, _ in ops),
                   _Meta("op", tuple(n for n, _ in ops), cuda))
+    _published(key, lib.path.parent)
     return Library(lib.path, lib.key, lib.seconds, lib.cached, runtime[0].path)
 
 
@@ -502,6 +544,9 @@ def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda:
     if not (tmp / f"{name}.so").exists():
         for built in tmp.glob(f"{name}_v*.so"):
             os.rename(built, tmp / f"{name}.so")
+    # The folder the library was loaded from: torch.ops.load_library resolves the path, so
+    # the dynamic loader knows it by the build folder's real path, not by `view`.
+    return os.path.realpath(tmp)
 
 
 def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Library):
@@ -521,8 +566,8 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Libra
     write_text(tmp / LINK_FLAGS, f"-L../{folder}\n-l{runtime.path.stem[3:]}\n-Wl,-rpath,$ORIGIN/../{folder}\n")
     ldflags = [f"@{LINK_FLAGS}"] + (["-lmvec"] if libmvec() else [])
     names = ", ".join(n for n, _ in ops)
-    _cpp_extension(f"fusegen_{key}", list(units), flags["cflags"], flags["cuda_cflags"], ldflags,
-                   tmp, cuda, verbose, f"op(s) {names}",
+    _LOADED_FROM[key] = _cpp_extension(f"fusegen_{key}", list(units), flags["cflags"], flags["cuda_cflags"], ldflags,
+                   tmp, any(u.endswith(".cu") for u in units), verbose, f"op(s) {names}",
                    [str(tmp / n / f) for n, files in ops for f in files], (RUNTIME_FOLDER,))
     _LOADED.add(key)
 
@@ -530,6 +575,21 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Libra
 # Libraries this process has loaded, by key: a library must never be loaded twice
 # (its static initializers would call fusegen::register_op and define the same ops again).
 _LOADED: set[str] = set()
+# The build folder an op library was loaded from when this process built it (the entry's
+# name once published): the NVRTC route finds an op's kernel sources beside its library.
+_LOADED_FROM: dict[str, str] = {}
+
+
+def _published(key: str, entry: Path):
+    """Tells the runtime's NVRTC route (fusegen-rtc.cpp) that the library this process built
+    and loaded from its build folder now lives in `entry`, where its kernel sources are."""
+    built_in = _LOADED_FROM.pop(key, None)
+    if built_in is None or not cuda_enabled():
+        return
+    import ctypes
+    moved = ctypes.CDLL(str(runtime_library().path)).fusegen_rtc_moved
+    moved.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    moved(os.fsencode(built_in), os.fsencode(str(entry)))
 
 
 def load(library: Library):

@@ -102,6 +102,12 @@ def _named(files: dict[str, str]) -> list[str]:
     return [text for name in sorted(files) for text in (name, files[name])]
 
 
+def _route(cuda: bool) -> list[str]:
+    """How an op library's CUDA kernels are compiled (toolchain.cuda_compiler): part of an op
+    library's key and the request index's, not the runtime's, which serves both routes."""
+    return [f"cuda kernels: {toolchain.cuda_compiler()}"] if cuda else []
+
+
 def runtime_key(cuda: bool, sources: dict[str, str]) -> str:
     """The shared runtime's key: its sources and key_parts."""
     return _hash(["runtime"] + key_parts(cuda) + _named(sources))
@@ -110,7 +116,7 @@ def runtime_key(cuda: bool, sources: dict[str, str]) -> str:
 def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool, runtime: str) -> str:
     """An op library's key: key_parts, the runtime's key (a new runtime relinks every op)
     and each op's name and files."""
-    parts = key_parts(cuda) + [runtime]
+    parts = key_parts(cuda) + [runtime] + _route(cuda)
     for name, files in sorted(ops):
         parts += [name] + _named(files)
     return _hash(parts)
@@ -136,4 +142,4 @@ def generator_digest() -> str:
 def request_key(request) -> str:
     """The index key of a Request (api.Request: a frozen dataclass of strings and tuples)."""
     return _hash([f"index-{INDEX_FORMAT}", generator_digest(), repr(request)]
-                 + key_parts(toolchain.cuda_enabled(), probe=False))
+                 + key_parts(toolchain.cuda_enabled(), probe=False) + _route(toolchain.cuda_enabled()))

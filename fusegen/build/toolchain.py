@@ -25,6 +25,24 @@ def cuda_enabled() -> bool:
     return cuda_home() is not None
 
 
+# How the CUDA kernels of an op built in the process (fuse, @fused, the CLI's cache build)
+# are compiled: "nvrtc", by the runtime on each kernel's first launch, with the NVRTC library
+# torch loads (the op's library holds its launchers, compiled by the host compiler); or
+# "nvcc", every kernel ahead of time into the op's library. generated/ folders and packaged
+# wheels always build with nvcc. Both compile the same sources with the same flags.
+CUDA_COMPILER_ENV = "FUSEGEN_CUDA_COMPILER"
+CUDA_COMPILERS = ("nvrtc", "nvcc")
+
+
+def cuda_compiler() -> str:
+    value = os.environ.get(CUDA_COMPILER_ENV) or CUDA_COMPILERS[0]
+    if value not in CUDA_COMPILERS:
+        from fusegen.errors import BuildError
+        raise BuildError(f"fusegen: {CUDA_COMPILER_ENV} must be one of {', '.join(CUDA_COMPILERS)}, "
+                         f"got {value!r}")
+    return value
+
+
 def cuda_home() -> str | None:
     """The CUDA toolkit, found as torch.utils.cpp_extension finds CUDA_HOME ($CUDA_HOME or
     $CUDA_PATH, then the nvcc on the PATH, then /usr/local/cuda), without importing it: it

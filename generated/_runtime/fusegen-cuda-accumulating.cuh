@@ -37,6 +37,7 @@ struct Partial {
 
 // Collective over the warp (every lane calls it with the same trip counts); `flush` says
 // whether this lane's sums go out now.
+#if FUSEGEN_DEVICE_CODE
 template <int kVec>
 __device__ __forceinline__ void flush_partial(bool flush, Partial<kVec>& part, char* base,
                                               int32_t step) {
@@ -66,6 +67,7 @@ __device__ __forceinline__ void flush_partial(bool flush, Partial<kVec>& part, c
     for (int e = 0; e < kVec; ++e) part.sum[e] = 0.f;
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
 
 // The loop as rows of `row` vectors (the loop's dimension 0 when an accumulator varies
 // along it: a lane then keeps one column, so a channels_last per-channel sum keeps its
@@ -99,6 +101,7 @@ struct RowLoop {
 #define FUSEGEN_ACCUMULATING_UNROLL 1
 #endif
 constexpr int kAccumulatingUnroll = FUSEGEN_ACCUMULATING_UNROLL;
+#if FUSEGEN_DEVICE_CODE
 template <typename T, int kVec, typename F>
 __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS)
     accumulating_kernel(Pointers<Accumulating<F>::kOperands> p,
@@ -222,6 +225,15 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS)
     }
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
+
+#ifdef FUSEGEN_RTC_HOST
+template <typename T, int kVec, typename F>
+KernelRef accumulating_kernel_ref() {
+  return kernel_ref<F>("fusegen::accumulating_kernel", TypeName<T>::get(), kVec,
+                       TypeName<F>::get());
+}
+#endif
 
 }  // namespace fusegen
 

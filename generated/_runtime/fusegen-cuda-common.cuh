@@ -5,15 +5,24 @@
 #ifndef FUSEGEN_CUDA_COMMON_CUH_
 #define FUSEGEN_CUDA_COMMON_CUH_
 
-#include <cuda_runtime.h>
+// Every kernel header keys its code on where it is compiled (fusegen-math.h): the kernels
+// and device functions under FUSEGEN_DEVICE_CODE (nvcc, and NVRTC at run time), the
+// launchers under FUSEGEN_HOST_CODE (nvcc, and the host compiler alone for the NVRTC
+// route, FUSEGEN_RTC_HOST, where the launchers launch each kernel by its name).
+#include "fusegen-math.h"
 
+#if FUSEGEN_HOST_CODE && !defined(FUSEGEN_RTC_HOST)
+#include <cuda_runtime.h>
+#endif
+#ifndef __CUDACC_RTC__
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
+#endif
 
 #include "fusegen-half.h"
-#include "fusegen-math.h"
 #include "fusegen-runtime.h"
 
 namespace fusegen {
@@ -29,6 +38,7 @@ template <> struct AccType<Half> { using type = float; };
 template <> struct AccType<BFloat16> { using type = float; };
 template <typename T> using acc_t = typename AccType<T>::type;
 
+#if FUSEGEN_DEVICE_CODE
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
 __device__ __forceinline__ float to_acc(Half x) {
@@ -59,6 +69,7 @@ template <> __device__ __forceinline__ BFloat16 from_acc<BFloat16>(float x) {
 #endif
   return b;
 }
+#endif  // FUSEGEN_DEVICE_CODE
 
 // kVec elements moved as one 16-byte access (float4 for fp32, 8 x fp16/bf16, 2 x fp64).
 template <typename T, int kVec>
@@ -67,6 +78,7 @@ struct alignas(sizeof(T) * kVec) Vec {
 };
 template <typename T> constexpr int kVecWidth = 16 / sizeof(T);
 
+#if FUSEGEN_DEVICE_CODE
 template <int kVec, typename T>
 __device__ __forceinline__ Vec<T, kVec> load(const T* __restrict__ base, int64_t index) {
   return reinterpret_cast<const Vec<T, kVec>*>(base)[index];
@@ -77,7 +89,16 @@ __device__ __forceinline__ void store(T* __restrict__ base, int64_t index,
                                       const Vec<T, kVec>& value) {
   reinterpret_cast<Vec<T, kVec>*>(base)[index] = value;
 }
+#endif  // FUSEGEN_DEVICE_CODE
 
+constexpr int kThreads = 256;
+
+// CUDA's limits for gridDim.y and .z (x goes to 2^31 - 1), and the dynamic shared memory a
+// launch may ask for without opting in.
+constexpr int64_t kMaxGridY = 65535;
+constexpr size_t kMaxSharedBytes = 48 * 1024;
+
+#if FUSEGEN_HOST_CODE
 template <typename T> struct TypeTag { using type = T; };
 
 // The dtypes in groups, each compiled in nvcc units of its own when a build has cores to
@@ -100,8 +121,6 @@ void dispatch_dtype(Dtype dtype, F&& f) {
   }
 }
 
-constexpr int kThreads = 256;
-
 // One block per kThreads * kUnroll vectors (or elements), as many blocks as that takes:
 // no cap at one wave of resident blocks. Measured on the H200 at n = 2^27
 // (tests/gpu/kernel_probe.py): capping the contiguous kernel's grid at one wave and
@@ -114,10 +133,84 @@ inline unsigned grid_size(int64_t items) {
   return static_cast<unsigned>(items < 1 ? 1 : items < kMaxBlocks ? items : kMaxBlocks);
 }
 
-// CUDA's limits for gridDim.y and .z (x goes to 2^31 - 1), and the dynamic shared memory a
-// launch may ask for without opting in.
-constexpr int64_t kMaxGridY = 65535;
-constexpr size_t kMaxSharedBytes = 48 * 1024;
+// A launch's grid.
+struct Grid {
+  unsigned x;
+  unsigned y = 1;
+  unsigned z = 1;
+};
+
+#ifdef FUSEGEN_RTC_HOST
+// The NVRTC route. A kernel is its name expression in the op's kernel source (the op's .cu,
+// which F::source() names), compiled for the device on its first launch by the runtime
+// (fusegen-rtc.cpp), which caches the cubin on disk; each launch passes the bytes of its
+// arguments, which are the kernel's parameter types exactly (the nvcc route checks that).
+// FUSEGEN_KERNEL(kernel, template arguments) is the kernel; every kernel header defines
+// `<kernel>_ref`, its name from the template arguments.
+struct KernelRef {
+  std::string name;
+  const RtcSource* source;
+};
+#define FUSEGEN_KERNEL(kernel, ...) kernel##_ref<__VA_ARGS__>()
+
+// C++ spellings of the kernels' template arguments, as the kernel source declares them: the
+// storage types, the index types, ints and bools, and an op's functors (F::kName<T>).
+template <typename T> struct TypeName;
+template <> struct TypeName<float> { static std::string get() { return "float"; } };
+template <> struct TypeName<double> { static std::string get() { return "double"; } };
+template <> struct TypeName<Half> { static std::string get() { return "fusegen::Half"; } };
+template <> struct TypeName<BFloat16> { static std::string get() { return "fusegen::BFloat16"; } };
+template <> struct TypeName<uint32_t> { static std::string get() { return "uint32_t"; } };
+template <> struct TypeName<uint64_t> { static std::string get() { return "uint64_t"; } };
+template <template <typename> class F, typename T>
+struct TypeName<F<T>> {
+  static std::string get() { return std::string(F<T>::kName) + "<" + TypeName<T>::get() + ">"; }
+};
+
+inline std::string template_argument(const std::string& type) { return type; }
+inline std::string template_argument(bool value) { return value ? "true" : "false"; }
+inline std::string template_argument(int value) { return std::to_string(value); }
+
+// `kernel<arguments...>` of F's source.
+template <typename F, typename... Arguments>
+KernelRef kernel_ref(const char* kernel, const Arguments&... arguments) {
+  std::string name = kernel;
+  const char* separator = "<";
+  for (const std::string& a : {template_argument(arguments)...}) {
+    name += separator + a;
+    separator = ", ";
+  }
+  return {name + ">", &F::source()};
+}
+
+template <typename... Args>
+void launch(const KernelRef& kernel, Grid grid, int threads, size_t shared, cudaStream_t stream,
+            const Args&... args) {
+  void* params[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+  const RtcShape shape{{grid.x, grid.y, grid.z}, threads, shared};
+  rtc_launch(*kernel.source, kernel.name.c_str(), shape, stream, params);
+}
+
+inline int sm_count() { return rtc_sm_count(); }
+
+// Blocks of the kernel resident on one SM at once (the runtime asks once per kernel).
+inline int blocks_per_sm(const KernelRef& kernel) {
+  return rtc_blocks_per_sm(*kernel.source, kernel.name.c_str(), kThreads);
+}
+#define FUSEGEN_BLOCKS_PER_SM(kernel, ...) blocks_per_sm(kernel##_ref<__VA_ARGS__>())
+#else
+#define FUSEGEN_KERNEL(kernel, ...) &kernel<__VA_ARGS__>
+
+// The kernel with arguments of its parameters' types exactly, which the NVRTC route passes
+// as bytes: a launch that converts an argument fails to compile here.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), Grid grid, int threads, size_t shared, cudaStream_t stream,
+            const Args&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args) &&
+                    (std::is_same_v<std::remove_cv_t<Params>, Args> && ...),
+                "a launch passes every kernel parameter in its own type");
+  kernel<<<dim3(grid.x, grid.y, grid.z), threads, shared, stream>>>(args...);
+}
 
 constexpr int kMaxDevices = 64;
 
@@ -148,15 +241,17 @@ int blocks_per_sm() {
   }();
   return blocks;
 }
+#define FUSEGEN_BLOCKS_PER_SM(kernel, ...) blocks_per_sm<&kernel<__VA_ARGS__>>()
+#endif  // FUSEGEN_RTC_HOST
 
 // The strided kernel is the exception: its software pipeline (below) needs several
 // elements per thread, and on the H200 an uncapped grid made it 10-40 % slower (a sliced
 // input, fp32 and bf16), so its grid is capped at one full wave of resident blocks.
-template <auto kKernel>
-unsigned wave_grid_size(int64_t items) {
-  const int64_t cap = int64_t(sm_count()) * blocks_per_sm<kKernel>();
+inline unsigned wave_grid_size(int64_t items, int blocks_per_sm) {
+  const int64_t cap = int64_t(sm_count()) * blocks_per_sm;
   return grid_size(items < cap ? items : cap);
 }
+#endif  // FUSEGEN_HOST_CODE
 
 // The data pointers of a kernel's operands, by value: outputs first (null: not wanted),
 // then inputs, as the runtime's CudaLoop orders them.
@@ -165,12 +260,14 @@ struct Pointers {
   char* p[kN];
 };
 
+#if FUSEGEN_HOST_CODE
 template <int kN>
 Pointers<kN> pointers_of(const CudaLoop& loop) {
   Pointers<kN> p;
   for (int k = 0; k < kN; ++k) p.p[k] = loop.data[k];
   return p;
 }
+#endif
 
 // Division by a fixed divisor as a multiply and a shift (Granlund and Montgomery, as
 // PyTorch's IntDivider): q = (umulhi(n, magic) + n) >> shift. Two widths: 32-bit, exact for
@@ -184,12 +281,16 @@ struct IntDivider {
   unsigned shift;
 
   IntDivider() = default;
+#if FUSEGEN_HOST_CODE
   explicit IntDivider(U d) : divisor(d), shift(0) {
     constexpr unsigned kBits = sizeof(U) * 8;
     while (shift < kBits - 1 && (U(1) << shift) < d) ++shift;
-    const unsigned __int128 one = 1;
+    __extension__ typedef unsigned __int128 Wide;  // a GCC and Clang type: no -Wpedantic warning
+    const Wide one = 1;
     magic = static_cast<U>(((one << kBits) * ((one << shift) - d)) / d + 1);
   }
+#endif
+#if FUSEGEN_DEVICE_CODE
   __device__ __forceinline__ U div(U n) const {
     if constexpr (sizeof(U) == 4) {
       return (__umulhi(n, magic) + n) >> shift;
@@ -197,6 +298,7 @@ struct IntDivider {
       return (__umul64hi(n, magic) + n) >> shift;
     }
   }
+#endif
 };
 
 // A linear element index -> the byte offset of each operand, for any layout TensorIterator
@@ -216,6 +318,7 @@ struct OffsetCalculator {
   // read from the kernel's parameters at run time): a third of the code, for the kernels
   // that call it once per vector or per block, where a new op's nvcc time matters more
   // (the vector and tiled kernels cost +1 s per nvcc unit unrolled, +0.1 s rolled).
+#if FUSEGEN_DEVICE_CODE
   template <bool kRolled = false>
   __device__ __forceinline__ void offsets(Index linear, Offset (&out)[kN]) const {
 #pragma unroll
@@ -240,6 +343,7 @@ struct OffsetCalculator {
 #pragma unroll
     for (int k = 0; k < kN; ++k) out[k] += index * strides[d][k];
   }
+#endif
 };
 
 // The one elementwise kernel shape, for any F (Forward, Backward, or any later function of
@@ -256,6 +360,7 @@ struct OffsetCalculator {
 constexpr int kUnroll = 2;
 constexpr int kDepth = 2;
 
+#if FUSEGEN_DEVICE_CODE
 // F over the kVec elements of a vector of each input; `visit(e, x, y)` sees element e's
 // inputs and outputs in the compute type, before the outputs are rounded to T (the
 // accumulating kernel sums them unrounded).
@@ -296,6 +401,7 @@ __device__ __forceinline__ void compute_vector(
     for (int k = 0; k < F::kOutputs; ++k) y_v[k].v[e] = from_acc<T>(y[k]);
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
 
 }  // namespace fusegen
 

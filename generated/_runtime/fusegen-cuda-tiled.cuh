@@ -71,6 +71,7 @@ struct alignas(4 * kWords) Words {
 template <typename T, int P>
 using TileAccess = std::conditional_t<P == 1, Vec<T, 1>, Words<P * int(sizeof(T)) / 4>>;
 
+#if FUSEGEN_DEVICE_CODE
 template <typename T, int P>
 __device__ __forceinline__ Vec<T, P> unpack(const TileAccess<T, P>& a) {
   static_assert(sizeof(TileAccess<T, P>) == sizeof(Vec<T, P>), "an access is P elements");
@@ -95,6 +96,7 @@ __device__ __forceinline__ TileAccess<T, P> load_access(const char* a, bool repe
     return x;
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
 
 constexpr int8_t kDirect = -1;
 constexpr int8_t kRepeated = -2;
@@ -130,12 +132,12 @@ struct TilePlace {
 };
 
 template <int P>
-__host__ __device__ constexpr TilePlace direct_place(int lane, int row, int e) {
+FUSEGEN_HD_CONSTEXPR TilePlace direct_place(int lane, int row, int e) {
   return {P * lane, row + kTileRows * e};
 }
 
 template <int P>
-__host__ __device__ constexpr TilePlace tiled_place(int lane, int row, int e) {
+FUSEGEN_HD_CONSTEXPR TilePlace tiled_place(int lane, int row, int e) {
   constexpr int L = kTileLanes<P>;
   constexpr int S = kTileSpan<P>;
   const int b = e / P;
@@ -159,6 +161,7 @@ __host__ __device__ constexpr TilePlace tiled_place(int lane, int row, int e) {
 //   lane v's column c at 2 * v + (c ^ v / 16): the lower half-warp on even banks and the
 //   upper one on odd ones (or the other way); fours (L = 16, two rows a warp, one per
 //   half-warp) at 4 * v + (c ^ v / 4 % 4): the 16 bank pairs of 4 * (v % 4) + 0..3 once.
+#if FUSEGEN_DEVICE_CODE
 template <typename T, int P, typename F>
 __global__ void __launch_bounds__(kThreads)
     tiled_kernel(Pointers<F::kInputs + F::kOutputs> p, TileLoop<F::kInputs + F::kOutputs> loop,
@@ -291,6 +294,14 @@ __global__ void __launch_bounds__(kThreads)
       out[k] += loop.step_q[k];  // a direct place: access e at e * step_q
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
+
+#ifdef FUSEGEN_RTC_HOST
+template <typename T, int P, typename F>
+KernelRef tiled_kernel_ref() {
+  return kernel_ref<F>("fusegen::tiled_kernel", TypeName<T>::get(), P, TypeName<F>::get());
+}
+#endif
 
 }  // namespace fusegen
 

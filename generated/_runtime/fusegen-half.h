@@ -4,9 +4,13 @@
 #ifndef FUSEGEN_HALF_H_
 #define FUSEGEN_HALF_H_
 
+#ifdef __CUDACC_RTC__
+#include "fusegen-rtc.h"
+#else
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#endif
 
 namespace fusegen {
 

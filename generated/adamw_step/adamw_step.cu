@@ -15,15 +15,25 @@
 //       lr --scalar beta1 --scalar beta2 --scalar eps --scalar wd --scalar bc1 --scalar bc2
 // No torch header: the shared runtime (fusegen-step.cpp) groups the tensors, splits them
 // into chunks and calls this entry point once per launch; the kernel of
-// fusegen-cuda-step.cuh runs Step (adamw_step.h) over every chunk.
+// fusegen-cuda-step.cuh runs Step (adamw_step.h) over every chunk. On the NVRTC route the
+// runtime compiles the kernel from this file on its first launch (fusegen-rtc.cpp).
 #include "fusegen-cuda-step.cuh"
 #include "fusegen-runtime.h"
 #include "adamw_step.h"
 
+#if FUSEGEN_HOST_CODE
 namespace fusegen::op_adamw_step {
+
+#ifdef FUSEGEN_RTC_FILE
+const RtcSource& rtc_source() {
+  static const RtcSource source{FUSEGEN_RTC_FILE, &source};
+  return source;
+}
+#endif
 
 void step_cuda(const StepLaunch& launch, void* stream) {
   run_step_cuda<Step>(launch, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace fusegen::op_adamw_step
+#endif  // FUSEGEN_HOST_CODE

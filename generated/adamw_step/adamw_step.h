@@ -19,6 +19,11 @@
 
 namespace fusegen::op_adamw_step {
 
+#ifdef FUSEGEN_RTC_HOST
+// The NVRTC route's kernel source: this op's .cu (fusegen-runtime.h, RtcSource).
+const RtcSource& rtc_source();
+#endif
+
 // The new values of the 3 updated inputs from one read of the 4 inputs read, in the compute type T
 // (float, or double when an operand is float64): the CPU loop (fusegen-step.h) and the CUDA
 // kernel (fusegen-cuda-step.cuh) call it per element. x: p, g, m, v; y: p, m, v.
@@ -27,6 +32,10 @@ struct Step;
 
 template <>
 struct Step<float> {
+  static constexpr const char* kName = "fusegen::op_adamw_step::Step";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 4;
   static constexpr int kOutputs = 3;
   static constexpr int kScalars = 7;
@@ -71,6 +80,10 @@ struct Step<float> {
 
 template <>
 struct Step<double> {
+  static constexpr const char* kName = "fusegen::op_adamw_step::Step";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 4;
   static constexpr int kOutputs = 3;
   static constexpr int kScalars = 7;

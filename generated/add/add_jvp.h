@@ -12,6 +12,11 @@
 
 namespace fusegen::op_add_jvp {
 
+#ifdef FUSEGEN_RTC_HOST
+// The NVRTC route's kernel source: this op's .cu (fusegen-runtime.h, RtcSource).
+const RtcSource& rtc_source();
+#endif
+
 // The forward value, computed in float.
 FUSEGEN_HD float forward(float in_t_a, float in_t_b) {
   return in_t_a + in_t_b;
@@ -26,6 +31,10 @@ FUSEGEN_HD double forward(double in_t_a, double in_t_b) {
 // the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
 template <typename T>
 struct Forward {
+  static constexpr const char* kName = "fusegen::op_add_jvp::Forward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 2;
   static constexpr int kOutputs = 1;
   FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1]); }

@@ -17,6 +17,11 @@
 
 namespace fusegen::op_fma_jvp {
 
+#ifdef FUSEGEN_RTC_HOST
+// The NVRTC route's kernel source: this op's .cu (fusegen-runtime.h, RtcSource).
+const RtcSource& rtc_source();
+#endif
+
 // The forward value, computed in float.
 FUSEGEN_HD float forward(float in_a, float in_b, float in_t_a, float in_t_b, float in_t_c) {
   return in_t_a*in_b + in_t_b*in_a + in_t_c;
@@ -49,6 +54,10 @@ FUSEGEN_HD void backward(double dout, double in_a, double in_b, double in_t_a, d
 // the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
 template <typename T>
 struct Forward {
+  static constexpr const char* kName = "fusegen::op_fma_jvp::Forward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 5;
   static constexpr int kOutputs = 1;
   FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1], x[2], x[3],
@@ -58,6 +67,10 @@ struct Forward {
 // The backward likewise: dout and the 4 inputs it reads in, the 4 gradients out.
 template <typename T>
 struct Backward {
+  static constexpr const char* kName = "fusegen::op_fma_jvp::Backward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 5;
   static constexpr int kOutputs = 4;
   FUSEGEN_HD void operator()(const T* x, T* y) const {

@@ -63,6 +63,11 @@
 
 namespace fusegen::op_gelu_tanh_grad2 {
 
+#ifdef FUSEGEN_RTC_HOST
+// The NVRTC route's kernel source: this op's .cu (fusegen-runtime.h, RtcSource).
+const RtcSource& rtc_source();
+#endif
+
 // The forward value, computed in float.
 FUSEGEN_HD float forward(float in_dout, float in_x, float in_gg_x) {
   const float t0 = 0.5f*in_x;
@@ -152,6 +157,11 @@ FUSEGEN_HD void backward(double dout, double in_dout, double in_x, double in_gg_
 // the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
 template <typename T>
 struct Forward {
+  static constexpr const char* kName = "fusegen::op_gelu_tanh_grad2::Forward";
+      // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 1;
   FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1], x[2]); }
@@ -160,6 +170,11 @@ struct Forward {
 // The backward likewise: dout and the 3 inputs it reads in, the 3 gradients out.
 template <typename T>
 struct Backward {
+  static constexpr const char* kName = "fusegen::op_gelu_tanh_grad2::Backward";
+      // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 4;
   static constexpr int kOutputs = 3;
   FUSEGEN_HD void operator()(const T* x, T* y) const {

@@ -15,6 +15,11 @@
 
 namespace fusegen::op_masked_add {
 
+#ifdef FUSEGEN_RTC_HOST
+// The NVRTC route's kernel source: this op's .cu (fusegen-runtime.h, RtcSource).
+const RtcSource& rtc_source();
+#endif
+
 // The forward value, computed in float.
 FUSEGEN_HD float forward(float in_x, float in_y) {
   const float t0 = in_x + in_y;
@@ -47,6 +52,10 @@ FUSEGEN_HD void backward(double dout, double in_x, double in_y, double& grad_x) 
 // the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
 template <typename T>
 struct Forward {
+  static constexpr const char* kName = "fusegen::op_masked_add::Forward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 2;
   static constexpr int kOutputs = 1;
   FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1]); }
@@ -55,6 +64,10 @@ struct Forward {
 // The backward likewise: dout and the 2 inputs it reads in, the 1 gradient out.
 template <typename T>
 struct Backward {
+  static constexpr const char* kName = "fusegen::op_masked_add::Backward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 1;
   FUSEGEN_HD void operator()(const T* x, T* y) const {

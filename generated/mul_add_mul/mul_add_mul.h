@@ -16,6 +16,11 @@
 
 namespace fusegen::op_mul_add_mul {
 
+#ifdef FUSEGEN_RTC_HOST
+// The NVRTC route's kernel source: this op's .cu (fusegen-runtime.h, RtcSource).
+const RtcSource& rtc_source();
+#endif
+
 // The forward value, computed in float.
 FUSEGEN_HD float forward(float in_a, float in_b, float in_c) {
   return in_a*in_b + in_a*in_c;
@@ -44,6 +49,10 @@ FUSEGEN_HD void backward(double dout, double in_a, double in_b, double in_c, dou
 // the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
 template <typename T>
 struct Forward {
+  static constexpr const char* kName = "fusegen::op_mul_add_mul::Forward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 1;
   FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0], x[1], x[2]); }
@@ -52,6 +61,10 @@ struct Forward {
 // The backward likewise: dout and the 3 inputs it reads in, the 2 gradients out.
 template <typename T>
 struct Backward {
+  static constexpr const char* kName = "fusegen::op_mul_add_mul::Backward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 4;
   static constexpr int kOutputs = 2;
   FUSEGEN_HD void operator()(const T* x, T* y) const {

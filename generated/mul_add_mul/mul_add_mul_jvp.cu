@@ -22,12 +22,22 @@
 // kernels (FUSEGEN_FORWARD_ONLY, FUSEGEN_BACKWARD_ONLY), fp32/fp64 or fp16/bf16
 // (FUSEGEN_WIDE_ONLY, FUSEGEN_16BIT_ONLY), and the latter as fp16 or bf16
 // (FUSEGEN_16BIT_ONLY with FUSEGEN_FP16_ONLY or FUSEGEN_BF16_ONLY), each unit generating
-// its part of the kernels.
+// its part of the kernels. On the NVRTC route (a build in the process) the host compiler
+// compiles the launchers alone (FUSEGEN_RTC_HOST) and the runtime compiles each kernel from
+// this file on its first launch (fusegen-rtc.cpp), which sees no host code.
 #include "fusegen-cuda.cuh"
 #include "fusegen-runtime.h"
 #include "mul_add_mul_jvp.h"
 
+#if FUSEGEN_HOST_CODE
 namespace fusegen::op_mul_add_mul_jvp {
+
+#ifdef FUSEGEN_RTC_FILE
+const RtcSource& rtc_source() {
+  static const RtcSource source{FUSEGEN_RTC_FILE, &source};
+  return source;
+}
+#endif
 
 #ifndef FUSEGEN_BACKWARD_ONLY
 // Forward<T> in the compute type T, with the call's scalars.
@@ -102,3 +112,4 @@ void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, voi
 #endif
 
 }  // namespace fusegen::op_mul_add_mul_jvp
+#endif  // FUSEGEN_HOST_CODE

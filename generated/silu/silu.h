@@ -14,6 +14,11 @@
 
 namespace fusegen::op_silu {
 
+#ifdef FUSEGEN_RTC_HOST
+// The NVRTC route's kernel source: this op's .cu (fusegen-runtime.h, RtcSource).
+const RtcSource& rtc_source();
+#endif
+
 // The forward value, computed in float.
 FUSEGEN_HD float forward(float in_x) {
   const float t0 = fusegen::sigmoid(in_x);
@@ -42,6 +47,10 @@ FUSEGEN_HD void backward(double dout, double in_x, double& grad_x) {
 // the CPU loop (fusegen-runtime.h) and the CUDA kernels (fusegen-cuda.cuh) call it.
 template <typename T>
 struct Forward {
+  static constexpr const char* kName = "fusegen::op_silu::Forward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 1;
   static constexpr int kOutputs = 1;
   FUSEGEN_HD void operator()(const T* x, T* y) const { y[0] = forward(x[0]); }
@@ -50,6 +59,10 @@ struct Forward {
 // The backward likewise: dout and the 1 input it reads in, the 1 gradient out.
 template <typename T>
 struct Backward {
+  static constexpr const char* kName = "fusegen::op_silu::Backward";  // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
   static constexpr int kInputs = 2;
   static constexpr int kOutputs = 1;
   FUSEGEN_HD void operator()(const T* x, T* y) const {

@@ -10,6 +10,7 @@ namespace fusegen {
 // (thread t the vectors t and t + kThreads: every load coalesced), grid-stride; a vector
 // past the end is skipped (a predicate, so the body is compiled once, not again for a
 // tail loop); then the last n % kVec elements, one per thread.
+#if FUSEGEN_DEVICE_CODE
 template <typename T, int kVec, typename F>
 __global__ void __launch_bounds__(kThreads)
     contiguous_kernel(Pointers<F::kInputs + F::kOutputs> p, int64_t n, F f) {
@@ -52,6 +53,14 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
+
+#ifdef FUSEGEN_RTC_HOST
+template <typename T, int kVec, typename F>
+KernelRef contiguous_kernel_ref() {
+  return kernel_ref<F>("fusegen::contiguous_kernel", TypeName<T>::get(), kVec, TypeName<F>::get());
+}
+#endif
 
 }  // namespace fusegen
 

@@ -6,10 +6,6 @@
 #ifndef FUSEGEN_CUDA_STEP_CUH_
 #define FUSEGEN_CUDA_STEP_CUH_
 
-#include <cuda_runtime.h>
-
-#include <cstdint>
-
 #include "fusegen-cuda-common.cuh"
 #include "fusegen-runtime.h"
 
@@ -34,6 +30,7 @@ struct StepArgs {
   int8_t dtypes[kN];
 };
 
+#if FUSEGEN_DEVICE_CODE
 __device__ __forceinline__ int step_size(int8_t dtype) {
   return dtype == int8_t(Dtype::kFloat64) ? 8 : dtype == int8_t(Dtype::kFloat32) ? 4 : 2;
 }
@@ -202,7 +199,16 @@ __global__ void __launch_bounds__(kStepThreads, 2)
     }
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
 
+#ifdef FUSEGEN_RTC_HOST
+template <typename T, typename F>
+KernelRef step_kernel_ref() {
+  return kernel_ref<F>("fusegen::step_kernel", TypeName<T>::get(), TypeName<F>::get());
+}
+#endif
+
+#if FUSEGEN_HOST_CODE
 // One launch of F over the runtime's StepLaunch on `stream`: in double when an operand is
 // float64, else in float.
 template <template <typename> class F>
@@ -228,11 +234,15 @@ void run_step_cuda(const StepLaunch& l, cudaStream_t stream) {
     wide = wide || l.dtypes[k] == Dtype::kFloat64;
   }
   if (wide) {
-    step_kernel<double, F<double>><<<blocks, kStepThreads, 0, stream>>>(a, l.aligned);
+    launch(FUSEGEN_KERNEL(step_kernel, double, F<double>), {blocks}, kStepThreads, 0, stream, a,
+           l.aligned);
   } else {
-    step_kernel<float, F<float>><<<blocks, kStepThreads, 0, stream>>>(a, l.aligned);
+    launch(FUSEGEN_KERNEL(step_kernel, float, F<float>), {blocks}, kStepThreads, 0, stream, a,
+           l.aligned);
   }
 }
+
+#endif  // FUSEGEN_HOST_CODE
 
 }  // namespace fusegen
 

@@ -12,6 +12,7 @@ namespace fusegen {
 // elements in flight while one is computed (their output offsets kept for the store). The
 // loop starts kDepth - 1 steps early to fill the pipeline, so the offset calculator and
 // the math each have one call site.
+#if FUSEGEN_DEVICE_CODE
 template <typename T, typename F, typename Index>
 __global__ void __launch_bounds__(kThreads)
     strided_kernel(Pointers<F::kInputs + F::kOutputs> p,
@@ -54,6 +55,15 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
+
+#ifdef FUSEGEN_RTC_HOST
+template <typename T, typename F, typename Index>
+KernelRef strided_kernel_ref() {
+  return kernel_ref<F>("fusegen::strided_kernel", TypeName<T>::get(), TypeName<F>::get(),
+                       TypeName<Index>::get());
+}
+#endif
 
 }  // namespace fusegen
 

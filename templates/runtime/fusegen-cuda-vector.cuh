@@ -36,6 +36,7 @@ struct Modes {
 // copies, the layout a vector load leaves in registers, so that an operand's repeated and
 // loaded forms merge word by word (a move per word) where the math reads words (element,
 // above); `element` alone would leave the byte permutes in place.
+#if FUSEGEN_DEVICE_CODE
 template <int kVec, typename T>
 __device__ __forceinline__ Vec<T, kVec> repeat(T value) {
   Vec<T, kVec> out;
@@ -81,6 +82,7 @@ __device__ __forceinline__ void store_operand(const Modes<kN>& modes, int k, cha
     *reinterpret_cast<Vec<T, kVec>*>(at) = value;
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
 
 // FUSEGEN_VECTOR_UNROLL (vectors in flight per thread in the kernel without gathers) and
 // FUSEGEN_VECTOR_BLOCKS (blocks per SM that the register count must allow; 1: nvcc's
@@ -96,6 +98,7 @@ constexpr int kVectorUnroll = FUSEGEN_VECTOR_UNROLL;
 // A vector of a flat loop that crosses the end of a row of dimension 0 after `left` of
 // its elements: element by element (one in 128 vectors at most, kFlatRow), each repeated
 // operand's element taken from the next row past them; dense operands step by one element.
+#if FUSEGEN_DEVICE_CODE
 template <typename T, int kVec, typename F>
 __device__ __forceinline__ void compute_crossing(
     const Pointers<F::kInputs + F::kOutputs>& p,
@@ -176,6 +179,15 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_VECTOR_BLOCKS)
     }
   }
 }
+#endif  // FUSEGEN_DEVICE_CODE
+
+#ifdef FUSEGEN_RTC_HOST
+template <typename T, int kVec, bool kGathers, typename F>
+KernelRef vector_kernel_ref() {
+  return kernel_ref<F>("fusegen::vector_kernel", TypeName<T>::get(), kVec, kGathers,
+                       TypeName<F>::get());
+}
+#endif
 
 }  // namespace fusegen
 

@@ -10,6 +10,7 @@
 #include "fusegen-cuda-tiled.cuh"
 #include "fusegen-cuda-vector.cuh"
 
+#if FUSEGEN_HOST_CODE
 namespace fusegen {
 
 // The kernels after the contiguous one, each with the test that picks it: the first that
@@ -116,9 +117,9 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
   const int64_t n_vec = loop.numel / kVec;
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, 1);
   constexpr int64_t kChunk = int64_t(kThreads) * (kGathers ? kUnroll : kVectorUnroll);
-  vector_kernel<T, kVec, kGathers, F>
-      <<<grid_size((n_vec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(
-          p, calc, static_cast<uint32_t>(n_vec), modes, flat, f);
+  const unsigned grid = grid_size((n_vec + kChunk - 1) / kChunk);
+  launch(FUSEGEN_KERNEL(vector_kernel, T, kVec, kGathers, F), {grid}, kThreads, 0, stream, p, calc,
+         static_cast<uint32_t>(n_vec), modes, flat, f);
   return true;
 }
 
@@ -181,7 +182,7 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   const int64_t num_rows = (n_vec + row - 1) / row;
   const int64_t segments = (row + width - 1) / width;
   const int64_t steps = (num_rows + rows_per_step - 1) / rows_per_step;
-  const int64_t wave = int64_t(sm_count()) * blocks_per_sm<accumulating_kernel<T, kVec, F>>();
+  const int64_t wave = int64_t(sm_count()) * FUSEGEN_BLOCKS_PER_SM(accumulating_kernel, T, kVec, F);
   int64_t groups = (wave + segments - 1) / segments;
   groups = groups < steps ? groups : steps;
   groups = groups < kMaxGridY ? groups : kMaxGridY;
@@ -203,8 +204,9 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
     by_column &= by_column - 1;  // the rest flush lane by lane
   const size_t shared = shared_bytes();
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
-  const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(groups));
-  accumulating_kernel<T, kVec, F><<<grid, kThreads, shared, stream>>>(p, calc, rl, modes, f);
+  const Grid grid{static_cast<unsigned>(segments), static_cast<unsigned>(groups)};
+  launch(FUSEGEN_KERNEL(accumulating_kernel, T, kVec, F), grid, kThreads, shared, stream, p, calc,
+         rl, modes, f);
 }
 
 // tiled_kernel with P elements per access over `tl` (`tiles` tiled inputs, `outer` the
@@ -233,9 +235,10 @@ bool launch_tiles(const Pointers<F::kInputs + F::kOutputs>& p,
     tl.step_n[k] = offset(P);
     tl.step_m[k] = offset(P * kTileSpan<P>);
   }
-  const dim3 grid(static_cast<unsigned>(tiles0), static_cast<unsigned>(tiles1),
-                  static_cast<unsigned>(outer));
-  tiled_kernel<T, P, F><<<grid, kThreads, tiles * kTileBytes, stream>>>(p, tl, f);
+  const Grid grid{static_cast<unsigned>(tiles0), static_cast<unsigned>(tiles1),
+                  static_cast<unsigned>(outer)};
+  launch(FUSEGEN_KERNEL(tiled_kernel, T, P, F), grid, kThreads, tiles * kTileBytes, stream, p, tl,
+         f);
   return true;
 }
 
@@ -330,9 +333,9 @@ void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutput
   } else {
     calc = offset_calculator<Index>(loop, p, 0, 1);
   }
-  strided_kernel<T, F, Index>
-      <<<wave_grid_size<strided_kernel<T, F, Index>>((n + kThreads - 1) / kThreads), kThreads, 0,
-         stream>>>(p, calc, n, f);
+  const int blocks = FUSEGEN_BLOCKS_PER_SM(strided_kernel, T, F, Index);
+  const unsigned grid = wave_grid_size((n + kThreads - 1) / kThreads, blocks);
+  launch(FUSEGEN_KERNEL(strided_kernel, T, F, Index), {grid}, kThreads, 0, stream, p, calc, n, f);
 }
 
 // The kernels an entry point instantiates: every layout's (kEvery: an op's own), or the
@@ -359,8 +362,8 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   if (loop.ndim == 0 && aligned) {
     constexpr int kVec = kVecWidth<T>;
     constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
-    contiguous_kernel<T, kVec, F>
-        <<<grid_size((n / kVec + kChunk - 1) / kChunk), kThreads, 0, stream>>>(p, n, f);
+    const unsigned grid = grid_size((n / kVec + kChunk - 1) / kChunk);
+    launch(FUSEGEN_KERNEL(contiguous_kernel, T, kVec, F), {grid}, kThreads, 0, stream, p, n, f);
     return;
   }
   // fp64 (gradcheck's dtype, rarely a fast path's) skips the tiled and vector kernels:
@@ -398,5 +401,6 @@ void run_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&& mak
 }
 
 }  // namespace fusegen
+#endif  // FUSEGEN_HOST_CODE
 
 #endif  // FUSEGEN_CUDA_CUH_

@@ -3,13 +3,34 @@
 #ifndef FUSEGEN_MATH_H_
 #define FUSEGEN_MATH_H_
 
+#ifdef __CUDACC_RTC__
+#include "fusegen-rtc.h"
+#else
 #include <cmath>
 #include <cstdint>
+#endif
 
 #ifdef __CUDACC__
 #define FUSEGEN_HD __host__ __device__ __forceinline__
+#define FUSEGEN_HD_CONSTEXPR __host__ __device__ constexpr
 #else
 #define FUSEGEN_HD inline
+#define FUSEGEN_HD_CONSTEXPR constexpr
+#endif
+
+// Which side of a CUDA build a translation unit compiles, for the kernel headers
+// (fusegen-cuda-common.cuh): device code (kernels) under nvcc and NVRTC, host code
+// (launchers) under nvcc and the host compiler; NVRTC, which compiles an op's kernels at
+// run time, sees no host code.
+#if defined(__CUDACC_RTC__)
+#define FUSEGEN_DEVICE_CODE 1
+#define FUSEGEN_HOST_CODE 0
+#elif defined(__CUDACC__)
+#define FUSEGEN_DEVICE_CODE 1
+#define FUSEGEN_HOST_CODE 1
+#else
+#define FUSEGEN_DEVICE_CODE 0
+#define FUSEGEN_HOST_CODE 1
 #endif
 
 namespace fusegen {

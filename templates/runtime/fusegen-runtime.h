@@ -7,11 +7,14 @@
 #ifndef FUSEGEN_RUNTIME_H_
 #define FUSEGEN_RUNTIME_H_
 
-#include <cstdint>
-
 #include "fusegen-math.h"
 
-#ifdef FUSEGEN_WITH_CUDA
+#ifndef __CUDACC_RTC__
+#include <cstddef>
+#include <cstdint>
+#endif
+
+#if defined(FUSEGEN_WITH_CUDA) && !defined(__CUDACC_RTC__)
 // The CUDA runtime's own spelling of a stream handle, so this header needs no CUDA header.
 struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;
@@ -45,6 +48,29 @@ struct CudaLoop {
   char* const* data;
 };
 using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+
+#if defined(FUSEGEN_WITH_CUDA) && !defined(__CUDACC_RTC__)
+// The NVRTC route (fusegen-rtc.cpp): an op's launchers are compiled by the host compiler
+// alone (FUSEGEN_RTC_HOST) and launch each kernel by its name in the op's kernel source,
+// which the runtime compiles with NVRTC on the kernel's first launch, for the device's
+// architecture, and keeps as a cubin in the op's cache entry. `file`: the source's path in
+// the folder of the library that holds `anchor` (any address in the op's library).
+struct RtcSource {
+  const char* file;
+  const void* anchor;
+};
+struct RtcShape {
+  unsigned grid[3];
+  int threads;
+  size_t shared;
+};
+// Launches `kernel` (a name expression: "fusegen::contiguous_kernel<float, 4, ...>") with
+// params[i] pointing at its i-th parameter's bytes.
+void rtc_launch(const RtcSource& source, const char* kernel, const RtcShape& shape,
+                cudaStream_t stream, void** params);
+int rtc_blocks_per_sm(const RtcSource& source, const char* kernel, int threads);
+int rtc_sm_count();
+#endif
 
 // A backward's CUDA kernel that sums gradients of broadcast inputs (fusegen-cuda.cuh,
 // accumulating_kernel) moves vectors of this many elements along the loop's dimension 0;

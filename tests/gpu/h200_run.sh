@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|tests|bench|gp|build|optim|compile|tiles|accumulating|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|compile|tiles|accumulating|vector|all]
 # One mode is one device call of 1-5 minutes (2026-12-01, H200: tests about 4 min, bench
 # about 3, build 1); `all` is more than the 10 minutes a call may run and brings back more
 # than the 8 files a call returns, so split it over calls.
@@ -13,6 +13,9 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 status=0
 if [[ $what == check || $what == all ]]; then
   python3 tests/gpu/seed_check.py 2>&1 | tee "$OUT/seed_check.log"; status=$((status | ${PIPESTATUS[0]}))
+fi
+if [[ $what == rtc ]]; then  # the NVRTC route first, alone: its tests stop at the first failure
+  python3 -m pytest -q -x -m cuda tests/gpu/test_rtc_cuda.py 2>&1 | tee "$OUT/pytest_rtc.log"; status=$((status | ${PIPESTATUS[0]}))
 fi
 if [[ $what == tests || $what == all ]]; then
   python3 -m pytest -q -m cuda tests/gpu 2>&1 | tee "$OUT/pytest_cuda.log"; status=$((status | ${PIPESTATUS[0]}))
@@ -46,11 +49,12 @@ if [[ $what == compile || $what == all ]]; then
   status=$((status | ${PIPESTATUS[0]}))
 fi
 # A command with extra nvcc flags (NVCC_APPEND_FLAGS is part of the cache key), its build in a
-# cache of its own, so that each variant's build starts cold.
+# cache of its own, so that each variant's build starts cold; on the nvcc route, the one
+# that reads them.
 with_flags() {  # cache-name flags command...
   local cache=$1 flags=$2
   shift 2
-  FUSEGEN_CACHE_DIR=/tmp/fusegen-$cache NVCC_APPEND_FLAGS="$flags" "$@"
+  FUSEGEN_CACHE_DIR=/tmp/fusegen-$cache FUSEGEN_CUDA_COMPILER=nvcc NVCC_APPEND_FLAGS="$flags" "$@"
 }
 # `fusegen bench layouts` once per value of a kernel's compile-time macro.
 compare_macro() {  # name macro value...
