@@ -52,8 +52,9 @@ def test_tiled_kernel_emulated(tmp_path):
     shutil.copy(ROOT / "generated" / "fma" / "fma.h", tmp_path / "fma.h")
     exe = tmp_path / "tiled_check"
     # AddressSanitizer: a load past an operand's last element (an unchecked edge tile) fails.
+    # The kernels and the launchers in one host build (fusegen-math.h's FUSEGEN_DEVICE_CODE).
     subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-fsanitize=address,undefined", "-fno-sanitize-recover",
-                    f"-I{EMULATED}", f"-I{tmp_path}", str(EMULATED / "tiled_check.cpp"), "-o", str(exe)], check=True)
+                    "-DFUSEGEN_DEVICE_CODE=1", "-DFUSEGEN_HOST_CODE=1", f"-I{EMULATED}", f"-I{tmp_path}", str(EMULATED / "tiled_check.cpp"), "-o", str(exe)], check=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     lines = run.stdout.splitlines()
     assert run.returncode == 0 and lines[-1] == "0 failed", run.stdout + run.stderr

@@ -129,13 +129,20 @@ def files_digest(files: dict[str, str]) -> str:
 
 @lru_cache(maxsize=None)
 def generator_digest() -> str:
-    """fusegen's Python sources and templates, hashed once per process (about 1 ms)."""
+    """fusegen's Python sources and templates, as they are on disk: each file's path, size,
+    mtime, ctime and inode, hashed once per process (stat calls, no reads: a cached load
+    starts in a few ms). Any write to a file, or a file copied or replaced (`cp -p` and
+    `git checkout` included), changes its ctime, which nothing can set back; a digest that
+    changed only misses the index, and the cache key, which hashes the generated sources,
+    decides whether to rebuild."""
     h = hashlib.sha256()
     package = Path(__file__).resolve().parent.parent
     for folder in (package, templates_dir()):
         for path in sorted(folder.rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".j2", ".h", ".cuh", ".cpp"):
-                h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+            if path.suffix in (".py", ".j2", ".h", ".cuh", ".cpp") and path.is_file():
+                st = path.stat()
+                stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                h.update(path.relative_to(folder).as_posix().encode() + b"\0" + repr(stamp).encode() + b"\0")
     return h.hexdigest()
 
 

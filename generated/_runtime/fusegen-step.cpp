@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +90,18 @@ bool is_float(at::ScalarType t) {
 
 // Every check that does not depend on the device kernel: the Meta kernel runs them too, so
 // torch.compile and torch.export report a bad call where eager does.
+// " [k]" after an argument's name in a message, for a list's tensor k: written only when
+// a check fails (TORCH_CHECK formats its message then), not for every tensor of a call.
+struct Position {
+  bool foreach;
+  size_t k;
+};
+
+std::ostream& operator<<(std::ostream& out, const Position& p) {
+  if (p.foreach) out << "[" << p.k << "]";
+  return out;
+}
+
 void check_args(const StepOp& op, StepArgs& a, bool overlaps) {
   const StepDef& def = *op.def;
   const std::string who = op.name + kind(a);
@@ -119,7 +132,7 @@ void check_args(const StepOp& op, StepArgs& a, bool overlaps) {
     const at::Tensor& lead = a.lists[0][k];
     for (int i = 0; i < def.num_inputs; ++i) {
       const at::Tensor& t = a.lists[i][k];
-      const std::string where = a.foreach ? "[" + std::to_string(k) + "]" : "";
+      const Position where{a.foreach, k};
       TORCH_CHECK(t.defined(), who, ": argument '", def.input_names[i], "'", where,
                   " is None; expected a tensor");
       TORCH_CHECK(is_float(t.scalar_type()), who, ": argument '", def.input_names[i], "'", where,
@@ -139,7 +152,7 @@ void check_args(const StepOp& op, StepArgs& a, bool overlaps) {
     for (int u = 0; u < def.num_updated && overlaps; ++u) {
       const int i = def.updated[u];
       const at::Tensor& t = a.lists[i][k];
-      const std::string where = a.foreach ? "[" + std::to_string(k) + "]" : "";
+      const Position where{a.foreach, k};
       TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, who, ": argument '",
                   def.input_names[i], "'", where,
                   " is updated in place but some of its elements share memory (an expanded "
@@ -365,7 +378,7 @@ void run_autograd(const StepOp& op, bool foreach, const c10::OperatorHandle& han
       if (!t.defined()) continue;
       TORCH_CHECK(!(c10::GradMode::is_enabled() && t.requires_grad()), op.name,
                   foreach ? "_foreach" : "", ": argument '", def.input_names[def.updated[u]], "'",
-                  foreach ? "[" + std::to_string(k) + "]" : std::string(),
+                  Position{foreach, k},
                   " requires grad and is updated in place while grad mode is on; run the op "
                   "under torch.no_grad() (as optimizers step), or pass a tensor that does not "
                   "require grad");

@@ -21,8 +21,10 @@
 // Which side of a CUDA build a translation unit compiles, for the kernel headers
 // (fusegen-cuda-common.cuh): device code (kernels) under nvcc and NVRTC, host code
 // (launchers) under nvcc and the host compiler; NVRTC, which compiles an op's kernels at
-// run time, sees no host code.
-#if defined(__CUDACC_RTC__)
+// run time, sees no host code. A build that defines both itself (tests/emulated: the
+// kernels run on the CPU against a CUDA stand-in) keeps its choice.
+#if defined(FUSEGEN_DEVICE_CODE) && defined(FUSEGEN_HOST_CODE)
+#elif defined(__CUDACC_RTC__)
 #define FUSEGEN_DEVICE_CODE 1
 #define FUSEGEN_HOST_CODE 0
 #elif defined(__CUDACC__)
