@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
 #   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|compile|tiles|accumulating|vector|all]
-# One mode is one device call of 1-5 minutes (2026-12-01, H200: tests about 4 min, bench
-# about 3, build 1); `all` is more than the 10 minutes a call may run and brings back more
+# One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
+# 3, build 1.5); `all` is more than the 10 minutes a call may run and brings back more
 # than the 8 files a call returns, so split it over calls.
 set -uo pipefail
 what=${1:-all}
