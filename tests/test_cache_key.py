@@ -120,3 +120,28 @@ def test_the_index_key_is_built_from_the_cache_keys_list(monkeypatch):
     monkeypatch.setattr(fkeys, "_run", lambda *a: pytest.fail("the index key ran a compiler"))
     fkeys._identity.cache_clear()
     fkeys.request_key(request)
+
+
+def test_the_cuda_compiler_route_keys_op_libraries_and_the_index_not_the_runtime(monkeypatch):
+    """FUSEGEN_CUDA_COMPILER (nvrtc, nvcc) decides what an op library holds (launchers only,
+    or every kernel), so it is part of an op library's key and of the request index's key
+    on a machine with CUDA; the runtime serves both routes and keeps one key. Another value
+    is refused, naming the variable and the values it takes."""
+    from fusegen.build import toolchain
+    from fusegen.errors import BuildError
+
+    # Key parts as on a CUDA machine, without probing nvcc or a GPU (this machine may have none).
+    monkeypatch.setattr(fkeys, "key_parts", lambda cuda, probe=True: ["parts", str(cuda)])
+    monkeypatch.setattr(toolchain, "cuda_enabled", lambda: True)
+    found = {}
+    for route in ("nvrtc", "nvcc"):
+        monkeypatch.setenv("FUSEGEN_CUDA_COMPILER", route)
+        found[route] = (fkeys.cache_key(OPS, True, "runtime"), fkeys.runtime_key(True, {"r.cpp": ""}),
+                        fkeys.request_key(Request("a*b", name="k")))
+    assert found["nvrtc"][0] != found["nvcc"][0] and found["nvrtc"][2] != found["nvcc"][2]
+    assert found["nvrtc"][1] == found["nvcc"][1]
+    monkeypatch.delenv("FUSEGEN_CUDA_COMPILER")
+    assert toolchain.cuda_compiler() == "nvrtc"  # the default
+    monkeypatch.setenv("FUSEGEN_CUDA_COMPILER", "clang")
+    with pytest.raises(BuildError, match=r"FUSEGEN_CUDA_COMPILER must be one of nvrtc, nvcc, got 'clang'"):
+        fkeys.cache_key(OPS, True, "runtime")
