@@ -249,3 +249,39 @@ def test_nvrtc_compiles_a_step_kernel(tmp_path):
     for t in ("float", "double"):
         kernel = f"fusegen::step_kernel<{t}, fusegen::op_{name}::Step<{t}>>"
         assert _nvrtc_compile(lib, folder / name / f"{name}.cu", kernel, options) is None
+
+
+def test_nvrtc_compiles_ptx_for_a_device_newer_than_it(tmp_path):
+    """The runtime's fallback for a GPU this NVRTC does not know (fusegen-rtc.cpp,
+    target_arch): the newest architecture NVRTC lists below the device's, as PTX, which the
+    driver compiles when it loads it. The kernel source compiles that way too, and NVRTC
+    lists its architectures (nvrtcGetSupportedArchs)."""
+    lib = _nvrtc()
+    if lib is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("libnvrtc not found (pip install nvidia-cuda-nvrtc): CI must compile the NVRTC route")
+        pytest.skip("libnvrtc not found")
+    count = ctypes.c_int()
+    assert lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)) == 0 and count.value > 0
+    archs = (ctypes.c_int * count.value)()
+    assert lib.nvrtcGetSupportedArchs(archs) == 0 and 90 in list(archs)
+    folder = tmp_path / "entry"
+    shutil.copytree(GENERATED / "_runtime", folder / "_runtime")
+    shutil.copytree(GENERATED / "fma", folder / "fma")
+    options = ["--gpu-architecture=compute_90"] + OPTIONS[1:] + [f"-I{folder / '_runtime'}", f"-I{folder / 'fma'}"]
+    kernel = "fusegen::contiguous_kernel<float, 4, fusegen::op_fma::Forward<float>>"
+    program = ctypes.c_void_p()
+    text = (folder / "fma" / "fma.cu").read_bytes()
+    assert lib.nvrtcCreateProgram(ctypes.byref(program), text, b"fma.cu", 0, None, None) == 0
+    try:
+        assert lib.nvrtcAddNameExpression(program, kernel.encode()) == 0
+        argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        assert lib.nvrtcCompileProgram(program, len(options), argv) == 0
+        lowered, size = ctypes.c_char_p(), ctypes.c_size_t()
+        assert lib.nvrtcGetLoweredName(program, kernel.encode(), ctypes.byref(lowered)) == 0
+        assert lib.nvrtcGetPTXSize(program, ctypes.byref(size)) == 0
+        ptx = ctypes.create_string_buffer(size.value)
+        assert lib.nvrtcGetPTX(program, ptx) == 0
+        assert f".entry {lowered.value.decode()}" in ptx.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(program))

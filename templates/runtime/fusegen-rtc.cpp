@@ -56,7 +56,12 @@ struct Api {
   NvrtcResult (*nvrtcGetLoweredName)(Program, const char*, const char**);
   NvrtcResult (*nvrtcGetCUBINSize)(Program, size_t*);
   NvrtcResult (*nvrtcGetCUBIN)(Program, char*);
+  NvrtcResult (*nvrtcGetPTXSize)(Program, size_t*);
+  NvrtcResult (*nvrtcGetPTX)(Program, char*);
   const char* (*nvrtcGetErrorString)(NvrtcResult);
+  // Optional (NVRTC 11.2 and later): the architectures it compiles for, newest last.
+  NvrtcResult (*nvrtcGetNumSupportedArchs)(int*) = nullptr;
+  NvrtcResult (*nvrtcGetSupportedArchs)(int*) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**);
   CUresult (*cuCtxGetCurrent)(CUcontext*);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
@@ -84,6 +89,11 @@ void find(void* library, const char* what, const char* name, Function& f) {
               "kernels with nvcc instead)");
 }
 
+template <typename Function>
+void optional(void* library, const char* name, Function& f) {
+  f = reinterpret_cast<Function>(dlsym(library, name));
+}
+
 const Api& api() {
   static const Api* table = [] {
     // torch loads NVRTC (libcaffe2_nvrtc, which links libnvrtc) and the driver on first use:
@@ -105,7 +115,11 @@ const Api& api() {
     find(nvrtc, n, "nvrtcGetLoweredName", a->nvrtcGetLoweredName);
     find(nvrtc, n, "nvrtcGetCUBINSize", a->nvrtcGetCUBINSize);
     find(nvrtc, n, "nvrtcGetCUBIN", a->nvrtcGetCUBIN);
+    find(nvrtc, n, "nvrtcGetPTXSize", a->nvrtcGetPTXSize);
+    find(nvrtc, n, "nvrtcGetPTX", a->nvrtcGetPTX);
     find(nvrtc, n, "nvrtcGetErrorString", a->nvrtcGetErrorString);
+    optional(nvrtc, "nvrtcGetNumSupportedArchs", a->nvrtcGetNumSupportedArchs);
+    optional(nvrtc, "nvrtcGetSupportedArchs", a->nvrtcGetSupportedArchs);
     find(driver, d, "cuGetErrorString", a->cuGetErrorString);
     find(driver, d, "cuCtxGetCurrent", a->cuCtxGetCurrent);
     find(driver, d, "cuModuleLoadData", a->cuModuleLoadData);
@@ -264,8 +278,30 @@ void ensure_context() {
   if (context == nullptr) cudaFree(nullptr);
 }
 
+// The architecture NVRTC compiles for on a device of `arch` (major * 10 + minor): the
+// device's own (a cubin), or, for a device newer than this NVRTC knows, the newest one it
+// knows below it, as PTX, which the driver compiles for the device when it loads it (as
+// jiterator does). A NVRTC that cannot list its architectures is asked for the device's.
+int target_arch(int arch) {
+  const Api& nv = api();
+  int count = 0;
+  if (nv.nvrtcGetNumSupportedArchs == nullptr || nv.nvrtcGetSupportedArchs == nullptr ||
+      nv.nvrtcGetNumSupportedArchs(&count) != 0 || count <= 0) {
+    return arch;
+  }
+  std::vector<int> archs(static_cast<size_t>(count));
+  if (nv.nvrtcGetSupportedArchs(archs.data()) != 0) return arch;
+  int best = 0;
+  for (const int a : archs) {
+    if (a == arch) return arch;
+    if (a < arch && a > best) best = a;
+  }
+  return best > 0 ? best : arch;
+}
+
+// `ptx`: the code is PTX text (null-terminated), for the driver to compile; else a cubin.
 Cubin compile(const std::string& source_path, const std::string& kernel,
-              const std::vector<std::string>& options) {
+              const std::vector<std::string>& options, bool ptx) {
   const std::vector<char> text = read_file(source_path, false);
   TORCH_CHECK(!text.empty(), "fusegen: cannot read the kernel source ", source_path);
   const std::string source(text.begin(), text.end());
@@ -298,9 +334,15 @@ Cubin compile(const std::string& source_path, const std::string& kernel,
   Cubin cubin;
   cubin.lowered = name;
   size_t size = 0;
-  check(nv.nvrtcGetCUBINSize(program, &size), "the cubin's size");
-  cubin.code.resize(size);
-  check(nv.nvrtcGetCUBIN(program, cubin.code.data()), "the cubin");
+  if (ptx) {
+    check(nv.nvrtcGetPTXSize(program, &size), "the PTX's size");
+    cubin.code.resize(size);
+    check(nv.nvrtcGetPTX(program, cubin.code.data()), "the PTX");
+  } else {
+    check(nv.nvrtcGetCUBINSize(program, &size), "the cubin's size");
+    cubin.code.resize(size);
+    check(nv.nvrtcGetCUBIN(program, cubin.code.data()), "the cubin");
+  }
   return cubin;
 }
 
@@ -322,6 +364,8 @@ Function& function(State& s, const RtcSource& source, const char* kernel) {
   int arch_major = 0, arch_minor = 0, major = 0, minor = 0, driver = 0;
   cudaDeviceGetAttribute(&arch_major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&arch_minor, cudaDevAttrComputeCapabilityMinor, device);
+  const int target = target_arch(arch_major * 10 + arch_minor);
+  const bool ptx = target != arch_major * 10 + arch_minor;
   api().nvrtcVersion(&major, &minor);
   cudaDriverGetVersion(&driver);
   const std::string file = source.file;
@@ -330,7 +374,7 @@ Function& function(State& s, const RtcSource& source, const char* kernel) {
   // by default), so that both routes compute the same bits; -default-device compiles the
   // shared headers' unannotated inline functions (fusegen-half.h's) for the device.
   const std::vector<std::string> options = {
-      "--gpu-architecture=sm_" + std::to_string(arch_major) + std::to_string(arch_minor),
+      (ptx ? "--gpu-architecture=compute_" : "--gpu-architecture=sm_") + std::to_string(target),
       "-std=c++17",
       "-default-device",
       "-DFUSEGEN_WITH_CUDA",
@@ -348,7 +392,7 @@ Function& function(State& s, const RtcSource& source, const char* kernel) {
   Cubin cubin = load_cubin(cubins, path);
   const bool cached = !cubin.code.empty();
   if (!cached) {
-    cubin = compile(folder->second + "/" + file, kernel, options);
+    cubin = compile(folder->second + "/" + file, kernel, options, ptx);
     keep_cubin(cubins, path, cubin);
   }
   ensure_context();
