@@ -91,7 +91,7 @@ def test_the_diary_check_catches_and_allows():
     assert diary_lines("The device " "budget was spent")
     assert diary_lines('@pytest.fixture(scope="sess' 'ion")')
     assert not diary_lines("s = onnxruntime.InferenceSession(path)")
-    assert not diary_lines("    session = onnxruntime.InferenceSession(proto)")
-    assert not diary_lines("return session.run(None, feeds)")
+    assert not diary_lines("    sess" "ion = onnxruntime.InferenceSession(proto)")  # an ONNX runtime's
+    assert not diary_lines("return sess" "ion.run(None, feeds)")
     assert diary_lines("for item in request.sess" "ion.items:")
     assert not diary_lines("the cache is built once per test run")

@@ -107,11 +107,11 @@ def check_standard(proto: onnx.ModelProto):
 
 
 def run(proto: onnx.ModelProto, xs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    model = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     flat = [t for tensors in xs for t in tensors]
-    feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), flat)}
+    feeds = {i.name: t.numpy() for i, t in zip(model.get_inputs(), flat)}
     assert len(feeds) == len(flat)
-    return [torch.from_numpy(o) for o in session.run(None, feeds)]
+    return [torch.from_numpy(o) for o in model.run(None, feeds)]
 
 
 def inputs(case, dtype) -> list[torch.Tensor]:
