@@ -185,9 +185,24 @@ def _nvrtc() -> ctypes.CDLL | None:
     return None
 
 
-def _nvrtc_compile(lib: ctypes.CDLL, source: Path, kernel: str, options: list[str]) -> str | None:
-    """None when NVRTC compiles `kernel` from `source` to a cubin, else its log."""
+@pytest.fixture
+def lib() -> ctypes.CDLL:
+    """libnvrtc, or a skip (a failure in CI)."""
+    found = _nvrtc()
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("libnvrtc not found (pip install nvidia-cuda-nvrtc): CI must compile the NVRTC route")
+        pytest.skip("libnvrtc not found")
+    return found
+
+
+def _nvrtc_compile(lib: ctypes.CDLL, source: Path, kernel: str, options: list[str],
+                   check=None) -> str | None:
+    """None when NVRTC compiles `kernel` from `source` to a cubin (or, for a
+    `--gpu-architecture=compute_*` option, PTX), else its log. `check(lowered name, PTX)`
+    looks at a PTX result."""
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+    ptx = any(o.startswith("--gpu-architecture=compute_") for o in options)
     program = ctypes.c_void_p()
     text = source.read_bytes()
     assert lib.nvrtcCreateProgram(ctypes.byref(program), text, str(source).encode(), 0, None, None) == 0
@@ -202,7 +217,12 @@ def _nvrtc_compile(lib: ctypes.CDLL, source: Path, kernel: str, options: list[st
             return log.value.decode(errors="replace")
         lowered, size = ctypes.c_char_p(), ctypes.c_size_t()
         assert lib.nvrtcGetLoweredName(program, kernel.encode(), ctypes.byref(lowered)) == 0 and lowered.value
-        assert lib.nvrtcGetCUBINSize(program, ctypes.byref(size)) == 0 and size.value > 0
+        get_size, get = (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX) if ptx else (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN)
+        assert get_size(program, ctypes.byref(size)) == 0 and size.value > 0
+        code = ctypes.create_string_buffer(size.value)
+        assert get(program, code) == 0
+        if check is not None:
+            check(lowered.value.decode(), code.value.decode() if ptx else None)
         return None
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(program))
@@ -213,12 +233,7 @@ KINDS = ["contiguous_kernel", "strided_kernel", "vector_kernel", "tiled_kernel",
 
 
 @pytest.mark.parametrize("name", ["fma", "addmul"])
-def test_nvrtc_compiles_every_kernel_the_launchers_ask_for(tmp_path, monkeypatch, name):
-    lib = _nvrtc()
-    if lib is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("libnvrtc not found (pip install nvidia-cuda-nvrtc): CI must compile the NVRTC route")
-        pytest.skip("libnvrtc not found")
+def test_nvrtc_compiles_every_kernel_the_launchers_ask_for(tmp_path, monkeypatch, name, lib):
     asked = _harness(tmp_path, name, _units(monkeypatch, name))
     kernels = [k for _, k in asked]
     assert {f"fusegen::{kind}<" for kind in KINDS} <= {k[:k.index("<") + 1] for k in kernels}, kernels
@@ -235,12 +250,7 @@ def test_nvrtc_compiles_every_kernel_the_launchers_ask_for(tmp_path, monkeypatch
     assert not failures, "\n\n".join(failures)
 
 
-def test_nvrtc_compiles_a_step_kernel(tmp_path):
-    lib = _nvrtc()
-    if lib is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("libnvrtc not found (pip install nvidia-cuda-nvrtc): CI must compile the NVRTC route")
-        pytest.skip("libnvrtc not found")
+def test_nvrtc_compiles_a_step_kernel(tmp_path, lib):
     name = sorted(GOLDEN_STEPS)[0]
     folder = tmp_path / "entry"
     shutil.copytree(GENERATED / "_runtime", folder / "_runtime")
@@ -251,16 +261,11 @@ def test_nvrtc_compiles_a_step_kernel(tmp_path):
         assert _nvrtc_compile(lib, folder / name / f"{name}.cu", kernel, options) is None
 
 
-def test_nvrtc_compiles_ptx_for_a_device_newer_than_it(tmp_path):
+def test_nvrtc_compiles_ptx_for_a_device_newer_than_it(tmp_path, lib):
     """The runtime's fallback for a GPU this NVRTC does not know (fusegen-rtc.cpp,
     target_arch): the newest architecture NVRTC lists below the device's, as PTX, which the
     driver compiles when it loads it. The kernel source compiles that way too, and NVRTC
     lists its architectures (nvrtcGetSupportedArchs)."""
-    lib = _nvrtc()
-    if lib is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("libnvrtc not found (pip install nvidia-cuda-nvrtc): CI must compile the NVRTC route")
-        pytest.skip("libnvrtc not found")
     count = ctypes.c_int()
     assert lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)) == 0 and count.value > 0
     archs = (ctypes.c_int * count.value)()
@@ -270,18 +275,8 @@ def test_nvrtc_compiles_ptx_for_a_device_newer_than_it(tmp_path):
     shutil.copytree(GENERATED / "fma", folder / "fma")
     options = ["--gpu-architecture=compute_90"] + OPTIONS[1:] + [f"-I{folder / '_runtime'}", f"-I{folder / 'fma'}"]
     kernel = "fusegen::contiguous_kernel<float, 4, fusegen::op_fma::Forward<float>>"
-    program = ctypes.c_void_p()
-    text = (folder / "fma" / "fma.cu").read_bytes()
-    assert lib.nvrtcCreateProgram(ctypes.byref(program), text, b"fma.cu", 0, None, None) == 0
-    try:
-        assert lib.nvrtcAddNameExpression(program, kernel.encode()) == 0
-        argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
-        assert lib.nvrtcCompileProgram(program, len(options), argv) == 0
-        lowered, size = ctypes.c_char_p(), ctypes.c_size_t()
-        assert lib.nvrtcGetLoweredName(program, kernel.encode(), ctypes.byref(lowered)) == 0
-        assert lib.nvrtcGetPTXSize(program, ctypes.byref(size)) == 0
-        ptx = ctypes.create_string_buffer(size.value)
-        assert lib.nvrtcGetPTX(program, ptx) == 0
-        assert f".entry {lowered.value.decode()}" in ptx.value.decode()
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(program))
+
+    def has_entry(lowered: str, ptx: str):
+        assert f".entry {lowered}" in ptx
+
+    assert _nvrtc_compile(lib, folder / "fma" / "fma.cu", kernel, options, has_entry) is None

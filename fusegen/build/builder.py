@@ -428,6 +428,14 @@ def runtime_library(verbose: bool = False) -> Library:
                    _Meta("runtime", (), cuda))
 
 
+def _runtime_function(name: str, restype, argtypes):
+    """One of the runtime's C entry points (fusegen-rtc.cpp), from the copy loaded already."""
+    import ctypes
+    function = getattr(ctypes.CDLL(str(runtime_library().path)), name)
+    function.restype, function.argtypes = restype, argtypes
+    return function
+
+
 def rtc_events() -> list[str]:
     """What the NVRTC route did in this process (templates/runtime/fusegen-rtc.cpp), one
     entry per kernel in order: "compiled <kernel>", or "loaded <kernel>" from its cubin in
@@ -435,10 +443,7 @@ def rtc_events() -> list[str]:
     if not cuda_enabled():
         return []
     import ctypes
-    runtime = ctypes.CDLL(str(runtime_library().path))  # the copy loaded already
-    events = runtime.fusegen_rtc_events
-    events.restype = ctypes.c_size_t
-    events.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    events = _runtime_function("fusegen_rtc_events", ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t])
     size = events(None, 0) + 1
     text = ctypes.create_string_buffer(size)
     events(text, size)
@@ -587,8 +592,7 @@ def _published(key: str, entry: Path):
     if built_in is None or not cuda_enabled():
         return
     import ctypes
-    moved = ctypes.CDLL(str(runtime_library().path)).fusegen_rtc_moved
-    moved.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    moved = _runtime_function("fusegen_rtc_moved", None, [ctypes.c_char_p, ctypes.c_char_p])
     moved(os.fsencode(built_in), os.fsencode(str(entry)))
 
 

@@ -148,5 +148,6 @@ def generator_digest() -> str:
 
 def request_key(request) -> str:
     """The index key of a Request (api.Request: a frozen dataclass of strings and tuples)."""
+    cuda = toolchain.cuda_enabled()
     return _hash([f"index-{INDEX_FORMAT}", generator_digest(), repr(request)]
-                 + key_parts(toolchain.cuda_enabled(), probe=False) + _route(toolchain.cuda_enabled()))
+                 + key_parts(cuda, probe=False) + _route(cuda))

@@ -229,9 +229,10 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, int kVec, typename F>
-KernelRef accumulating_kernel_ref() {
-  return kernel_ref<F>("fusegen::accumulating_kernel", TypeName<T>::get(), kVec,
-                       TypeName<F>::get());
+const KernelRef& accumulating_kernel_ref() {
+  static const KernelRef ref =
+      kernel_ref<F>("fusegen::accumulating_kernel", TypeName<T>::get(), kVec, TypeName<F>::get());
+  return ref;
 }
 #endif
 

@@ -146,7 +146,8 @@ struct Grid {
 // (fusegen-rtc.cpp), which caches the cubin on disk; each launch passes the bytes of its
 // arguments, which are the kernel's parameter types exactly (the nvcc route checks that).
 // FUSEGEN_KERNEL(kernel, template arguments) is the kernel; every kernel header defines
-// `<kernel>_ref`, its name from the template arguments.
+// `<kernel>_ref`, its name from the template arguments, built once per instantiation (the
+// runtime keys its kernels by that name's address: no string work per launch).
 struct KernelRef {
   std::string name;
   const RtcSource* source;

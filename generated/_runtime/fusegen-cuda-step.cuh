@@ -203,8 +203,10 @@ __global__ void __launch_bounds__(kStepThreads, 2)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, typename F>
-KernelRef step_kernel_ref() {
-  return kernel_ref<F>("fusegen::step_kernel", TypeName<T>::get(), TypeName<F>::get());
+const KernelRef& step_kernel_ref() {
+  static const KernelRef ref =
+      kernel_ref<F>("fusegen::step_kernel", TypeName<T>::get(), TypeName<F>::get());
+  return ref;
 }
 #endif
 

@@ -298,8 +298,10 @@ __global__ void __launch_bounds__(kThreads)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, int P, typename F>
-KernelRef tiled_kernel_ref() {
-  return kernel_ref<F>("fusegen::tiled_kernel", TypeName<T>::get(), P, TypeName<F>::get());
+const KernelRef& tiled_kernel_ref() {
+  static const KernelRef ref =
+      kernel_ref<F>("fusegen::tiled_kernel", TypeName<T>::get(), P, TypeName<F>::get());
+  return ref;
 }
 #endif
 

@@ -183,9 +183,11 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_VECTOR_BLOCKS)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, int kVec, bool kGathers, typename F>
-KernelRef vector_kernel_ref() {
-  return kernel_ref<F>("fusegen::vector_kernel", TypeName<T>::get(), kVec, kGathers,
-                       TypeName<F>::get());
+const KernelRef& vector_kernel_ref() {
+  static const KernelRef ref =
+      kernel_ref<F>("fusegen::vector_kernel", TypeName<T>::get(), kVec, kGathers,
+                    TypeName<F>::get());
+  return ref;
 }
 #endif
 

@@ -29,9 +29,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -261,7 +263,9 @@ struct State {
   std::mutex mutex;
   std::unordered_map<std::string, std::string> moved;  // build folder -> cache entry
   std::unordered_map<const RtcSource*, std::string> folders;
-  std::unordered_map<std::string, Function> functions;  // by entry, file, kernel and device
+  // By source, kernel and device: the kernel by its name's address (the launchers' names
+  // are built once and kept, fusegen-cuda-common.cuh), so a launch does no string work.
+  std::map<std::tuple<const RtcSource*, const char*, int>, Function> functions;
   std::vector<std::string> events;                      // "compiled <kernel>", "loaded <kernel>"
 };
 
@@ -349,18 +353,17 @@ Cubin compile(const std::string& source_path, const std::string& kernel,
 // The kernel on the current device: found in this process, loaded from the cubin cache,
 // or compiled. Called with the state's mutex held.
 Function& function(State& s, const RtcSource& source, const char* kernel) {
+  const int device = c10::cuda::current_device();
+  const auto key = std::make_tuple(&source, kernel, device);
+  const auto found = s.functions.find(key);
+  if (found != s.functions.end()) return found->second;
+
   auto folder = s.folders.find(&source);
   if (folder == s.folders.end()) {
     std::string path = library_folder(source.anchor, source.file);
     const auto moved = s.moved.find(path);
     folder = s.folders.emplace(&source, moved != s.moved.end() ? moved->second : path).first;
   }
-  const int device = c10::cuda::current_device();
-  std::string key =
-      folder->second + '\0' + source.file + '\0' + kernel + '\0' + std::to_string(device);
-  auto found = s.functions.find(key);
-  if (found != s.functions.end()) return found->second;
-
   int arch_major = 0, arch_minor = 0, major = 0, minor = 0, driver = 0;
   cudaDeviceGetAttribute(&arch_major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&arch_minor, cudaDevAttrComputeCapabilityMinor, device);
@@ -402,7 +405,7 @@ Function& function(State& s, const RtcSource& source, const char* kernel) {
   check_driver(api().cuModuleGetFunction(&f.function, module, cubin.lowered.c_str()), "finding",
                kernel);
   s.events.push_back((cached ? "loaded " : "compiled ") + std::string(kernel));
-  return s.functions.emplace(std::move(key), f).first->second;
+  return s.functions.emplace(key, f).first->second;
 }
 
 }  // namespace

@@ -57,8 +57,10 @@ __global__ void __launch_bounds__(kThreads)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, int kVec, typename F>
-KernelRef contiguous_kernel_ref() {
-  return kernel_ref<F>("fusegen::contiguous_kernel", TypeName<T>::get(), kVec, TypeName<F>::get());
+const KernelRef& contiguous_kernel_ref() {
+  static const KernelRef ref =
+      kernel_ref<F>("fusegen::contiguous_kernel", TypeName<T>::get(), kVec, TypeName<F>::get());
+  return ref;
 }
 #endif
 

@@ -59,9 +59,11 @@ __global__ void __launch_bounds__(kThreads)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, typename F, typename Index>
-KernelRef strided_kernel_ref() {
-  return kernel_ref<F>("fusegen::strided_kernel", TypeName<T>::get(), TypeName<F>::get(),
-                       TypeName<Index>::get());
+const KernelRef& strided_kernel_ref() {
+  static const KernelRef ref =
+      kernel_ref<F>("fusegen::strided_kernel", TypeName<T>::get(), TypeName<F>::get(),
+                    TypeName<Index>::get());
+  return ref;
 }
 #endif
 

@@ -65,7 +65,8 @@ struct RtcShape {
   size_t shared;
 };
 // Launches `kernel` (a name expression: "fusegen::contiguous_kernel<float, 4, ...>") with
-// params[i] pointing at its i-th parameter's bytes.
+// params[i] pointing at its i-th parameter's bytes. The runtime keys its kernels by the
+// name's address: `kernel` must stay valid and unchanged while the process runs.
 void rtc_launch(const RtcSource& source, const char* kernel, const RtcShape& shape,
                 cudaStream_t stream, void** params);
 int rtc_blocks_per_sm(const RtcSource& source, const char* kernel, int threads);
