@@ -139,6 +139,8 @@ BY_NAME = {c.name: c for c in CORPUS}
 SEEDS = [c for c in CORPUS if c.category == "seed"]
 # The one seed table: generated/<golden>/ holds each seed's files (tests/test_golden.py).
 GOLDEN = {c.golden: c.expr for c in SEEDS}
+# An op of several outputs (RoPE's rotation of a pair of halves), beside the seeds.
+GOLDEN["rope_pair"] = "(x1*c - x2*s, x2*c + x1*s)"
 
 # Step ops (ir/step.py), rendered into generated/<name>/ beside the seeds: name -> (program,
 # inputs, scalars), as `fusegen PROGRAM --name NAME --inputs .. --scalar ..` writes them.

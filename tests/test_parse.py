@@ -134,7 +134,7 @@ def test_did_you_mean_sigmoid():
     "x[1:]",
     "[x, y]",
     "{x: y}",
-    "(x, y)",
+    "x + (x, y)",  # a tuple below the top (a top-level one is the outputs)
     "f'{x}'",
     "x.sum()",
     "torch.exp(x).sum()",

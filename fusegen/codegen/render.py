@@ -136,7 +136,8 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
         "kernel_grads": kernel_grads,
         "dout_steps": steps,
         "grad_defs": grad_defs,
-        "dout": names.DOUT,
+        "douts": [names.DOUT] if len(spec.outputs) == 1 else [names.dout(k) for k in range(len(spec.outputs))],
+        "outputs": [names.output(k, len(spec.outputs)) for k in range(len(spec.outputs))],
         "jvp_args": jvp[0] if jvp else None,  # None: no fused forward mode (an auxiliary op)
         "jvp_scalars": jvp[1] if jvp else [],
         "grad2": grad2,  # <name>_grad2 is built beside it (its double backward)

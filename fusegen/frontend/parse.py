@@ -14,6 +14,7 @@ import tokenize
 import sympy
 
 from fusegen.ir import dag
+from fusegen.ir import limits
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
 from fusegen.ir.expr import Parsed, symbol
@@ -379,10 +380,28 @@ def parse(text: str, inputs=None, scalars=()) -> Parsed:
         raise ParseError(f"expression could not be parsed ({type(err).__name__})", text[:80]) from None
     _check_limits(text, tree)
     conv = _Converter(text.strip())
-    expr = conv.convert(tree)
-    _check_literals(text, expr)
+    outputs = _outputs(conv, tree.body)
+    for expr in outputs:
+        _check_literals(text, expr)
     ordered, scalars = _order_names(text, conv.seen, inputs, scalars)
-    return Parsed(text.strip(), expr, ordered, scalars)
+    return Parsed(text.strip(), outputs, ordered, scalars)
+
+
+def _outputs(conv, node: ast.expr) -> tuple:
+    """The op's outputs: one expression, or a tuple of them at the top (`(x1*c - x2*s,
+    x2*c + x1*s)`), each converted in turn."""
+    if not isinstance(node, ast.Tuple):
+        return (conv.convert(node),)
+    if len(node.elts) < 2:
+        conv.fail(node, "an op's outputs are one expression or a tuple of at least two",
+                  "drop the parentheses and the comma")
+    if len(node.elts) > limits.MAX_OUTPUTS:
+        conv.fail(node, f"an op has at most {limits.MAX_OUTPUTS} outputs (limits.MAX_OUTPUTS), "
+                  f"got {len(node.elts)}", "split it into several ops")
+    for elt in node.elts:
+        if isinstance(elt, (ast.Tuple, ast.Starred)):
+            conv.fail(elt, "an output must be an expression, not a nested tuple or *unpacking")
+    return tuple(conv.convert(elt) for elt in node.elts)
 
 
 def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed:
@@ -420,16 +439,17 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
             conv.fail(stmt, f"assignment to parameter '{target}' is not supported", "use a new name")
         check_identifier(target, "local name")
         conv.bindings[target] = conv.convert(stmt.value)
-    expr = conv.convert(body[-1].value)
+    outputs = _outputs(conv, body[-1].value)
     text = _unparse(source, body[-1].value)
-    _check_literals(text, expr)
+    for expr in outputs:
+        _check_literals(text, expr)
     tensors = [p for p in params if p not in scalars]
     seen = [p for p in params if p in conv.seen]
     unknown = [n for n in conv.seen if n not in params]
     if unknown:
         raise SpecError(f"@fused function '{func.name}' uses '{unknown[0]}', which is not a parameter")
     ordered, scalars = _order_names(text, seen, tensors, scalars)
-    return Parsed(_flatten_text(source, body, text), expr, ordered, scalars)
+    return Parsed(_flatten_text(source, body, text), outputs, ordered, scalars)
 
 
 def _unparse(source, node) -> str:

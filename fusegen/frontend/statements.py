@@ -128,7 +128,7 @@ def parse_program(text: str, inputs=None, scalars=(), shadowing=None) -> ParsedP
             raise ParseError("program has no result and updates no input", flat,
                              hint="end it with an expression, or assign to an input to update it in place")
         _parse._check_literals(flat, result)
-        return Parsed(flat, result, ordered, scalars)
+        return Parsed(flat, (result,), ordered, scalars)
     if result is not None:
         raise SpecError(f"program {flat!r} updates {', '.join(values)} in place and also ends in an expression; "
                         "a step op has no result: assign the value to an input, or drop the last expression")

@@ -13,9 +13,15 @@ class Parsed:
     """What the parser hands on: the sympy tree and the ordered names it uses."""
 
     text: str
-    tree: sympy.Expr
+    outputs: tuple[sympy.Expr, ...]  # one tree per output of the op, in order
     inputs: tuple[str, ...]
     scalars: tuple[str, ...]
+
+    @property
+    def tree(self) -> sympy.Expr:
+        """The one output's tree (an op of one output)."""
+        (tree,) = self.outputs
+        return tree
 
 
 @dataclass(frozen=True)

@@ -16,3 +16,5 @@ class Member:
     tensors: int              # tensor arguments, first in its schema
     backward: bool            # a `<x>_backward` op: Tensor[] result, trailing output_mask
     composite: bool           # no fused derivative: the composite autograd kernel is registered
+    outputs: int = 1          # its forward's outputs: a forward op's results (several: a
+                              # tuple of tensors), a backward op's douts

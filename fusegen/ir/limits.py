@@ -30,6 +30,9 @@ from contextlib import contextmanager
 from fusegen.errors import LimitError
 
 MAX_GRAPH_NODES = 10_000
+# Outputs of one op: the forward kernel's operands are its outputs and inputs, and the
+# vector kernels mark each operand's access in one bit of 32 (fusegen-runtime.h).
+MAX_OUTPUTS = 8
 MAX_SOURCE_BYTES = 4_000_000
 DEFAULT_DERIVE_SECONDS = 5.0
 SECONDS_ENV = "FUSEGEN_MAX_DERIVE_SECONDS"

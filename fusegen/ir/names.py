@@ -43,8 +43,24 @@ LOCALS = frozenset("""
 # Temporaries of the straight-line math: t0, t1, ... (`t` is not a role).
 TEMP_PREFIX = "t"
 
-# The incoming gradient (d loss / d out) in the math and the backward schema.
+# The incoming gradient (d loss / d out) in the math and the backward schema; an op of
+# several outputs has one per output, dout0, dout1, ... (dout()).
 DOUT = "dout"
+_DOUT_K = re.compile(r"dout[0-9]+")
+
+
+def dout(k: int) -> str:
+    """The incoming gradient of output k of an op of several outputs."""
+    return f"{DOUT}{k}"
+
+
+def is_dout(name: str) -> bool:
+    return name == DOUT or _DOUT_K.fullmatch(name) is not None
+
+
+def output(k: int, count: int) -> str:
+    """The C name of the forward's output k of `count`: `out` for one, `out0`, ... for several."""
+    return "out" if count == 1 else f"out{k}"
 
 # The forward's output when the backward reads it instead of inputs (spec._plan): a name
 # beside the user's (fresh() adds `_` on a clash), so it is `in_result` in C, as

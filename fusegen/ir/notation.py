@@ -7,6 +7,7 @@ import sympy
 from sympy.printing.str import StrPrinter
 
 from fusegen.ir import dag
+from fusegen.ir import names
 from fusegen.ir import primitives as fn
 
 # Longer than this written out (nodes, each path counted), an expression is described, not
@@ -79,7 +80,9 @@ class TextPrinter(StrPrinter):
         return repr(float(expr))
 
     def _print_Symbol(self, expr):
-        return "grad" if expr == fn.GRAD else expr.name
+        if fn.is_dout(expr):  # dout: grad; an output k's of several: grad<k>
+            return "grad" + expr.name[len(names.DOUT):]
+        return expr.name
 
 
 class _Memo:

@@ -39,6 +39,17 @@ from fusegen.ir import names
 GRAD = sympy.Symbol(names.DOUT)
 
 
+def douts(count: int) -> tuple[sympy.Symbol, ...]:
+    """The incoming gradients of an op's `count` outputs, in order: GRAD for one output,
+    `dout0`, `dout1`, ... (names.dout) for several; Symbols without assumptions, as GRAD."""
+    return (GRAD,) if count == 1 else tuple(sympy.Symbol(names.dout(k)) for k in range(count))
+
+
+def is_dout(expr) -> bool:
+    """Whether `expr` is an incoming gradient: GRAD or one of douts(n)'s."""
+    return isinstance(expr, sympy.Symbol) and not expr.is_real and names.is_dout(expr.name)
+
+
 class Node(sympy.Function):
     """One eager operation. Never evaluated, reordered or simplified by sympy."""
 

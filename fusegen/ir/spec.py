@@ -83,7 +83,7 @@ class OpSpec:
     text: str                              # the expression as the user wrote it
     inputs: tuple[str, ...]                # tensor inputs, in schema order
     scalars: tuple[str, ...]               # runtime float arguments, after the tensors
-    forward: sympy.Expr
+    outputs: tuple[sympy.Expr, ...]        # the forward: one tree per output
     gradients: tuple[Gradient, ...]        # one per tensor input, schema order
     forward_program: Program
     backward_program: Program              # computes every non-passthrough gradient
@@ -93,6 +93,17 @@ class OpSpec:
     command: str                           # the CLI line that regenerates the files
     backward_exprs: tuple[sympy.Expr, ...] = ()   # per kernel output, in the backward's tensors
     plan: Plan | None = None
+
+    @property
+    def forward(self) -> sympy.Expr:
+        """The forward of an op of one output."""
+        (tree,) = self.outputs
+        return tree
+
+    @property
+    def douts(self) -> tuple[sympy.Symbol, ...]:
+        """The incoming gradients, one per output (GRAD for one output), in the gradients."""
+        return fn.douts(len(self.outputs))
 
     @property
     def kernel_gradients(self) -> tuple[Gradient, ...]:
@@ -115,7 +126,7 @@ class OpSpec:
             "expression": self.text,
             "inputs": list(self.inputs),
             "scalars": list(self.scalars),
-            "forward": text(self.forward),
+            "forward": text(self.outputs[0]) if len(self.outputs) == 1 else [text(o) for o in self.outputs],
             "gradients": {g.input: text(g.expr) for g in self.gradients},
             "passthrough": [g.input for g in self.gradients if g.passthrough],
             "from_dout": {g.input: text(g.expr) for g in self.gradients
@@ -124,8 +135,9 @@ class OpSpec:
                                for g in self.kernel_gradients},
             "backward_reads": list(self.backward_inputs) + list(self.backward_scalars),
             "saved": self._saved_doc(),
-            "auxiliary_ops": {a.name: {"inputs": list(a.inputs) + list(a.scalars), "forward": text(a.forward)}
-                              for a in auxiliary},
+            "auxiliary_ops": {a.name: {"inputs": list(a.inputs) + list(a.scalars),
+                                       "forward": text(a.outputs[0]) if len(a.outputs) == 1 else
+                                       [text(o) for o in a.outputs]} for a in auxiliary},
             "fusegen_version": FUSEGEN_VERSION,
             "content_hash": content_hash,
         }
@@ -161,7 +173,7 @@ class OpSpec:
         p = self.plan
         if p is None:
             return []
-        reads = ", ".join(["grad"] + list(p.reads))
+        reads = ", ".join([text(d) for d in self.douts] + list(p.reads))
         fp32 = p.bytes[4]
         why = textwrap.wrap(f"({p.why})", 86)
         return [f"backward reads: {reads}; forward+backward move {fp32} bytes per element in float32"] + \
@@ -185,47 +197,52 @@ def differentiate(parsed: Parsed, name: str | None = None, command: str | None =
 
 def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bool,
                    budget: limits.Budget) -> OpSpec:
-    forward = parsed.tree
+    outputs = parsed.outputs
+    single = len(outputs) == 1
     checked = set()
-    _check_printable(name, [("the expression", forward)], checked)
+    _check_printable(name, [("the expression", o) for o in outputs], checked)
     wanted = [symbol(i) for i in parsed.inputs]
-    derived = backward(forward, wanted)
+    derived = backward(outputs, wanted)
     exprs = [derived[sym] for sym in wanted]
     _check_printable(name, [(f"the gradient for '{inp}'", e) for inp, e in zip(parsed.inputs, exprs)], checked)
-    budget.add_nodes(dag.count([forward] + exprs), f"the forward and gradients of '{name}'")
+    budget.add_nodes(dag.count(list(outputs) + exprs), f"the forward and gradients of '{name}'")
 
     # What the backward reads (`_plan`): the inputs, or the forward's output when that
     # lets it read fewer tensors. The auxiliary ops keep their inputs: the double backward
     # calls <name>_grad2_backward without running <name>_grad2, so there is no output.
+    # An op of several outputs keeps them too (one saved output per op, as eager's nodes).
     taken = set(parsed.inputs) | set(parsed.scalars)
     out_name = names.fresh(names.SAVED_OUTPUT, taken)
-    plan, kernel_exprs = _plan(forward, exprs, parsed.inputs, None if auxiliary else out_name)
+    plan, kernel_exprs = _plan(outputs, exprs, parsed.inputs, out_name if single and not auxiliary else None)
 
     # Identical gradients (the same tree, after the plan's rewriting) are one kernel output;
     # a gradient of GRAD alone (`a - b`: -grad) needs the kernel only when another one does.
-    dout_only = [_dout_steps(e) if not auxiliary or e == GRAD else None for e in exprs]
+    # With several outputs, every gradient comes from the kernel (it reads every dout).
+    dout_only = [_dout_steps(e) if single and (not auxiliary or e == GRAD) else None for e in exprs]
     needs_kernel = any(e != GRAD and steps is None for e, steps in zip(exprs, dout_only))
-    outputs: dict[sympy.Expr, int] = {}
+    kernel_outputs: dict[sympy.Expr, int] = {}
     gradients = []
     for inp, e, ke, steps in zip(parsed.inputs, exprs, kernel_exprs, dout_only):
         output = None
         if e != GRAD and needs_kernel:
-            output = outputs.setdefault(ke, len(outputs))
+            output = kernel_outputs.setdefault(ke, len(kernel_outputs))
         gradients.append(Gradient(inp, e, e == GRAD, output, steps))
-    backward_exprs = tuple(outputs)  # insertion order is output order
+    backward_exprs = tuple(kernel_outputs)  # insertion order is output order
     if not backward_exprs:
         plan = None
 
     # One cse over forward + backward: shared subterms (sigmoid(x) in silu) are found once,
     # then each program keeps only the temporaries its own results reach.
-    temps, reduced = dag.cse([forward] + list(backward_exprs), sympy.numbered_symbols("__cse"))
+    temps, reduced = dag.cse(list(outputs) + list(backward_exprs), sympy.numbered_symbols("__cse"))
     temp_reads = {s: dag.free_symbols([e]) for s, e in temps}  # once, for both programs
-    forward_program = _program(temps, [("out", reduced[0])], temp_reads)
+    count = len(outputs)
+    forward_program = _program(temps, [(names.output(k, count), e) for k, e in enumerate(reduced[:count])],
+                               temp_reads)
     owners = [next(g for g in gradients if g.output == k) for k in range(len(backward_exprs))]
-    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[1:])],
+    backward_program = _program(temps, [(names.grad(g.input), e) for g, e in zip(owners, reduced[count:])],
                                 temp_reads)
 
-    used = {s.name for s in dag.free_symbols(backward_exprs) if s != GRAD}
+    used = {s.name for s in dag.free_symbols(backward_exprs) if not fn.is_dout(s)}
     reads = tuple(_reads_of(backward_exprs, parsed.inputs, plan.saved_output if plan else None))
     if plan is not None:
         plan = dataclasses.replace(plan, reads=reads)
@@ -236,7 +253,7 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         text=parsed.text,
         inputs=parsed.inputs,
         scalars=parsed.scalars,
-        forward=forward,
+        outputs=outputs,
         gradients=tuple(gradients),
         forward_program=forward_program,
         backward_program=backward_program,
@@ -280,34 +297,40 @@ def _in_terms_of_output(forward, exprs, out):
     return dag.substitute(exprs, rules)
 
 
-def _bytes(num_inputs: int, reads: int, outputs: int) -> dict:
-    """Forward (inputs + output) plus backward (dout + what it reads + its outputs) bytes
+def _bytes(num_inputs: int, num_outputs: int, reads: int, grads: int) -> dict:
+    """Forward (inputs + outputs) plus backward (douts + what it reads + its outputs) bytes
     per element, per dtype size."""
-    return {s: s * ((num_inputs + 1) + (1 + reads + outputs)) for s in _SIZES}
+    return {s: s * ((num_inputs + num_outputs) + (num_outputs + reads + grads)) for s in _SIZES}
 
 
 def _reads_of(exprs, inputs, out=None) -> list[str]:
     used = dag.free_symbols(exprs)
-    names_used = {s.name for s in used if s != GRAD}
+    names_used = {s.name for s in used if not fn.is_dout(s)}
     return ([out] if out is not None and out in names_used else []) + [i for i in inputs if i in names_used]
 
 
-def _plan(forward, exprs, inputs, out_name):
-    """(Plan, the gradients as the backward computes them)."""
+def _plan(outputs, exprs, inputs, out_name):
+    """(Plan, the gradients as the backward computes them). `out_name`: the name the output
+    would have in the backward, None when it may not read it (several outputs, an
+    auxiliary op)."""
+    n = len(outputs)
     kernel = [e for e in exprs if e != GRAD]
-    if all(_dout_steps(e) is not None for e in kernel):
+    if n == 1 and all(_dout_steps(e) is not None for e in kernel):
         kernel = []  # eager ops on dout alone: no kernel
     distinct = len(set(kernel))
     by_inputs = _reads_of(kernel, inputs)
-    cost_inputs = _bytes(len(inputs), len(by_inputs), distinct)
+    cost_inputs = _bytes(len(inputs), n, len(by_inputs), distinct)
     if out_name is None or not kernel:
-        why = "the inputs (an auxiliary op: the double backward runs it without its forward)" if kernel else \
-            "no backward kernel"
+        why = ("no backward kernel" if not kernel else
+               "the inputs (an op of several outputs saves its inputs)" if n > 1 else
+               "the inputs (an auxiliary op: the double backward runs it without its forward)")
         return Plan(None, tuple(by_inputs), cost_inputs, None, why), list(exprs)
+    (forward,) = outputs
     rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
     in_kernel = set(kernel)  # a set: `in` a list compares deep trees pairwise
     by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in in_kernel], inputs, out_name)
-    cost_output = _bytes(len(inputs), len(by_output), len({r for e, r in zip(exprs, rewritten) if e in in_kernel}))
+    cost_output = _bytes(len(inputs), n, len(by_output),
+                         len({r for e, r in zip(exprs, rewritten) if e in in_kernel}))
     if len(by_output) < len(by_inputs):
         why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of the output, "
                f"{cost_inputs[4] - cost_output[4]} bytes per element less than reading {', '.join(by_inputs)} "
@@ -363,19 +386,22 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
     if not kernel:
         return None
     taken = set(spec.inputs) | set(spec.scalars) | set(spec.backward_inputs)
-    dout = names.fresh(names.GRAD2_DOUT, taken)
-    taken.add(dout)
+    douts = []  # its inputs in place of the incoming gradients, one per output of the op
+    for k in range(len(spec.outputs)):
+        douts.append(names.fresh(names.GRAD2_DOUT if len(spec.outputs) == 1 else names.dout(k), taken))
+        taken.add(douts[-1])
     gg = []
     for g in kernel:
         gg.append(names.fresh(names.GRAD2_GG.format(g.input), taken))
         taken.add(gg[-1])
     tree = None
-    for e, gname in zip(dag.substitute(spec.backward_exprs, {GRAD: symbol(dout)}), gg):
+    rename = {d: symbol(n) for d, n in zip(spec.douts, douts)}
+    for e, gname in zip(dag.substitute(spec.backward_exprs, rename), gg):
         term = fn.mul(symbol(gname), e)
         tree = term if tree is None else fn.add(tree, term)
     _check_size(tree, f"the double backward of '{spec.name}'")
-    inputs = (dout,) + spec.backward_inputs + tuple(gg)
-    parsed = Parsed(text(tree), tree, inputs, spec.backward_scalars)
+    inputs = tuple(douts) + spec.backward_inputs + tuple(gg)
+    parsed = Parsed(text(tree), (tree,), inputs, spec.backward_scalars)
     return differentiate(parsed, name=spec.name + names.GRAD2_SUFFIX, command=spec.command, auxiliary=True)
 
 
@@ -383,23 +409,41 @@ def jvp_spec(spec: OpSpec) -> OpSpec | None:
     """<name>_jvp(<inputs it reads>, t_<x> for every input with a gradient, <scalars it
     reads>) = sum_i grad_i with the tangent t_i in place of the incoming gradient."""
     taken = set(spec.inputs) | set(spec.scalars)
-    tree, tangents = None, []
+    tangents = {}
     for g in spec.gradients:
         if g.expr == 0:
             continue  # sign(x), a comparison: no tangent flows
-        t = names.fresh(names.JVP_TANGENT.format(g.input), taken)
-        taken.add(t)
-        tangents.append(t)
-        (term,) = dag.substitute([g.expr], {GRAD: symbol(t)})
-        tree = term if tree is None else fn.add(tree, term)
-    if tree is None:
+        tangents[g.input] = names.fresh(names.JVP_TANGENT.format(g.input), taken)
+        taken.add(tangents[g.input])
+    if not tangents:
         return None  # every gradient is zero (sign(x)): nothing moves, no op
-    _check_size(tree, f"the forward-mode derivative of '{spec.name}'")
-    used = {s.name for s in dag.free_symbols([tree])}
-    inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents)
+    # Per output, the gradients of that output alone (with several outputs, a reverse pass
+    # each: setting the other douts to 0 would leave 0 * inf terms, NaN where eager has none).
+    if len(spec.outputs) == 1:
+        per_output = [{g.input: g.expr for g in spec.gradients}]
+    else:
+        wanted = [symbol(i) for i in spec.inputs]
+        per_output = [{i: d[symbol(i)] for i in spec.inputs} for d in (backward(o, wanted) for o in spec.outputs)]
+    trees = []
+    for grads in per_output:
+        tree = None
+        for x, t in tangents.items():
+            if grads[x] == 0:
+                continue
+            (term,) = dag.substitute([grads[x]], {GRAD: symbol(t)})
+            tree = term if tree is None else fn.add(tree, term)
+        trees.append(_ZERO if tree is None else tree)
+        _check_size(trees[-1], f"the forward-mode derivative of '{spec.name}'")
+    used = {s.name for s in dag.free_symbols(trees)}
+    inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents.values())
     scalars = tuple(s for s in spec.scalars if s in used)
-    parsed = Parsed(text(tree), tree, inputs, scalars)
+    parsed = Parsed(_outputs_text(trees), tuple(trees), inputs, scalars)
     return differentiate(parsed, name=spec.name + names.JVP_SUFFIX, command=spec.command, auxiliary=True)
+
+
+def _outputs_text(trees) -> str:
+    """An op's outputs as the expression language writes them: one expression, or a tuple."""
+    return text(trees[0]) if len(trees) == 1 else "(" + ", ".join(text(t) for t in trees) + ")"
 
 
 def _check_size(tree, what: str):
@@ -420,19 +464,26 @@ def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
 # pairs, one per `where` branch the gradient came through; it is applied (as nested where)
 # only when the gradient reaches an input. Everything else is eager's formula, verbatim.
 
-def backward(forward: sympy.Expr, wanted: list[sympy.Symbol]) -> dict[sympy.Symbol, sympy.Expr]:
-    """d(GRAD . forward)/d(symbol) for each wanted symbol, by PyTorch's backward formulas."""
+def backward(outputs, wanted: list[sympy.Symbol]) -> dict[sympy.Symbol, sympy.Expr]:
+    """d(sum_k dout_k . outputs[k])/d(symbol) for each wanted symbol, by PyTorch's backward
+    formulas; `outputs`: one tree (whose incoming gradient is GRAD) or a tuple of them (the
+    incoming gradients primitives.douts(len(outputs)))."""
+    outputs = (outputs,) if isinstance(outputs, sympy.Basic) else tuple(outputs)
     with limits.scope() as budget:
-        return _backward(forward, wanted, budget)
+        return _backward(outputs, wanted, budget)
 
 
-def _backward(forward, wanted, budget: limits.Budget):
+def _backward(outputs, wanted, budget: limits.Budget):
     # The reverse pass works on the graph: a node shared by several parents is visited once,
     # with the sum of what they send it. What can still grow is the number of (node, guard)
     # terms, one per distinct path of `where` branches; each is at least one operation of
-    # the result, so they count against MAX_GRAPH_NODES as they are made.
-    order = _postorder(forward)
-    flowing: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {forward: {(): GRAD}}
+    # the result, so they count against MAX_GRAPH_NODES as they are made. Each output starts
+    # with its own incoming gradient; an output that is also a subexpression of another adds
+    # what flows into it there.
+    order = dag.postorder(list(outputs))
+    flowing: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {}
+    for out, dout in zip(outputs, fn.douts(len(outputs))):
+        _accumulate(flowing.setdefault(out, {}), (), dout)
     work = 0
     what = "the gradients"
     for node in reversed(order):
@@ -456,11 +507,6 @@ def _backward(forward, wanted, budget: limits.Budget):
             total = _guarded(guard, g) if total is None else fn.add(total, _guarded(guard, g))
         result[s] = sympy.Integer(0) if total is None else total
     return result
-
-
-def _postorder(root) -> list:
-    """Every distinct subexpression, children before parents (iterative: no recursion limit)."""
-    return dag.postorder([root])
 
 
 def _differentiable(arg) -> bool:

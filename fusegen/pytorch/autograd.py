@@ -205,7 +205,9 @@ def _vmap_rule(member: Member):
                     t = t.unsqueeze(1)
                 tensors[i] = t
         out = _op(member.name)(*tensors, *args[n:])
-        return out, ([0] * len(out) if member.backward else 0)
+        if member.backward:
+            return out, [0] * len(out)
+        return out, ((0,) * len(out) if member.outputs > 1 else 0)
     return rule
 
 
@@ -227,7 +229,7 @@ def _composite_op(op: str, tensors, scalars, mask):
     info = _info(op)
     _note(info, "its forward-mode derivative")
     out = composite_outputs(info, (*tensors, *scalars, *([list(mask)] if info.backward else [])))
-    return list(out) if info.backward else [out]
+    return list(out) if info.backward or info.several else [out]
 
 
 def _define_composite():
@@ -289,7 +291,7 @@ def register(spec, auxiliary, auxiliary_loader: Callable | None = None) -> tuple
         infos = derivatives.infos(spec, auxiliary, _call_op, _op)
         for info in infos:
             _INFOS[info.name] = info
-        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None) for i in infos),
+        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None, i.count) for i in infos),
                   auxiliary_loader)
     return _FAMILIES[spec.name]
 

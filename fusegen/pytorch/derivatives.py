@@ -35,6 +35,7 @@ class OpInfo:
     scalars: tuple[sympy.Symbol, ...]
     outputs: tuple[sympy.Expr, ...]     # one tree per output (a backward op: per kernel gradient)
     backward: bool                      # a `<x>_backward` op: Tensor[] result, trailing mask
+    count: int = 1                      # its forward's outputs (a backward op: its douts)
     vjp: object = None                  # fused reverse mode: vjp(ctx, *grads), or None
     jvp: object = None                  # fused forward mode: jvp(ctx, *tangents), or None
     function: object = None             # the op's torch.autograd.Function
@@ -46,19 +47,35 @@ class OpInfo:
     def op(self):
         return self.find_op(self.name)  # an auxiliary op is built on its first call
 
+    @property
+    def several(self) -> bool:
+        """A forward op of several outputs: its result is a tuple of tensors."""
+        return not self.backward and len(self.outputs) > 1
+
 
 def _forward_info(spec: OpSpec) -> OpInfo:
     return OpInfo(spec.name, tuple(map(symbol, spec.inputs)), tuple(map(symbol, spec.scalars)),
-                  (spec.forward,), False)
+                  spec.outputs, False, len(spec.outputs))
 
 
 def _backward_info(spec: OpSpec) -> OpInfo:
-    # The backward's dout becomes an ordinary argument, so that differentiating its outputs
-    # again (whose reverse pass seeds GRAD) cannot confuse the two.
-    dout = sympy.Dummy(names.DOUT)
-    return OpInfo(spec.name + names.BACKWARD_SUFFIX, (dout,) + tuple(map(symbol, spec.backward_inputs)),
+    # The backward's douts become ordinary arguments, so that differentiating its outputs
+    # again (whose reverse pass seeds the douts) cannot confuse the two.
+    douts = tuple(sympy.Dummy(d.name) for d in spec.douts)
+    return OpInfo(spec.name + names.BACKWARD_SUFFIX, douts + tuple(map(symbol, spec.backward_inputs)),
                   tuple(map(symbol, spec.backward_scalars)),
-                  tuple(dag.substitute(spec.backward_exprs, {GRAD: dout})), True)
+                  tuple(dag.substitute(spec.backward_exprs, dict(zip(spec.douts, douts)))), True, len(douts))
+
+
+def _complete(douts):
+    """The incoming gradients as the backward kernel reads them (the runtime's
+    complete_douts): None when none arrived, else a missing one as a zero of the others'
+    shape (an output not used in the loss)."""
+    given = next((d for d in douts if d is not None), None)
+    if given is None:
+        return None
+    return [d if d is not None else torch.zeros((), dtype=given.dtype, device=given.device).expand(given.shape)
+            for d in douts]
 
 
 # -- reduction to an input's shape and dtype, as the C++ runtime's reduce_to_input --------------
@@ -111,17 +128,18 @@ def _vjp_of_forward(spec: OpSpec, call_op):
     index = {x: i for i, x in enumerate(spec.inputs)}
     scalar_args = [spec.scalars.index(s) for s in spec.backward_scalars]
 
-    def vjp(ctx, dout):
+    def vjp(ctx, *douts):
         tensors = ctx.saved_tensors  # the inputs, then the output when the backward reads it
         grads = [None] * (len(spec.inputs) + len(spec.scalars))
-        if dout is None:
+        douts = _complete(douts)
+        if douts is None:
             return grads
         reads = [tensors[-1] if x == spec.saved_output else tensors[index[x]] for x in spec.backward_inputs]
 
         def call(mask):
             return call_op(spec.name + names.BACKWARD_SUFFIX,
-                           dout, *reads, *[ctx.scalars[i] for i in scalar_args], mask)
-        for i, g in _gradients_of(spec, dout, ctx.needs_input_grad, call, lambda i: tensors[i]).items():
+                           *douts, *reads, *[ctx.scalars[i] for i in scalar_args], mask)
+        for i, g in _gradients_of(spec, douts[0], ctx.needs_input_grad, call, lambda i: tensors[i]).items():
             grads[i] = g
         return grads
     return vjp
@@ -130,15 +148,15 @@ def _vjp_of_forward(spec: OpSpec, call_op):
 def _vjp_of_backward(spec: OpSpec, grad2: OpSpec, call_op):
     """<name>_backward's reverse mode (double backward): <name>_grad2_backward called with
     incoming gradient 1 and gg_<x> = the gradients arriving at each computed gradient."""
-    own = (GRAD.name,) + spec.backward_inputs        # <name>_backward's tensor arguments
-    # grad2's inputs: dout, the backward's inputs, gg_<x> per kernel gradient, in that order.
+    own = tuple(d.name for d in spec.douts) + spec.backward_inputs  # <name>_backward's tensors
+    # grad2's inputs: the douts, the backward's inputs, gg_<x> per kernel gradient, in order.
     grad2_own = {n: i for i, n in enumerate(grad2.inputs[:len(own)])}
     gg_names = grad2.inputs[len(own):]
     scalar_args = [spec.backward_scalars.index(s) for s in grad2.backward_scalars]
     op_name = grad2.name + names.BACKWARD_SUFFIX
 
     def vjp(ctx, *ggs):
-        tensors = ctx.saved_tensors                   # dout, the backward's inputs
+        tensors = ctx.saved_tensors                   # the douts, the backward's inputs
         requested = [k for k, m in enumerate(ctx.mask) if m]
         arriving = dict(zip(requested, ggs))
         grads = [None] * (len(own) + len(spec.backward_scalars) + 1)
@@ -185,13 +203,15 @@ def _jvp_of_forward(spec: OpSpec, jvp_spec: OpSpec, call_op):
                 args.append(t if t is not None else torch.zeros((), dtype=dtype, device=tensors[0].device))
             else:
                 args.append(tensors[index[n]])
+        several = len(spec.outputs) > 1
         if not any_tangent:
-            return torch.zeros(ctx.out_shape, dtype=dtype, device=tensors[0].device)
+            zeros = [torch.zeros(ctx.out_shape, dtype=dtype, device=tensors[0].device) for _ in spec.outputs]
+            return tuple(zeros) if several else zeros[0]
         scalars = [ctx.scalars[spec.scalars.index(s)] for s in jvp_spec.scalars]
         out = call_op(op_name, *args, *scalars)
-        if tuple(out.shape) != tuple(ctx.out_shape):
-            out = out.expand(ctx.out_shape).clone()
-        return out
+        outs = [o if tuple(o.shape) == tuple(ctx.out_shape) else o.expand(ctx.out_shape).clone()
+                for o in (out if several else (out,))]
+        return tuple(outs) if several else outs[0]
     return jvp
 
 
@@ -273,7 +293,7 @@ def _composite_jvp(info: OpInfo):
         if info.backward:
             exprs = [e for e, m in zip(exprs, ctx.mask) if m]
         out = composite.evaluate(exprs, values, ctx.out_shape, composite.promoted_dtype(tensors), tensors[0].device)
-        return tuple(out) if info.backward else out[0]
+        return tuple(out) if info.backward or info.several else out[0]
     return jvp
 
 
@@ -318,7 +338,7 @@ def _function(info: OpInfo):
         tensors, scalars, mask = _split(info, inputs)
         ctx.scalars = scalars
         ctx.mask = mask
-        ctx.out_shape = (output[0].shape if output else ()) if info.backward else output.shape
+        ctx.out_shape = (output[0].shape if output else ()) if info.backward or info.several else output.shape
         # The output too when the backward reads it: saved as an output, so autograd's version
         # counter catches an in-place change of it before backward.
         ctx.save_for_backward(*tensors, *([output] if info.saves_output else []))
@@ -356,7 +376,7 @@ def composite_outputs(info: OpInfo, args):
     # A 0-d CPU tensor may come with CUDA tensors (as in eager): the result is on theirs.
     device = next((t.device for t in tensors if t.dim() > 0), tensors[0].device)
     out = composite.evaluate(exprs, values, _shape(tensors), dtype, device)
-    return out if info.backward else out[0]
+    return out if info.backward else tuple(out) if info.several else out[0]
 
 
 def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...], call_op, find_op) -> list[OpInfo]:

@@ -125,7 +125,11 @@ def _register_rules(members) -> None:
         op = getattr(torch.ops.fusegen, m.name).default
         arguments = len(op._schema.arguments)  # a static_argnum past them all: no scalar is hashed
         if m.backward:  # except output_mask, the last, which decides the outputs
-            register_op_strategy(op, schema_info=RuntimeSchemaInfo(static_argnum=arguments - 1))(_strategy(True))
+            register_op_strategy(op, schema_info=RuntimeSchemaInfo(static_argnum=arguments - 1))(
+                _strategy(True, m.outputs))
+        elif m.outputs > 1:  # torch's pointwise registrations take ops of one output
+            register_op_strategy(op, schema_info=RuntimeSchemaInfo(static_argnum=arguments))(
+                _strategy(False, m.outputs))
         elif single_dim is not None:
             single_dim(op, static_argnum=arguments)
         else:
@@ -133,9 +137,10 @@ def _register_rules(members) -> None:
                 earlier or _strategy(False))
 
 
-def _strategy(backward: bool):
+def _strategy(backward: bool, count: int = 1):
     """The op's strategy function: the pointwise table for one mesh dimension (plus the
-    linear-in-the-gradient Partial rows of a backward op), expanded by DTensor."""
+    linear-in-the-gradient Partial rows of a backward op), expanded by DTensor. `count`: a
+    forward op's outputs, a backward op's douts (its forward's outputs)."""
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor._op_schema import OpStrategy
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy, infer_broadcast_dims_map
@@ -144,14 +149,14 @@ def _strategy(backward: bool):
         args = op_schema.args_schema
         tensors = [a for a in args if isinstance(a, OpStrategy)]
         shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-        outputs = sum(bool(k) for k in args[-1]) if backward else 1  # one per requested gradient
+        outputs = sum(bool(k) for k in args[-1]) if backward else count  # one per requested gradient
         dims = [infer_broadcast_dims_map(shape, t.shape) for t in tensors]
         rules = [[Replicate()] * (outputs + len(tensors))]
         for d in range(len(shape)):
             rules.append([Shard(d)] * outputs + [Shard(m[d]) if m[d] >= 0 else Replicate() for m in dims])
         if backward:
             for reduce in ("sum", "avg"):
-                rules.append([Partial(reduce)] * (outputs + 1) + [Replicate()] * (len(tensors) - 1))
+                rules.append([Partial(reduce)] * (outputs + count) + [Replicate()] * (len(tensors) - count))
         expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rules,
                                                    input_index=outputs)
         if backward and outputs < 2:  # a Tensor[] of one or none: DTensor wants a tuple of specs

@@ -236,12 +236,13 @@ def _result_dtype(name: str, tensors: dict, scalars) -> torch.dtype:
                                f"expected one of {', '.join(d.name for d in _TORCH_DTYPES)}")
         rank = len(v.shape) if v.shape is not None else 1
         metas.append(torch.empty((1,) * rank, dtype=_TORCH_DTYPES[v.dtype], device="meta"))
-    return getattr(torch.ops.fusegen, name)(*metas, *(0.0 for _ in scalars)).dtype
+    out = getattr(torch.ops.fusegen, name)(*metas, *(0.0 for _ in scalars))
+    return (out[0] if isinstance(out, tuple) else out).dtype  # (several outputs: one dtype)
 
 
-def _translation(name: str, inputs, scalars, forward) -> Callable:
-    """The onnxscript translation of torch.ops.fusegen.<name>, computing `forward` (the op's
-    tree over symbols named `inputs` and `scalars`). It takes the op's arguments (by position
+def _translation(name: str, inputs, scalars, outputs) -> Callable:
+    """The onnxscript translation of torch.ops.fusegen.<name>, computing `outputs` (the op's
+    trees over symbols named `inputs` and `scalars`; several: a tuple of values). It takes the op's arguments (by position
     or by their schema names): ONNX values for tensors, and for each runtime scalar a Python
     number (torch.export bakes a `float` argument into the graph: it cannot trace a
     data-dependent one there), which becomes a constant."""
@@ -257,9 +258,15 @@ def _translation(name: str, inputs, scalars, forward) -> Callable:
         # the compute type (int -> fp16 -> float rounds as the kernel's input does).
         symbols = {p: _cast(_cast(v, result), compute) for p, v in tensors.items()}
         symbols.update((p, _constant(float(bound[p]), compute)) for p in scalars)
-        out = _cast(_Emitter(compute, symbols)(forward), result)
-        # A forward that is an input (`x`) still needs a node: the graph's output is not its input.
-        return op.Identity(out) if any(out is v for v in tensors.values()) else out
+        emit = _Emitter(compute, symbols)  # one emitter: what the outputs share is emitted once
+        outs = []
+        for tree in outputs:
+            out = _cast(emit(tree), result)
+            # An output that is an input (`x`), or another output, still needs a node of its
+            # own: a graph's output is neither its input nor another of its outputs.
+            seen = any(out is v for v in tensors.values()) or any(out is o for o in outs)
+            outs.append(op.Identity(out) if seen else out)
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     translate.__signature__ = signature
     translate.__name__ = translate.__qualname__ = f"fusegen_{name}"
@@ -286,7 +293,7 @@ def onnx_translations(*ops) -> dict:
                                f"fusegen in this process; expected an op made with fusegen.fuse, "
                                f"fuse_many or @fused (the translation needs its expression)")
         spec = fused.spec
-        table[fused.op.default] = _translation(spec.name, spec.inputs, spec.scalars, spec.forward)
+        table[fused.op.default] = _translation(spec.name, spec.inputs, spec.scalars, spec.outputs)
     return table
 
 

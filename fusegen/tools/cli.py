@@ -218,7 +218,8 @@ def _check_overwrite(out_dir: Path, spec):
         if hasattr(spec, "updates"):  # a step op (ir/step.py)
             mine = ("step", {i: notation.text(e) for i, e in spec.updates}, list(spec.inputs), list(spec.scalars))
         else:
-            mine = ("op", notation.text(spec.forward), list(spec.inputs), list(spec.scalars))
+            forward = [notation.text(o) for o in spec.outputs]  # as spec.json has it
+            mine = ("op", forward[0] if len(forward) == 1 else forward, list(spec.inputs), list(spec.scalars))
         same = _identity(old) == mine
         held = f"op {old.get('name')!r} for {old.get('expression')!r} (its spec.json)"
     except (OSError, ValueError, AttributeError):

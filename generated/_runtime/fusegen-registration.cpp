@@ -34,13 +34,13 @@ class Kernel final : public c10::OperatorKernel {
     const OpDef& def = *op_->def;
     if (!backward_) {
       ForwardArgs a(def, *stack);
-      at::Tensor out = run_forward(*op_, device(), a);
+      std::vector<at::Tensor> out = run_forward(*op_, device(), a);
       torch::jit::drop(*stack, def.num_inputs + def.num_scalars);
-      stack->emplace_back(std::move(out));
+      for (at::Tensor& t : out) stack->emplace_back(std::move(t));
     } else {
       BackwardArgs a(def, *stack);
       std::vector<at::Tensor> out = run_backward(*op_, device(), a);
-      torch::jit::drop(*stack, 1 + def.num_backward_inputs + def.num_backward_scalars + 1);
+      torch::jit::drop(*stack, backward_tensors(def) + def.num_backward_scalars + 1);
       stack->emplace_back(std::move(out));
     }
   }
@@ -88,6 +88,8 @@ using namespace rt;  // NOLINT: the runtime's own internals
 bool register_op(const OpDef& def) {
   TORCH_CHECK(def.abi == kAbi, "fusegen::", def.name, ": built against fusegen-runtime.h ABI ",
               def.abi, ", but the runtime has ABI ", kAbi, "; rebuild the op");
+  TORCH_CHECK(def.num_outputs >= 1 && def.num_outputs <= kMaxOutputs, "fusegen::", def.name,
+              ": ", def.num_outputs, " outputs; an op has 1 to ", kMaxOutputs);
   std::lock_guard<std::mutex> lock(registry_mutex());
   Op* op = new Op{&def,
                   def.name,

@@ -25,10 +25,10 @@ namespace fusegen {
 // The kernel interface: the runtime lays out the operands with at::TensorIterator
 // (broadcasting, type promotion, output allocation and memory format, as eager does) and
 // hands an op's kernels data pointers and byte strides, never tensors. Operands come
-// outputs first, then inputs, as TensorIterator orders them: the forward's one output and
-// its tensors; the backward's gradients (one per kernel gradient, a null pointer when not
-// requested) and dout, then the tensors the backward reads. scalars: the forward's scalars,
-// or those the backward reads.
+// outputs first, then inputs, as TensorIterator orders them: the forward's outputs and its
+// tensors; the backward's gradients (one per kernel gradient, a null pointer when not
+// requested) and the douts (one per output of the op), then the tensors the backward
+// reads. scalars: the forward's scalars, or those the backward reads.
 //
 // CPU: one 1-D run of n elements, the inner loop of TensorIterator::for_each (which splits
 // the work over threads with at::parallel_for). strides[k] is operand k's step in bytes.
@@ -104,7 +104,10 @@ struct GradDef {
 constexpr int kResult = -1;
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 6;
+constexpr int kAbi = 7;
+
+// Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
+constexpr int kMaxOutputs = 8;
 
 // One op, described by its generated code, which sets each field by name. Names are
 // strings (any user name works); all arrays are static data of the op's translation unit.
@@ -113,12 +116,14 @@ struct OpDef {
   int abi = kAbi;                            // kAbi of the header the op was compiled with
   const char* name = nullptr;                // the op's name: fusegen::<name>
   const char* schema = nullptr;              // "<name>(Tensor a, ..., float s, ...) -> Tensor"
+                                             // (several outputs: "-> (Tensor, Tensor)")
   const char* backward_schema = nullptr;     // "<name>_backward(...) -> Tensor[]", or none
   int num_inputs = 0;
   const char* const* input_names = nullptr;  // the user's names (schema, messages)
+  int num_outputs = 1;                       // the forward's outputs: the backward's douts
   int num_scalars = 0;
   const char* const* scalar_names = nullptr;
-  int num_backward_inputs = 0;               // the tensors the backward reads (after dout)
+  int num_backward_inputs = 0;               // the tensors the backward reads (after the douts)
   const int* backward_inputs = nullptr;      // ... as indices into the inputs, or kResult
   const char* const* backward_input_names = nullptr;  // ... named for messages
   int num_backward_scalars = 0;

@@ -195,12 +195,14 @@ bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level
 // such as DTensor or FakeTensor, no lazy conjugate or negative view). The dispatcher would
 // then reach this file's own CPU or CUDA kernel, after boxing the call; the direct call
 // keeps the profiler's event of that op.
-bool direct_call_ok(const at::Tensor& dout, const std::vector<at::Tensor>& saved) {
+bool direct_call_ok(const variable_list& douts, const std::vector<at::Tensor>& saved) {
   // Included beyond the defaults (BackendSelect, ADInplaceOrView), that is.
   const c10::DispatchKeySet forced =
       c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
-  if (at::GradMode::is_enabled() || !forced.empty() || !is_plain(dout) || has_tangent(dout))
-    return false;
+  if (at::GradMode::is_enabled() || !forced.empty()) return false;
+  for (const at::Tensor& dout : douts) {
+    if (!is_plain(dout) || has_tangent(dout)) return false;
+  }
   for (const at::Tensor& t : saved) {
     if (!is_plain(t) || has_tangent(t))
       return false;  // a tangent: the autograd kernel computes its own
@@ -338,15 +340,15 @@ void join_halves(const SplitHalves& split, c10::ArrayRef<InputMeta> meta, const 
 // when nothing is summed or the loop is not one the accumulating kernel takes (fp64, an
 // odd fast dimension, offsets past 2^31): then first_order_grads computes them the usual way.
 template <typename Needs>
-bool accumulates_in_kernel(const Op& op, const at::Tensor& dout,
+bool accumulates_in_kernel(const Op& op, const variable_list& douts,
                            const std::vector<at::Tensor>& saved, c10::ArrayRef<double> scalars,
                            c10::ArrayRef<InputMeta> meta, Needs&& needs, variable_list& grads) {
   const OpDef& def = *op.def;
   const int count = def.num_kernel_grads;
+  const at::Tensor& dout = douts[0];  // (several: one shape, one dtype)
   if (def.backward_cuda == nullptr || !def.backward_accumulates || !dout.is_cuda() ||
       at::globalContext().deterministicAlgorithms() ||
-      1 + def.num_backward_inputs + 2 * count + 1 >
-          kMaxVectorOperands) {  // Accumulating<F>::kOperands
+      backward_tensors(def) + 2 * count + 1 > kMaxVectorOperands) {  // Accumulating<F>::kOperands
     return false;
   }
   // A gradient with as many elements as dout has nothing to sum (at most size-1 dimensions to
@@ -378,7 +380,7 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout,
   for (int t : target) any = any || t >= 0;
   if (!request.run || !any) return false;
 
-  std::vector<at::Tensor> tensors{dout};
+  std::vector<at::Tensor> tensors(douts.begin(), douts.end());
   tensors.insert(tensors.end(), saved.begin(), saved.end());
   const Args args = BackwardArgs::of(def, tensors);
   const at::ScalarType dtype = check_args(op.backward_name, args);
@@ -430,6 +432,19 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout,
 }
 #endif
 
+// The incoming gradients of an op's outputs, as its backward kernel reads them: false when
+// none arrived; otherwise an undefined one (an output not used in the loss) counts as zero,
+// a 0-d zero expanded to the others' shape (stride 0: the kernel reads no memory for it).
+bool complete_douts(variable_list& douts) {
+  const auto given = std::find_if(douts.begin(), douts.end(),
+                                  [](const at::Tensor& t) { return t.defined(); });
+  if (given == douts.end()) return false;
+  for (at::Tensor& t : douts) {
+    if (!t.defined()) t = at::zeros({}, given->options()).expand_symint(given->sym_sizes());
+  }
+  return true;
+}
+
 // The first-order gradients of `op`'s inputs for which needs(i) holds: the eager ops of dout
 // alone, or <name>_backward over dout and `saved` (the tensors the backward reads). Without
 // create_graph nothing differentiates the backward, so its autograd kernel is skipped, and
@@ -439,17 +454,18 @@ bool accumulates_in_kernel(const Op& op, const at::Tensor& dout,
 // With SplitHalves, both halves' gradients are computed when u's is needed (its edge is in
 // the low half's place) and joined into it (split_gradient, join_halves).
 template <typename Needs>
-variable_list first_order_grads(const Op& op, const at::Tensor& dout, std::vector<at::Tensor> saved,
+variable_list first_order_grads(const Op& op, variable_list douts, std::vector<at::Tensor> saved,
                                 c10::ArrayRef<double> scalars, c10::ArrayRef<InputMeta> meta,
                                 const SplitHalves& split, Needs&& needs_edge) {
   const OpDef& def = *op.def;
   variable_list grads(def.num_inputs);
-  if (!dout.defined())
+  if (!complete_douts(douts))
     return grads;  // no gradient arrived: the inputs' are zero too (undefined), as in eager's nodes
+  const at::Tensor& dout = douts[0];
   const auto needs = [&](int i) {
     return needs_edge(split.active() && i == split.high ? split.low : i);
   };
-  const bool direct = direct_call_ok(dout, saved);
+  const bool direct = direct_call_ok(douts, saved);
   std::vector<at::Tensor>
       given;  // per kernel output: where the kernel writes it (the halves of `whole`)
   const at::Tensor whole = direct && split.active() && needs(split.low)
@@ -457,15 +473,15 @@ variable_list first_order_grads(const Op& op, const at::Tensor& dout, std::vecto
                                : at::Tensor();
 #ifdef FUSEGEN_WITH_CUDA
   if (direct && !whole.defined() &&
-      accumulates_in_kernel(op, dout, saved, scalars, meta, needs, grads)) {
+      accumulates_in_kernel(op, douts, saved, scalars, meta, needs, grads)) {
     if (split.active()) join_halves(split, meta, whole, given, def, grads);
     return grads;
   }
 #endif
   gradients_of(def, dout, meta, needs, [&](const std::vector<bool>& mask) {
     BackwardArgs a;
-    a.tensors.reserve(1 + saved.size());
-    a.tensors.push_back(dout);
+    a.tensors.reserve(douts.size() + saved.size());
+    a.tensors.insert(a.tensors.end(), douts.begin(), douts.end());  // (dout: read after this)
     for (at::Tensor& t : saved) a.tensors.push_back(std::move(t));
     a.scalars.assign(scalars.begin(), scalars.end());
     a.mask = mask;
@@ -496,7 +512,7 @@ variable_list apply_functional(const variable_list& inputs, const std::vector<c1
   const auto needs = packed.unpack<std::vector<bool>>();
   const std::vector<InputMeta> meta = unpack_metadata(packed.unpack<std::vector<c10::SymInt>>());
   const SplitHalves split = SplitHalves::unpacked(packed.unpack<std::vector<int64_t>>());
-  return first_order_grads(*op, inputs[0], std::move(saved), scalars, meta, split,
+  return first_order_grads(*op, inputs, std::move(saved), scalars, meta, split,
                            [&](int i) { return needs[i]; });
 }
 
@@ -520,7 +536,7 @@ class FusedBackward final : public torch::autograd::Node {
 
   variable_list apply(variable_list&& douts) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return first_order_grads(*op_, douts[0], unpack_saved(), scalars_, meta_, split_,
+    return first_order_grads(*op_, std::move(douts), unpack_saved(), scalars_, meta_, split_,
                              [&](int i) { return task_should_compute_output(i); });
   }
 
@@ -641,12 +657,12 @@ class FusedDoubleBackward final : public torch::autograd::Node {
         "_grad2, which is not loaded (a library built without fusegen fuses first and "
         "second derivatives; load the op with fusegen (fusegen.fuse / @fused) for any order)");
     const OpDef& def2 = *grad2->def;
-    std::vector<at::Tensor> saved;  // dout, the tensors the backward read
+    std::vector<at::Tensor> saved;  // the douts, the tensors the backward read
     saved.reserve(saved_.size());
     for (torch::autograd::SavedVariable& v : saved_) saved.push_back(v.unpack());
-    const int own = 1 + def.num_backward_inputs;
+    const int own = backward_tensors(def);
     variable_list grads(own);
-    // <name>_grad2's inputs: dout, the backward's tensors, then gg_k per kernel output.
+    // <name>_grad2's inputs: the douts, the backward's tensors, then gg_k per kernel output.
     std::vector<at::Tensor> inputs(saved.begin(), saved.end());
     const at::ScalarType dtype = check_args(op.backward_name, BackwardArgs::of(def, saved));
     const at::TensorOptions options = saved[0].options().dtype(dtype);
@@ -679,7 +695,7 @@ class FusedDoubleBackward final : public torch::autograd::Node {
   }
 
   const Op* op_;
-  std::vector<torch::autograd::SavedVariable> saved_;  // dout, then the tensors the backward reads
+  std::vector<torch::autograd::SavedVariable> saved_;  // the douts, then the tensors it reads
   std::vector<double> scalars_;                        // the backward's scalars
   std::vector<bool> mask_;                             // its output_mask
   std::vector<InputMeta> meta_;                        // per tensor argument
@@ -696,9 +712,15 @@ class FusedDoubleBackward final : public torch::autograd::Node {
 // its expression (differentiable in every mode); without it (a standalone build) an error
 // that names the op and the way out.
 
-at::Tensor forward_tangent(const Op& op, const ForwardArgs& a, const at::Tensor& out) {
+// The outputs' tangents, in order.
+std::vector<at::Tensor> forward_tangents(const Op& op, const ForwardArgs& a,
+                                         const std::vector<at::Tensor>& outs) {
   const OpDef& def = *op.def;
-  if (def.num_jvp_args == 0) return at::zeros_like(out);  // every gradient is zero
+  std::vector<at::Tensor> tangents;
+  if (def.num_jvp_args == 0) {  // every gradient is zero
+    for (const at::Tensor& out : outs) tangents.push_back(at::zeros_like(out));
+    return tangents;
+  }
   const Op* jvp = find_auxiliary(op.name + "_jvp");
   TORCH_INTERNAL_ASSERT(jvp != nullptr, "fusegen::", op.name,
                         "_jvp is neither in the op's library nor loadable");
@@ -710,16 +732,34 @@ at::Tensor forward_tangent(const Op& op, const ForwardArgs& a, const at::Tensor&
       stack.emplace_back(has_tangent(x) ? x._fw_primal(/*level=*/0) : x);
     } else {
       const at::Tensor& t = a.tensors[j - def.num_inputs]._fw_grad(/*level=*/0);
-      stack.emplace_back(t.defined() ? t : at::zeros({}, out.options()));
+      stack.emplace_back(t.defined() ? t : at::zeros({}, outs[0].options()));
     }
   }
   for (int k = 0; k < def.num_jvp_scalars; ++k) stack.emplace_back(a.scalars[def.jvp_scalars[k]]);
-  jvp->forward_op->callBoxed(stack);
-  at::Tensor tangent = std::move(stack.back()).toTensor();
-  // Fewer dimensions when the primals it reads broadcast to less than the output (a tangent
-  // on a broadcast input only): _set_fw_grad lays it out as the output.
-  if (tangent.sym_sizes() != out.sym_sizes()) tangent = tangent.expand_symint(out.sym_sizes());
-  return tangent.scalar_type() == out.scalar_type() ? tangent : tangent.to(out.scalar_type());
+  jvp->forward_op->callBoxed(stack);  // leaves its outputs, one per output of the op
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const at::Tensor& out = outs[k];
+    at::Tensor tangent = stack[k].toTensor();
+    // Fewer dimensions when the primals it reads broadcast to less than the output (a
+    // tangent on a broadcast input only): _set_fw_grad lays it out as the output.
+    if (tangent.sym_sizes() != out.sym_sizes()) tangent = tangent.expand_symint(out.sym_sizes());
+    tangents.push_back(tangent.scalar_type() == out.scalar_type() ? tangent
+                                                                   : tangent.to(out.scalar_type()));
+  }
+  return tangents;
+}
+
+// The forward's outputs, the last `count` values on the stack.
+std::vector<at::Tensor> outputs_on(const torch::jit::Stack& stack, int count) {
+  std::vector<at::Tensor> outs;
+  for (size_t k = stack.size() - count; k < stack.size(); ++k) outs.push_back(stack[k].toTensor());
+  return outs;
+}
+
+void set_tangents(const Op& op, const ForwardArgs& a, const std::vector<at::Tensor>& outs) {
+  const std::vector<at::Tensor> tangents = forward_tangents(op, a, outs);
+  for (size_t k = 0; k < outs.size(); ++k)
+    outs[k]._set_fw_grad(tangents[k], /*level=*/0, /*is_inplace_op=*/false);
 }
 
 // An op with no fused forward mode, called with a tangent: fusegen::__composite computes it
@@ -748,7 +788,7 @@ void composite_forward_mode(const Op& op, bool backward, torch::jit::Stack* stac
     tensors = a.tensors;
     for (double v : a.scalars) scalars.push_back(v);
     for (bool b : a.mask) mask.push_back(b);
-    count = 1 + def.num_backward_inputs + def.num_backward_scalars + 1;
+    count = backward_tensors(def) + def.num_backward_scalars + 1;
   } else {
     const ForwardArgs a(def, *stack);
     check_defined(name, a.named(def));
@@ -767,7 +807,8 @@ void composite_forward_mode(const Op& op, bool backward, torch::jit::Stack* stac
   if (backward) {
     stack->emplace_back(std::move(out));
   } else {
-    stack->emplace_back(std::move(out.at(0)));
+    TORCH_INTERNAL_ASSERT(static_cast<int>(out.size()) == def.num_outputs);
+    for (at::Tensor& t : out) stack->emplace_back(std::move(t));
   }
 }
 
@@ -789,8 +830,7 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
     }
-    const at::Tensor& out = stack->back().toTensor();
-    out._set_fw_grad(forward_tangent(op, a, out), /*level=*/0, /*is_inplace_op=*/false);
+    set_tangents(op, a, outputs_on(*stack, def.num_outputs));
     return;
   }
   NodePtr node = NodeMaker<NodePtr>::make<FusedBackward>(&op);
@@ -811,13 +851,13 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
   }
-  const at::Tensor& out = stack->back().toTensor();
-  torch::autograd::set_history(out, node);
-  if (tangents) out._set_fw_grad(forward_tangent(op, a, out), /*level=*/0, /*is_inplace_op=*/false);
+  const std::vector<at::Tensor> outs = outputs_on(*stack, def.num_outputs);
+  torch::autograd::set_history(outs, node);
+  if (tangents) set_tangents(op, a, outs);
   fn->saved_.reserve(def.num_backward_inputs);
   for (int i = 0; i < def.num_backward_inputs; ++i) {
-    const int k = def.backward_inputs[i];
-    fn->saved_.emplace_back(k == kResult ? out : a.tensors[k], /*is_output=*/k == kResult);
+    const int k = def.backward_inputs[i];  // kResult: an op of one output
+    fn->saved_.emplace_back(k == kResult ? outs[0] : a.tensors[k], /*is_output=*/k == kResult);
   }
 }
 
@@ -849,7 +889,7 @@ void record_backward(const Op& op, const c10::OperatorHandle& handle, c10::Dispa
 
 // Whether some tensor argument has a forward-mode tangent (read off the stack).
 bool has_tangents(const OpDef& def, bool backward, const torch::jit::Stack& stack) {
-  const int tensors = backward ? 1 + def.num_backward_inputs : def.num_inputs;
+  const int tensors = backward ? backward_tensors(def) : def.num_inputs;
   const int args = backward ? tensors + def.num_backward_scalars + 1 : tensors + def.num_scalars;
   const size_t first = stack.size() - args;
   for (int i = 0; i < tensors; ++i) {
@@ -863,7 +903,7 @@ bool has_tangents(const OpDef& def, bool backward, const torch::jit::Stack& stac
 // requires grad (read off the stack, before anything is unpacked).
 bool records_graph(const OpDef& def, bool backward, const torch::jit::Stack& stack) {
   if (!at::GradMode::is_enabled()) return false;
-  const int tensors = backward ? 1 + def.num_backward_inputs : def.num_inputs;
+  const int tensors = backward ? backward_tensors(def) : def.num_inputs;
   const int args = backward ? tensors + def.num_backward_scalars + 1 : tensors + def.num_scalars;
   const size_t first = stack.size() - args;
   for (int i = 0; i < tensors; ++i) {

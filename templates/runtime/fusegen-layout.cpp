@@ -473,11 +473,11 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   return outputs;
 }
 
-// The forward on one device: one output.
-at::Tensor run_forward(const Op& op, Device device, const ForwardArgs& a) {
+// The forward on one device: its outputs, in order.
+std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a) {
   const OpDef& def = *op.def;
-  return run_kernel(op.name, device, a.named(def), {true}, def.forward_cpu, def.forward_cuda,
-                    a.scalars.data())[0];
+  return run_kernel(op.name, device, a.named(def), std::vector<bool>(def.num_outputs, true),
+                    def.forward_cpu, def.forward_cuda, a.scalars.data());
 }
 
 // The backward on one device: the gradients selected by output_mask, in order, at the

@@ -77,20 +77,30 @@ struct ForwardArgs {
   }
 };
 
-// The backward's arguments: dout, the inputs it reads, its scalars, output_mask.
+// The backward's tensor arguments: one dout per output, then the inputs it reads.
+inline int backward_tensors(const OpDef& def) { return def.num_outputs + def.num_backward_inputs; }
+
+// The backward's name for the incoming gradient of output k (its schema's).
+inline const char* dout_name(const OpDef& def, int k) {
+  static constexpr const char* kNames[kMaxOutputs] = {"dout0", "dout1", "dout2", "dout3",
+                                                      "dout4", "dout5", "dout6", "dout7"};
+  return def.num_outputs == 1 ? "dout" : kNames[k];
+}
+
+// The backward's arguments: the douts, the inputs it reads, its scalars, output_mask.
 struct BackwardArgs {
-  std::vector<at::Tensor> tensors;  // dout first
+  std::vector<at::Tensor> tensors;  // the douts first
   std::vector<double> scalars;
   std::vector<bool> mask;
 
   BackwardArgs() = default;
   BackwardArgs(const OpDef& def, const torch::jit::Stack& stack) {
-    const size_t count = 1 + def.num_backward_inputs + def.num_backward_scalars + 1;
+    const int num_tensors = backward_tensors(def);
+    const size_t count = num_tensors + def.num_backward_scalars + 1;
     const size_t first = stack.size() - count;
-    for (int i = 0; i <= def.num_backward_inputs; ++i)
-      tensors.push_back(tensor_arg(stack[first + i]));
+    for (int i = 0; i < num_tensors; ++i) tensors.push_back(tensor_arg(stack[first + i]));
     for (int i = 0; i < def.num_backward_scalars; ++i) {
-      scalars.push_back(stack[first + 1 + def.num_backward_inputs + i].toDouble());
+      scalars.push_back(stack[first + num_tensors + i].toDouble());
     }
     const c10::List<bool> list = stack[first + count - 1].toBoolList();
     // The schema's bool[K] is not checked by the dispatcher: a longer or shorter mask would
@@ -100,11 +110,12 @@ struct BackwardArgs {
                 " entries (one per gradient the backward kernel computes), got ", list.size());
     for (bool b : list) mask.push_back(b);
   }
-  // Named arguments (dout, then the tensors the backward reads, by the user's names).
+  // Named arguments (the douts, then the tensors the backward reads, by the user's names).
   static Args of(const OpDef& def, const std::vector<at::Tensor>& tensors) {
-    Args args{{"dout", tensors[0]}};
+    Args args;
+    for (int k = 0; k < def.num_outputs; ++k) args.push_back({dout_name(def, k), tensors[k]});
     for (int i = 0; i < def.num_backward_inputs; ++i)
-      args.push_back({def.backward_input_names[i], tensors[i + 1]});
+      args.push_back({def.backward_input_names[i], tensors[def.num_outputs + i]});
     return args;
   }
   Args named(const OpDef& def) const { return of(def, tensors); }
@@ -129,7 +140,7 @@ at::ScalarType check_args(const std::string& op, const Args& args);
 std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype,
                                       const c10::Device device);
 Dtype kernel_dtype(at::ScalarType t);
-at::Tensor run_forward(const Op& op, Device device, const ForwardArgs& a);
+std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a);
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given = {});
 
