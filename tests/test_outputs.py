@@ -256,3 +256,129 @@ def test_a_cached_load_returns_the_tuple_too(rope, tmp_path):
 def test_a_name_reused_for_another_output_count_is_refused(rope):
     with pytest.raises(FusegenError, match="already defined"):
         fusegen.fuse("x1*c - x2*s", name="test_rope", inputs="x1,c,x2,s")
+
+
+# -- a final torch.cat: two outputs as the halves of one result ------------------------------------
+
+ROPE_CAT = "torch.cat((x1*c - x2*s, x2*c + x1*s), -1)"
+
+
+@pytest.fixture(scope="module")
+def rope_cat():
+    return fusegen.fuse(ROPE_CAT, name="test_rope_cat", inputs="x1,x2,c,s")
+
+
+def rope_cat_eager(q, c, s):
+    x1, x2 = q.chunk(2, -1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+
+
+def cat_operands(dtype=torch.float64, seed=0):
+    """Llama's layout, small: q of (batch, heads, positions, head dim), cos/sin per position."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64).to(dtype)
+    c, s = (torch.randn(5, 4, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
+    return [q, c, s]
+
+
+def test_cat_makes_one_result(rope_cat):
+    assert str(rope_cat.op.default._schema).endswith("(Tensor x1, Tensor x2, Tensor c, Tensor s) -> Tensor")
+    assert "def.joined = true;" in rope_cat.files["test_rope_cat.cpp"]
+
+
+@pytest.mark.parametrize("text", ["torch.cat((x*2, x*3))", "torch.cat((x*2, x*3), 0)",
+                                  "torch.cat((x, x, x), -1)", "torch.cat([x], -1)",
+                                  "torch.cat((x, x), dim=-1, out=x)"])
+def test_other_concatenations_are_refused(text):
+    with pytest.raises(ParseError, match="cat"):
+        parse(text)
+
+
+def test_cat_matches_eager_with_chunked_halves(rope_cat):
+    xs = cat_operands()
+    a, b = leaves(xs), leaves(xs)
+    got = rope_cat(*a[0].chunk(2, -1), a[1], a[2])
+    want = rope_cat_eager(*b)
+    assert got.shape == want.shape == (2, 3, 5, 8) and got.is_contiguous()
+    torch.testing.assert_close(got, want, **TOL[torch.float64])
+    dout = torch.randn_like(want)
+    for g, w in zip(torch.autograd.grad(got, a, dout), torch.autograd.grad(want, b, dout)):
+        torch.testing.assert_close(g, w, **TOL[torch.float64])
+
+
+def test_cat_derivatives(rope_cat):
+    from torch.func import hessian, jvp, vmap
+
+    def fused(q, c, s):
+        return rope_cat(*q.chunk(2, -1), c, s)
+
+    xs = leaves(cat_operands())
+    assert torch.autograd.gradcheck(fused, xs)
+    assert torch.autograd.gradgradcheck(fused, xs)
+    tangents = tuple(cat_operands(seed=1))
+    torch.testing.assert_close(jvp(fused, tuple(xs), tangents)[1], jvp(rope_cat_eager, tuple(xs), tangents)[1],
+                               **TOL[torch.float64])
+    q, c, s = cat_operands()
+    torch.testing.assert_close(vmap(fused, in_dims=(0, None, None))(q, c, s), rope_cat_eager(q, c, s),
+                               **TOL[torch.float64])
+    got = hessian(lambda q: fused(q, c, s).sin().sum())(q[:1, :1])
+    want = hessian(lambda q: rope_cat_eager(q, c, s).sin().sum())(q[:1, :1])
+    torch.testing.assert_close(got, want, **TOL[torch.float64])
+
+
+def test_cat_opcheck_compile_export(rope_cat):
+    from torch.library import opcheck
+    q, c, s = cat_operands(torch.float32)
+    x1, x2 = (h.contiguous() for h in q.chunk(2, -1))
+    result = opcheck(rope_cat.op.default, tuple(leaves([x1, x2, c, s])))
+    assert set(result.values()) == {"SUCCESS"}, result
+    for mode in ("opaque", "decompose"):
+        op = fusegen.fuse(ROPE_CAT, name=f"test_rope_cat_{mode}", inputs="x1,x2,c,s", compile=mode)
+        torch._dynamo.reset()
+        a, b = leaves([q, c, s]), leaves([q, c, s])
+        got = torch.compile(lambda q, c, s: op(*q.chunk(2, -1), c, s), fullgraph=True)(*a)
+        want = rope_cat_eager(*b)
+        torch.testing.assert_close(got, want, **TOL[torch.float32])
+        for g, w in zip(torch.autograd.grad(got.square().sum(), a), torch.autograd.grad(want.square().sum(), b)):
+            torch.testing.assert_close(g, w, **TOL[torch.float32])
+
+    class Rotate(torch.nn.Module):
+        def forward(self, q, c, s):
+            return rope_cat(*q.chunk(2, -1), c, s)
+
+    program = torch.export.export(Rotate(), (q, c, s))
+    assert any(n.target is torch.ops.fusegen.test_rope_cat.default for n in program.graph.nodes)
+    torch.testing.assert_close(program.module()(q, c, s), rope_cat_eager(q, c, s), **TOL[torch.float32])
+
+
+def test_cat_onnx(rope_cat):
+    onnx = pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+
+    class Rotate(torch.nn.Module):
+        def forward(self, x1, x2, c, s):
+            return rope_cat(x1, x2, c, s)
+
+    q, c, s = cat_operands(torch.float32)
+    xs = [h.contiguous() for h in q.chunk(2, -1)] + [c, s]
+    program = torch.onnx.export(Rotate().eval(), tuple(xs), dynamo=True, verbose=False,
+                                custom_translation_table=fusegen.onnx_translations(rope_cat))
+    onnx.checker.check_model(program.model_proto, full_check=True)
+    session = onnxruntime.InferenceSession(program.model_proto.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), xs)})
+    torch.testing.assert_close(torch.from_numpy(got), rope_cat_eager(q, c, s), **TOL[torch.float32])
+
+
+def test_cat_of_0d_arguments_is_refused_by_name(rope_cat):
+    with pytest.raises(RuntimeError, match="test_rope_cat: torch.cat joins the outputs along the last dimension"):
+        rope_cat(*(torch.tensor(float(k)) for k in range(4)))
+
+
+def test_bench_rope_runs_and_checks_its_results():
+    from fusegen.bench import rope
+    rows = rope.run(1, 2, 16, 8, [torch.float32], reps=2, device="cpu")
+    timed = {r["impl"]: r for r in rows if "ms" in r}
+    assert {"fusegen", "eager", "copy"} <= set(timed)
+    assert timed["fusegen"]["max_abs_error"] < 1e-5 and timed["fusegen"]["ms"] > 0
+    assert any(line.startswith("fusegen") for line in rope.report(rows))

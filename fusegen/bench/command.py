@@ -1,7 +1,7 @@
 """`fusegen bench` (and `python -m fusegen.bench`): the subcommands, one table.
 
     fusegen bench [EXPR ...] [--quick] ...     # the race of implementations (core.py)
-    fusegen bench build | cpu | layouts | gp | ffn | compile | optim
+    fusegen bench build | cpu | layouts | gp | ffn | compile | optim | rope
 
 Each subcommand's module is imported only when it runs."""
 
@@ -54,8 +54,13 @@ def _optim(argv) -> int:  # an optimizer step over a 1.1B-parameter Llama's para
     return optim.main(argv)
 
 
+def _rope(argv) -> int:  # RoPE on q and k, an op of two outputs joined by torch.cat
+    from fusegen.bench import rope
+    return rope.main(argv)
+
+
 SUBCOMMANDS = {"build": _build, "cpu": _layouts("cpu"), "layouts": _layouts("layouts"), "gp": _gp,
-               "ffn": _ffn, "compile": _compile, "optim": _optim}
+               "ffn": _ffn, "compile": _compile, "optim": _optim, "rope": _rope}
 
 
 def main(argv=None) -> int:

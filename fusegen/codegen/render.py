@@ -138,6 +138,7 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
         "grad_defs": grad_defs,
         "douts": [names.DOUT] if len(spec.outputs) == 1 else [names.dout(k) for k in range(len(spec.outputs))],
         "outputs": [names.output(k, len(spec.outputs)) for k in range(len(spec.outputs))],
+        "joined": spec.joined,
         "jvp_args": jvp[0] if jvp else None,  # None: no fused forward mode (an auxiliary op)
         "jvp_scalars": jvp[1] if jvp else [],
         "grad2": grad2,  # <name>_grad2 is built beside it (its double backward)

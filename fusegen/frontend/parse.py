@@ -380,18 +380,47 @@ def parse(text: str, inputs=None, scalars=()) -> Parsed:
         raise ParseError(f"expression could not be parsed ({type(err).__name__})", text[:80]) from None
     _check_limits(text, tree)
     conv = _Converter(text.strip())
-    outputs = _outputs(conv, tree.body)
+    outputs, joined = _outputs(conv, tree.body)
     for expr in outputs:
         _check_literals(text, expr)
     ordered, scalars = _order_names(text, conv.seen, inputs, scalars)
-    return Parsed(text.strip(), outputs, ordered, scalars)
+    return Parsed(text.strip(), outputs, ordered, scalars, joined)
 
 
-def _outputs(conv, node: ast.expr) -> tuple:
-    """The op's outputs: one expression, or a tuple of them at the top (`(x1*c - x2*s,
-    x2*c + x1*s)`), each converted in turn."""
+# The concatenation an op may end in: its two outputs are then the halves of one tensor.
+_CAT = ("cat", "torch.cat", "concat", "torch.concat")
+
+
+def _joined(conv, node: ast.expr) -> ast.expr | None:
+    """The tuple of parts of a final `torch.cat((a, b), -1)` (RoPE's rotate_half), or None
+    when `node` is no concatenation."""
+    dotted = dotted_name(node.func) if isinstance(node, ast.Call) else None
+    if dotted not in _CAT:
+        return None
+    conv._check_shadowed(node, dotted)
+    hint = "write torch.cat((a, b), -1): two parts along the last dimension, as the op's last operation"
+    dims = list(node.args[1:]) + [k.value for k in node.keywords if k.arg == "dim"]
+    extra = [k.arg for k in node.keywords if k.arg != "dim"]
+    parts = node.args[0] if node.args else None
+    if extra or len(dims) != 1 or not isinstance(parts, (ast.Tuple, ast.List)) or len(parts.elts) != 2:
+        conv.fail(node, f"unsupported form of {dotted}", hint)
+    dim = dims[0]
+    minus_one = (isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub) and isinstance(dim.operand, ast.Constant)
+                 and dim.operand.value == 1 and type(dim.operand.value) is int)
+    if not minus_one:
+        conv.fail(dim, f"{dotted} joins along the last dimension only (dim=-1)", hint)
+    return ast.Tuple(elts=parts.elts, ctx=ast.Load(), lineno=parts.lineno, col_offset=parts.col_offset)
+
+
+def _outputs(conv, node: ast.expr) -> tuple[tuple, bool]:
+    """The op's outputs and whether they are joined: one expression, a tuple of them at the
+    top (`(x1*c - x2*s, x2*c + x1*s)`), or two joined by a final torch.cat along the last
+    dimension; each converted in turn."""
+    parts = _joined(conv, node)
+    if parts is not None:
+        return _outputs(conv, parts)[0], True
     if not isinstance(node, ast.Tuple):
-        return (conv.convert(node),)
+        return (conv.convert(node),), False
     if len(node.elts) < 2:
         conv.fail(node, "an op's outputs are one expression or a tuple of at least two",
                   "drop the parentheses and the comma")
@@ -401,7 +430,7 @@ def _outputs(conv, node: ast.expr) -> tuple:
     for elt in node.elts:
         if isinstance(elt, (ast.Tuple, ast.Starred)):
             conv.fail(elt, "an output must be an expression, not a nested tuple or *unpacking")
-    return tuple(conv.convert(elt) for elt in node.elts)
+    return tuple(conv.convert(elt) for elt in node.elts), False
 
 
 def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed:
@@ -439,7 +468,7 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
             conv.fail(stmt, f"assignment to parameter '{target}' is not supported", "use a new name")
         check_identifier(target, "local name")
         conv.bindings[target] = conv.convert(stmt.value)
-    outputs = _outputs(conv, body[-1].value)
+    outputs, joined = _outputs(conv, body[-1].value)
     text = _unparse(source, body[-1].value)
     for expr in outputs:
         _check_literals(text, expr)
@@ -449,7 +478,7 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
     if unknown:
         raise SpecError(f"@fused function '{func.name}' uses '{unknown[0]}', which is not a parameter")
     ordered, scalars = _order_names(text, seen, tensors, scalars)
-    return Parsed(_flatten_text(source, body, text), outputs, ordered, scalars)
+    return Parsed(_flatten_text(source, body, text), outputs, ordered, scalars, joined)
 
 
 def _unparse(source, node) -> str:

@@ -16,6 +16,7 @@ class Parsed:
     outputs: tuple[sympy.Expr, ...]  # one tree per output of the op, in order
     inputs: tuple[str, ...]
     scalars: tuple[str, ...]
+    joined: bool = False  # the two outputs are the halves of one tensor (a final torch.cat, dim -1)
 
     @property
     def tree(self) -> sympy.Expr:

@@ -16,5 +16,6 @@ class Member:
     tensors: int              # tensor arguments, first in its schema
     backward: bool            # a `<x>_backward` op: Tensor[] result, trailing output_mask
     composite: bool           # no fused derivative: the composite autograd kernel is registered
-    outputs: int = 1          # its forward's outputs: a forward op's results (several: a
-                              # tuple of tensors), a backward op's douts
+    outputs: int = 1          # a forward op's results (several: a tuple of tensors), a
+                              # backward op's douts (its forward's outputs)
+    joined: bool = False      # its two outputs are the halves of one result (torch.cat, dim -1)

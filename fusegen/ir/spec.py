@@ -93,6 +93,8 @@ class OpSpec:
     command: str                           # the CLI line that regenerates the files
     backward_exprs: tuple[sympy.Expr, ...] = ()   # per kernel output, in the backward's tensors
     plan: Plan | None = None
+    joined: bool = False                   # the two outputs are the halves of one tensor along
+                                           # its last dimension (a final torch.cat): one result
 
     @property
     def forward(self) -> sympy.Expr:
@@ -127,6 +129,7 @@ class OpSpec:
             "inputs": list(self.inputs),
             "scalars": list(self.scalars),
             "forward": text(self.outputs[0]) if len(self.outputs) == 1 else [text(o) for o in self.outputs],
+            **({"joined": "torch.cat(forward, -1)"} if self.joined else {}),
             "gradients": {g.input: text(g.expr) for g in self.gradients},
             "passthrough": [g.input for g in self.gradients if g.passthrough],
             "from_dout": {g.input: text(g.expr) for g in self.gradients
@@ -262,6 +265,7 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         command=command,
         backward_exprs=backward_exprs,
         plan=plan,
+        joined=parsed.joined,
     )
 
 

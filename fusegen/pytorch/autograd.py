@@ -291,7 +291,8 @@ def register(spec, auxiliary, auxiliary_loader: Callable | None = None) -> tuple
         infos = derivatives.infos(spec, auxiliary, _call_op, _op)
         for info in infos:
             _INFOS[info.name] = info
-        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None, i.count) for i in infos),
+        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None, i.count, i.joined)
+                        for i in infos),
                   auxiliary_loader)
     return _FAMILIES[spec.name]
 

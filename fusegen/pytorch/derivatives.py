@@ -35,7 +35,8 @@ class OpInfo:
     scalars: tuple[sympy.Symbol, ...]
     outputs: tuple[sympy.Expr, ...]     # one tree per output (a backward op: per kernel gradient)
     backward: bool                      # a `<x>_backward` op: Tensor[] result, trailing mask
-    count: int = 1                      # its forward's outputs (a backward op: its douts)
+    count: int = 1                      # its results (a backward op: its douts)
+    joined: bool = False                # two outputs returned as the halves of one tensor
     vjp: object = None                  # fused reverse mode: vjp(ctx, *grads), or None
     jvp: object = None                  # fused forward mode: jvp(ctx, *tangents), or None
     function: object = None             # the op's torch.autograd.Function
@@ -50,12 +51,12 @@ class OpInfo:
     @property
     def several(self) -> bool:
         """A forward op of several outputs: its result is a tuple of tensors."""
-        return not self.backward and len(self.outputs) > 1
+        return not self.backward and not self.joined and len(self.outputs) > 1
 
 
 def _forward_info(spec: OpSpec) -> OpInfo:
     return OpInfo(spec.name, tuple(map(symbol, spec.inputs)), tuple(map(symbol, spec.scalars)),
-                  spec.outputs, False, len(spec.outputs))
+                  spec.outputs, False, 1 if spec.joined else len(spec.outputs), spec.joined)
 
 
 def _backward_info(spec: OpSpec) -> OpInfo:
@@ -131,6 +132,8 @@ def _vjp_of_forward(spec: OpSpec, call_op):
     def vjp(ctx, *douts):
         tensors = ctx.saved_tensors  # the inputs, then the output when the backward reads it
         grads = [None] * (len(spec.inputs) + len(spec.scalars))
+        if spec.joined:  # the result's gradient: its halves are the outputs'
+            douts = douts[0].chunk(2, -1) if douts[0] is not None else (None, None)
         douts = _complete(douts)
         if douts is None:
             return grads
@@ -205,13 +208,13 @@ def _jvp_of_forward(spec: OpSpec, jvp_spec: OpSpec, call_op):
                 args.append(tensors[index[n]])
         several = len(spec.outputs) > 1
         if not any_tangent:
-            zeros = [torch.zeros(ctx.out_shape, dtype=dtype, device=tensors[0].device) for _ in spec.outputs]
-            return tuple(zeros) if several else zeros[0]
-        scalars = [ctx.scalars[spec.scalars.index(s)] for s in jvp_spec.scalars]
-        out = call_op(op_name, *args, *scalars)
-        outs = [o if tuple(o.shape) == tuple(ctx.out_shape) else o.expand(ctx.out_shape).clone()
-                for o in (out if several else (out,))]
-        return tuple(outs) if several else outs[0]
+            outs = [torch.zeros(ctx.out_shape, dtype=dtype, device=tensors[0].device) for _ in spec.outputs]
+        else:
+            scalars = [ctx.scalars[spec.scalars.index(s)] for s in jvp_spec.scalars]
+            out = call_op(op_name, *args, *scalars)
+            outs = [o if tuple(o.shape) == tuple(ctx.out_shape) else o.expand(ctx.out_shape).clone()
+                    for o in (out if several else (out,))]
+        return _results(spec.joined, several, outs)
     return jvp
 
 
@@ -250,6 +253,8 @@ def _composite_vjp(info: OpInfo):
         tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad
         out = [None] * (len(info.tensors) + len(info.scalars) + info.backward)
+        if info.joined:  # the result's gradient: its halves are the outputs'
+            grads = grads[0].chunk(2, -1) if grads[0] is not None else (None, None)
         arriving = dict(zip([k for k, m in enumerate(ctx.mask) if m], grads)) if info.backward \
             else dict(enumerate(grads))
         wanted = [i for i in range(len(tensors)) if needs[i]]
@@ -293,7 +298,7 @@ def _composite_jvp(info: OpInfo):
         if info.backward:
             exprs = [e for e, m in zip(exprs, ctx.mask) if m]
         out = composite.evaluate(exprs, values, ctx.out_shape, composite.promoted_dtype(tensors), tensors[0].device)
-        return tuple(out) if info.backward or info.several else out[0]
+        return tuple(out) if info.backward else _results(info.joined, info.several, out)
     return jvp
 
 
@@ -339,6 +344,8 @@ def _function(info: OpInfo):
         ctx.scalars = scalars
         ctx.mask = mask
         ctx.out_shape = (output[0].shape if output else ()) if info.backward or info.several else output.shape
+        if info.joined:  # each output's: half of the result's last dimension
+            ctx.out_shape = (*ctx.out_shape[:-1], ctx.out_shape[-1] // 2)
         # The output too when the backward reads it: saved as an output, so autograd's version
         # counter catches an in-place change of it before backward.
         ctx.save_for_backward(*tensors, *([output] if info.saves_output else []))
@@ -376,7 +383,13 @@ def composite_outputs(info: OpInfo, args):
     # A 0-d CPU tensor may come with CUDA tensors (as in eager): the result is on theirs.
     device = next((t.device for t in tensors if t.dim() > 0), tensors[0].device)
     out = composite.evaluate(exprs, values, _shape(tensors), dtype, device)
-    return out if info.backward else tuple(out) if info.several else out[0]
+    return out if info.backward else _results(info.joined, info.several, out)
+
+
+def _results(joined: bool, several: bool, outs):
+    """A forward op's outputs as it returns them: joined (torch.cat along the last
+    dimension), a tuple, or the one tensor."""
+    return torch.cat(outs, -1) if joined else tuple(outs) if several else outs[0]
 
 
 def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...], call_op, find_op) -> list[OpInfo]:

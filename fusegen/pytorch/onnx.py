@@ -236,11 +236,11 @@ def _result_dtype(name: str, tensors: dict, scalars) -> torch.dtype:
                                f"expected one of {', '.join(d.name for d in _TORCH_DTYPES)}")
         rank = len(v.shape) if v.shape is not None else 1
         metas.append(torch.empty((1,) * rank, dtype=_TORCH_DTYPES[v.dtype], device="meta"))
-    out = getattr(torch.ops.fusegen, name)(*metas, *(0.0 for _ in scalars))
+    out = getattr(torch.ops.fusegen, name)(*metas, *(0.0 for _ in scalars))  # (joined: 1-d at least)
     return (out[0] if isinstance(out, tuple) else out).dtype  # (several outputs: one dtype)
 
 
-def _translation(name: str, inputs, scalars, outputs) -> Callable:
+def _translation(name: str, inputs, scalars, outputs, joined: bool = False) -> Callable:
     """The onnxscript translation of torch.ops.fusegen.<name>, computing `outputs` (the op's
     trees over symbols named `inputs` and `scalars`; several: a tuple of values). It takes the op's arguments (by position
     or by their schema names): ONNX values for tensors, and for each runtime scalar a Python
@@ -266,6 +266,8 @@ def _translation(name: str, inputs, scalars, outputs) -> Callable:
             # own: a graph's output is neither its input nor another of its outputs.
             seen = any(out is v for v in tensors.values()) or any(out is o for o in outs)
             outs.append(op.Identity(out) if seen else out)
+        if joined:  # torch.cat((out0, out1), -1)
+            return op.Concat(*outs, axis=-1)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     translate.__signature__ = signature
@@ -293,7 +295,7 @@ def onnx_translations(*ops) -> dict:
                                f"fusegen in this process; expected an op made with fusegen.fuse, "
                                f"fuse_many or @fused (the translation needs its expression)")
         spec = fused.spec
-        table[fused.op.default] = _translation(spec.name, spec.inputs, spec.scalars, spec.outputs)
+        table[fused.op.default] = _translation(spec.name, spec.inputs, spec.scalars, spec.outputs, spec.joined)
     return table
 
 

@@ -459,6 +459,8 @@ variable_list first_order_grads(const Op& op, variable_list douts, std::vector<a
                                 const SplitHalves& split, Needs&& needs_edge) {
   const OpDef& def = *op.def;
   variable_list grads(def.num_inputs);
+  if (def.joined && douts.size() == 1)  // the result's gradient: the halves are the outputs'
+    douts = douts[0].defined() ? halves_of(douts[0]) : variable_list(2);
   if (!complete_douts(douts))
     return grads;  // no gradient arrived: the inputs' are zero too (undefined), as in eager's nodes
   const at::Tensor& dout = douts[0];
@@ -757,6 +759,11 @@ std::vector<at::Tensor> outputs_on(const torch::jit::Stack& stack, int count) {
 }
 
 void set_tangents(const Op& op, const ForwardArgs& a, const std::vector<at::Tensor>& outs) {
+  if (op.def->joined) {  // one result: the outputs' tangents joined as the outputs are
+    const at::Tensor joined = at::cat(forward_tangents(op, a, halves_of(outs[0])), -1);
+    outs[0]._set_fw_grad(joined, /*level=*/0, /*is_inplace_op=*/false);
+    return;
+  }
   const std::vector<at::Tensor> tangents = forward_tangents(op, a, outs);
   for (size_t k = 0; k < outs.size(); ++k)
     outs[k]._set_fw_grad(tangents[k], /*level=*/0, /*is_inplace_op=*/false);
@@ -807,7 +814,7 @@ void composite_forward_mode(const Op& op, bool backward, torch::jit::Stack* stac
   if (backward) {
     stack->emplace_back(std::move(out));
   } else {
-    TORCH_INTERNAL_ASSERT(static_cast<int>(out.size()) == def.num_outputs);
+    TORCH_INTERNAL_ASSERT(static_cast<int>(out.size()) == num_results(def));
     for (at::Tensor& t : out) stack->emplace_back(std::move(t));
   }
 }
@@ -830,7 +837,7 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
     }
-    set_tangents(op, a, outputs_on(*stack, def.num_outputs));
+    set_tangents(op, a, outputs_on(*stack, num_results(def)));
     return;
   }
   NodePtr node = NodeMaker<NodePtr>::make<FusedBackward>(&op);
@@ -851,7 +858,7 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
   }
-  const std::vector<at::Tensor> outs = outputs_on(*stack, def.num_outputs);
+  const std::vector<at::Tensor> outs = outputs_on(*stack, num_results(def));
   torch::autograd::set_history(outs, node);
   if (tangents) set_tangents(op, a, outs);
   fn->saved_.reserve(def.num_backward_inputs);

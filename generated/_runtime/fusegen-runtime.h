@@ -104,7 +104,7 @@ struct GradDef {
 constexpr int kResult = -1;
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 7;
+constexpr int kAbi = 8;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;
@@ -121,6 +121,8 @@ struct OpDef {
   int num_inputs = 0;
   const char* const* input_names = nullptr;  // the user's names (schema, messages)
   int num_outputs = 1;                       // the forward's outputs: the backward's douts
+  bool joined = false;                       // two outputs returned as the halves of one tensor
+                                             // along its last dimension (torch.cat(..., -1))
   int num_scalars = 0;
   const char* const* scalar_names = nullptr;
   int num_backward_inputs = 0;               // the tensors the backward reads (after the douts)

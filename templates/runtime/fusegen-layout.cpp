@@ -473,11 +473,27 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   return outputs;
 }
 
-// The forward on one device: its outputs, in order.
+// The forward on one device: its outputs, in order; a joined op's two outputs are written
+// into the halves of one tensor (no concatenation), which is its one result.
 std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a) {
   const OpDef& def = *op.def;
-  return run_kernel(op.name, device, a.named(def), std::vector<bool>(def.num_outputs, true),
-                    def.forward_cpu, def.forward_cuda, a.scalars.data());
+  const Args args = a.named(def);
+  const std::vector<bool> all(def.num_outputs, true);
+  if (!def.joined) {
+    return run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda,
+                      a.scalars.data());
+  }
+  const at::ScalarType dtype = check_args(op.name, args);
+  c10::SymDimVector shape = broadcast_shape(op.name, args);
+  TORCH_CHECK(!shape.empty(), "fusegen::", op.name,
+              ": torch.cat joins the outputs along the last dimension, and every tensor "
+              "argument is 0-d; expected at least one dimension");
+  shape.back() = shape.back() * 2;
+  const at::Tensor whole =
+      at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
+  run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
+             halves_of(whole));
+  return {whole};
 }
 
 // The backward on one device: the gradients selected by output_mask, in order, at the

@@ -80,6 +80,15 @@ struct ForwardArgs {
 // The backward's tensor arguments: one dout per output, then the inputs it reads.
 inline int backward_tensors(const OpDef& def) { return def.num_outputs + def.num_backward_inputs; }
 
+// The forward's results: its outputs, or one tensor that holds two (OpDef::joined).
+inline int num_results(const OpDef& def) { return def.joined ? 1 : def.num_outputs; }
+
+// The two halves of a joined op's result (or of its gradient) along the last dimension.
+inline std::vector<at::Tensor> halves_of(const at::Tensor& whole) {
+  const c10::SymInt half = whole.sym_size(-1) / 2;
+  return {whole.narrow_symint(-1, 0, half), whole.narrow_symint(-1, half, half)};
+}
+
 // The backward's name for the incoming gradient of output k (its schema's).
 inline const char* dout_name(const OpDef& def, int k) {
   static constexpr const char* kNames[kMaxOutputs] = {"dout0", "dout1", "dout2", "dout3",

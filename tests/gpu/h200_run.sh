@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|compile|tiles|accumulating|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|compile|tiles|accumulating|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
 # 3, build 1.5); `all` is more than the 10 minutes a call may run and brings back more
 # than the 8 files a call returns, so split it over calls.
@@ -44,6 +44,10 @@ if [[ $what == optim || $what == all ]]; then
     python3 -m fusegen.bench optim --setups $setup --json "$OUT/bench_optim_$setup.json" 2>&1 | tee "$OUT/bench_optim_$setup.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
+fi
+if [[ $what == rope || $what == all ]]; then
+  python3 -m fusegen.bench rope --json "$OUT/bench_rope.json" 2>&1 | tee "$OUT/bench_rope.log"
+  status=$((status | ${PIPESTATUS[0]}))
 fi
 if [[ $what == compile || $what == all ]]; then
   python3 -m fusegen.bench.compile --json "$OUT/bench_compile.json" 2>&1 | tee "$OUT/bench_compile.log"

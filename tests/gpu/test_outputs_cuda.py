@@ -78,7 +78,7 @@ def test_matches_eager_and_both_routes_agree(ops, dtype):
             want = _run(rope_eager, [x.double() for x in xs], [d.double() for d in douts])
             rtol, atol = TOL[dtype]
             for k, (a, w) in enumerate(zip(got["nvrtc"], want)):
-                scale = max(1.0, float(w.abs().max()))
+                scale = max(1.0, float(w.detach().abs().max()))
                 torch.testing.assert_close(a.double(), w, rtol=rtol, atol=atol * scale,
                                            msg=lambda m: f"{name}, result {k}: {m}")
     finally:
@@ -105,3 +105,28 @@ def test_compile_keeps_the_op(ops):
         torch.testing.assert_close(o, w)
     sum(o.sum() for o in out).backward()
     assert all(x.grad is not None for x in xs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_joined_by_cat_on_llama_halves(dtype):
+    op = fusegen.fuse("torch.cat((x1*c - x2*s, x2*c + x1*s), -1)", name="test_rope_cat_cuda",
+                      inputs="x1,x2,c,s")
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn(2, 8, 256, 128, device="cuda", generator=g).to(dtype)
+    c, s = (torch.randn(256, 64, device="cuda", generator=g).to(dtype) for _ in range(2))
+    dout = torch.randn(q.shape, device="cuda", generator=g).to(dtype)
+
+    def eager(q, c, s):
+        x1, x2 = q.chunk(2, -1)
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+
+    a = [t.clone().requires_grad_() for t in (q, c, s)]
+    b = [t.double().requires_grad_() for t in (q, c, s)]
+    got = op(*a[0].chunk(2, -1), a[1], a[2])
+    want = eager(*b)
+    assert got.shape == q.shape and got.is_contiguous()
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol * 4)
+    for x, w in zip(torch.autograd.grad(got, a, dout), torch.autograd.grad(want, b, dout.double())):
+        scale = max(1.0, float(w.detach().abs().max()))
+        torch.testing.assert_close(x.double(), w, rtol=rtol, atol=atol * scale)
