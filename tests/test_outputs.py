@@ -222,24 +222,34 @@ def test_export_records_the_op_with_two_outputs(rope):
     torch.testing.assert_close(second, want[1], **TOL[torch.float32])
 
 
-def test_onnx_export_computes_both_outputs(rope):
+class _Call(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, *xs):
+        return self.op(*xs)
+
+
+def onnx_results(op, xs) -> list[torch.Tensor]:
+    """`op` exported to ONNX with fusegen's translation (standard operators only, checked),
+    run by onnxruntime on `xs`."""
     onnx = pytest.importorskip("onnx")
     onnxruntime = pytest.importorskip("onnxruntime")
-
-    class Rotate(torch.nn.Module):
-        def forward(self, x1, c, x2, s):
-            return rope(x1, c, x2, s)
-
-    xs = operands(torch.float32)
-    program = torch.onnx.export(Rotate().eval(), tuple(xs), dynamo=True, verbose=False,
-                                custom_translation_table=fusegen.onnx_translations(rope))
+    program = torch.onnx.export(_Call(op).eval(), tuple(xs), dynamo=True, verbose=False,
+                                custom_translation_table=fusegen.onnx_translations(op))
     proto = program.model_proto
     onnx.checker.check_model(proto, full_check=True)
     assert not proto.functions
     session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), xs)})
-    for g, w in zip(got, rope_eager(*xs)):
-        torch.testing.assert_close(torch.from_numpy(g), w, **TOL[torch.float32])
+    return [torch.from_numpy(o) for o in session.run(None, {i.name: x.numpy() for i, x in
+                                                            zip(session.get_inputs(), xs)})]
+
+
+def test_onnx_export_computes_both_outputs(rope):
+    xs = operands(torch.float32)
+    for g, w in zip(onnx_results(rope, xs), rope_eager(*xs)):
+        torch.testing.assert_close(g, w, **TOL[torch.float32])
 
 
 def test_a_cached_load_returns_the_tuple_too(rope, tmp_path):
@@ -352,22 +362,10 @@ def test_cat_opcheck_compile_export(rope_cat):
 
 
 def test_cat_onnx(rope_cat):
-    onnx = pytest.importorskip("onnx")
-    onnxruntime = pytest.importorskip("onnxruntime")
-
-    class Rotate(torch.nn.Module):
-        def forward(self, x1, x2, c, s):
-            return rope_cat(x1, x2, c, s)
-
     q, c, s = cat_operands(torch.float32)
     xs = [h.contiguous() for h in q.chunk(2, -1)] + [c, s]
-    program = torch.onnx.export(Rotate().eval(), tuple(xs), dynamo=True, verbose=False,
-                                custom_translation_table=fusegen.onnx_translations(rope_cat))
-    onnx.checker.check_model(program.model_proto, full_check=True)
-    session = onnxruntime.InferenceSession(program.model_proto.SerializeToString(),
-                                           providers=["CPUExecutionProvider"])
-    (got,) = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), xs)})
-    torch.testing.assert_close(torch.from_numpy(got), rope_cat_eager(q, c, s), **TOL[torch.float32])
+    (got,) = onnx_results(rope_cat, xs)
+    torch.testing.assert_close(got, rope_cat_eager(q, c, s), **TOL[torch.float32])
 
 
 def test_cat_of_0d_arguments_is_refused_by_name(rope_cat):
