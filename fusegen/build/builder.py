@@ -115,6 +115,13 @@ CPP_PER_UNIT = 6
 # includes only the torch headers of its own concern.
 RUNTIME_UNITS = ("fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-registration.cpp", "fusegen-rtc.cpp",
                  "fusegen-step.cpp")
+# With fewer cores than units, the runtime's torch headers dominate: about 3 s of every
+# unit's 5-7 s is ATen's Tensor and the dispatcher's stack. There every unit but the
+# longest (autograd, 13 s alone) shares one (RUNTIME_SHARED_UNIT), which parses them once:
+# on the 2-core CPU machine the runtime took 15.2 s instead of 19.4 s. With a core per
+# unit, each is its own and the longest sets the time.
+RUNTIME_SPLIT_CORES = 4
+RUNTIME_SHARED_UNIT = "fusegen-runtime-shared.cpp"
 LINK_FLAGS = "fusegen-link.rsp"  # an op library's link flags for the runtime (see _compile)
 
 
@@ -418,14 +425,25 @@ def runtime_library(verbose: bool = False) -> Library:
 
     def compile_into(tmp: Path):
         write(runtime_sources(), tmp)
+        units = _runtime_units(os.cpu_count() or 1)
+        write({u: text for u, text in units.items() if text is not None}, tmp)
         flags = build_flags(cuda)
         # The soname is what op libraries record (DT_NEEDED): the dynamic loader then finds
         # the copy already loaded, and the runtime is loaded once per process.
-        _cpp_extension(name, list(RUNTIME_UNITS), flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
+        _cpp_extension(name, list(units), flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
                        tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in runtime_sources()])
 
     return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)",
                    _Meta("runtime", (), cuda))
+
+
+def _runtime_units(cores: int) -> dict[str, str | None]:
+    """The runtime's translation units for a machine of `cores`: unit -> its text, or None
+    for a source compiled as it is (RUNTIME_SPLIT_CORES)."""
+    if cores >= RUNTIME_SPLIT_CORES:
+        return dict.fromkeys(RUNTIME_UNITS)
+    longest, *rest = RUNTIME_UNITS
+    return {longest: None, RUNTIME_SHARED_UNIT: "".join(f'#include "{u}"\n' for u in rest)}
 
 
 def _runtime_function(name: str, restype, argtypes):
