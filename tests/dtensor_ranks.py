@@ -33,6 +33,8 @@ EXPRS = {
     "dt_bias_silu": ("(x+b)*sigmoid(x+b)", []),
     "dt_fma": ("a*b+c", []),
     "dt_swish": ("x*sigmoid(beta*x)", ["beta"]),
+    "dt_rope": ("(x1*c - x2*s, x2*c + x1*s)", []),
+    "dt_rope_cat": ("torch.cat((x1*c - x2*s, x2*c + x1*s), -1)", []),
 }
 # The same expressions as eager PyTorch, the oracle on DTensors and on plain tensors.
 EAGER = {
@@ -41,6 +43,8 @@ EAGER = {
     "dt_bias_silu": lambda x, b: (x + b) * torch.sigmoid(x + b),
     "dt_fma": lambda a, b, c: a * b + c,
     "dt_swish": lambda x, beta: x * torch.sigmoid(beta * x),
+    "dt_rope": lambda x1, c, x2, s: (x1 * c - x2 * s, x2 * c + x1 * s),
+    "dt_rope_cat": lambda x1, c, x2, s: torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1),
 }
 TOL = dict(rtol=1e-10, atol=1e-12)  # float64 throughout
 
@@ -378,6 +382,39 @@ def check_step_op(state):
         torch.testing.assert_close(ours[1].full_tensor(), full[1], rtol=0, atol=0)
 
 
+def check_several_outputs(state):
+    """An op of two outputs and one that joins them (torch.cat, dim -1) on DTensors sharded
+    by batch: both run locally, with eager's placements, values and gradients; the joined
+    one on a tensor sharded along its last dimension is redistributed first, never wrong."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh, dev = _mesh(state), state["device"]
+
+    def dt(shape, seed, placement):
+        return distribute_tensor(_full(shape, seed, dev), mesh, [placement])
+
+    for name in ("dt_rope", "dt_rope_cat"):
+        args = [dt((8, 6), 60, Shard(0)), dt((6,), 61, Replicate()), dt((8, 6), 62, Shard(0)),
+                dt((6,), 63, Replicate())]
+        leaves = [a.detach().requires_grad_() for a in args]
+        out = state["ops"][name](*leaves)
+        outs = out if isinstance(out, tuple) else (out,)
+        assert all(o.placements == (Shard(0),) for o in outs), [o.placements for o in outs]
+        eager_leaves = [a.detach().requires_grad_() for a in args]
+        want = EAGER[name](*eager_leaves)
+        wants = want if isinstance(want, tuple) else (want,)
+        for o, w in zip(outs, wants):
+            torch.testing.assert_close(o.full_tensor(), w.full_tensor(), **TOL)
+        grads = torch.autograd.grad([o.sum() for o in outs], leaves)
+        want_grads = torch.autograd.grad([w.sum() for w in wants], eager_leaves)
+        for g, w in zip(grads, want_grads):
+            torch.testing.assert_close(g.full_tensor(), w.full_tensor(), **TOL)
+    cat_args = [dt((8, 6), 64, Shard(1)), dt((8, 6), 65, Shard(1)), dt((8, 6), 66, Shard(1)), dt((8, 6), 67, Shard(1))]
+    out = state["ops"]["dt_rope_cat"](*cat_args)
+    assert out.placements != (Shard(1),), out.placements  # its last dimension holds both outputs
+    torch.testing.assert_close(out.full_tensor(), EAGER["dt_rope_cat"](*[a.full_tensor() for a in cat_args]), **TOL)
+
+
 CHECKS = {
     "build_once": check_build_once,
     "placements": check_placements,
@@ -387,4 +424,5 @@ CHECKS = {
     "tensor_parallel_mlp": check_tensor_parallel_mlp,
     "ddp": check_ddp,
     "step_op": check_step_op,
+    "several_outputs": check_several_outputs,
 }
