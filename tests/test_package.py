@@ -47,7 +47,8 @@ def wheel_venv(tmp_path_factory):
     try:
         out = tmp / "dist"
         r = subprocess.run([sys.executable, "-m", "fusegen", "package", str(ROOT / "generated" / "fma"),
-                            str(ROOT / "generated" / "silu"), "--name", "myops", "--out", str(out)],
+                            str(ROOT / "generated" / "silu"), str(ROOT / "generated" / "rope_pair"),
+                            "--name", "myops", "--out", str(out)],
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stdout + r.stderr
         (wheel,) = out.glob("myops-*.whl")
@@ -71,7 +72,7 @@ CHECKS = textwrap.dedent("""
     # nothing from fusegen: not imported, not even importable here
     assert not any(m == "fusegen" or m.startswith("fusegen.") for m in sys.modules)
     assert importlib.util.find_spec("fusegen") is None, importlib.util.find_spec("fusegen")
-    assert myops.OPS == ("fma", "silu"), myops.OPS
+    assert myops.OPS == ("fma", "silu", "rope_pair"), myops.OPS
     # the ops, their backward and auxiliary ops
     for name in ("fma", "fma_backward", "fma_grad2", "fma_jvp", "silu", "silu_backward", "silu_grad2", "silu_jvp"):
         assert hasattr(torch.ops.fusegen, name), name
@@ -121,6 +122,17 @@ CHECKS = textwrap.dedent("""
             assert "_jvp has no fused forward-mode derivative" in str(err), err
         else:
             raise AssertionError("jacfwd(jacfwd) without fusegen's composite")
+    # an op of two outputs: a tuple, both gradients, second order and forward mode, fused
+    rope = torch.ops.fusegen.rope_pair
+    rope_eager = lambda x1, c, x2, s: (x1 * c - x2 * s, x2 * c + x1 * s)
+    args = sample(4, torch.float64)
+    result = torch.library.opcheck(rope, args)
+    assert all(v == "SUCCESS" for v in result.values()), result
+    assert torch.autograd.gradcheck(rope, args) and torch.autograd.gradgradcheck(rope, args)
+    for got, want in zip(rope(*args), rope_eager(*args)):
+        torch.testing.assert_close(got, want)
+    primals, tangents = sample(4, torch.float64, False), sample(4, torch.float64, False)
+    torch.testing.assert_close(torch.func.jvp(rope, primals, tangents), torch.func.jvp(rope_eager, primals, tangents))
     print("wheel ok")
 """)
 
