@@ -436,6 +436,7 @@ bool accumulates_in_kernel(const Op& op, const variable_list& douts,
 // none arrived; otherwise an undefined one (an output not used in the loss) counts as zero,
 // a 0-d zero expanded to the others' shape (stride 0: the kernel reads no memory for it).
 bool complete_douts(variable_list& douts) {
+  if (douts.size() == 1) return douts[0].defined();
   const auto given = std::find_if(douts.begin(), douts.end(),
                                   [](const at::Tensor& t) { return t.defined(); });
   if (given == douts.end()) return false;
@@ -858,13 +859,20 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
   }
-  const std::vector<at::Tensor> outs = outputs_on(*stack, num_results(def));
-  torch::autograd::set_history(outs, node);
-  if (tangents) set_tangents(op, a, outs);
+  if (num_results(def) == 1) {  // one result: no vector on the common path
+    const at::Tensor& out = stack->back().toTensor();
+    torch::autograd::set_history(out, node);
+    if (tangents) set_tangents(op, a, {out});
+  } else {
+    const std::vector<at::Tensor> outs = outputs_on(*stack, num_results(def));
+    torch::autograd::set_history(outs, node);
+    if (tangents) set_tangents(op, a, outs);
+  }
   fn->saved_.reserve(def.num_backward_inputs);
   for (int i = 0; i < def.num_backward_inputs; ++i) {
     const int k = def.backward_inputs[i];  // kResult: an op of one output
-    fn->saved_.emplace_back(k == kResult ? outs[0] : a.tensors[k], /*is_output=*/k == kResult);
+    fn->saved_.emplace_back(k == kResult ? stack->back().toTensor() : a.tensors[k],
+                            /*is_output=*/k == kResult);
   }
 }
 
