@@ -241,9 +241,9 @@ def onnx_results(op, xs) -> list[torch.Tensor]:
     proto = program.model_proto
     onnx.checker.check_model(proto, full_check=True)
     assert not proto.functions
-    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return [torch.from_numpy(o) for o in session.run(None, {i.name: x.numpy() for i, x in
-                                                            zip(session.get_inputs(), xs)})]
+    model = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: x.numpy() for i, x in zip(model.get_inputs(), xs)}
+    return [torch.from_numpy(o) for o in model.run(None, feeds)]
 
 
 def test_onnx_export_computes_both_outputs(rope):
