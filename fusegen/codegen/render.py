@@ -136,7 +136,7 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
         "kernel_grads": kernel_grads,
         "dout_steps": steps,
         "grad_defs": grad_defs,
-        "douts": [names.DOUT] if len(spec.outputs) == 1 else [names.dout(k) for k in range(len(spec.outputs))],
+        "douts": [d.name for d in spec.douts],
         "outputs": [names.output(k, len(spec.outputs)) for k in range(len(spec.outputs))],
         "joined": spec.joined,
         "jvp_args": jvp[0] if jvp else None,  # None: no fused forward mode (an auxiliary op)

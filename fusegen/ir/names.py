@@ -84,10 +84,10 @@ RESERVED_SUFFIXES = (BACKWARD_SUFFIX, GRAD2_SUFFIX, JVP_SUFFIX)
 # (generated/_runtime/): no op may be called so, or its folder would be the runtime's.
 RUNTIME_FOLDER = files.RUNTIME_FOLDER
 
-# Input names of the auxiliary ops beside the user's names: the incoming gradient of
-# <name>_grad2, the gradient arriving at grad_<x> (gg_<x>) and the tangent of <x> (t_<x>).
-# A user's name spelled the same gets a trailing `_` added until unique (fresh()).
-GRAD2_DOUT = "dout"
+# Input names of the auxiliary ops beside the user's names: <name>_grad2's incoming
+# gradients keep their own (DOUT, dout()), then the gradient arriving at grad_<x> (gg_<x>)
+# and the tangent of <x> (t_<x>). A user's name spelled the same gets a trailing `_` added
+# until unique (fresh()).
 GRAD2_GG = "gg_{}"
 JVP_TANGENT = "t_{}"
 

@@ -128,7 +128,7 @@ class OpSpec:
             "expression": self.text,
             "inputs": list(self.inputs),
             "scalars": list(self.scalars),
-            "forward": text(self.outputs[0]) if len(self.outputs) == 1 else [text(o) for o in self.outputs],
+            "forward": _forward_doc(self),
             **({"joined": "torch.cat(forward, -1)"} if self.joined else {}),
             "gradients": {g.input: text(g.expr) for g in self.gradients},
             "passthrough": [g.input for g in self.gradients if g.passthrough],
@@ -138,9 +138,8 @@ class OpSpec:
                                for g in self.kernel_gradients},
             "backward_reads": list(self.backward_inputs) + list(self.backward_scalars),
             "saved": self._saved_doc(),
-            "auxiliary_ops": {a.name: {"inputs": list(a.inputs) + list(a.scalars),
-                                       "forward": text(a.outputs[0]) if len(a.outputs) == 1 else
-                                       [text(o) for o in a.outputs]} for a in auxiliary},
+            "auxiliary_ops": {a.name: {"inputs": list(a.inputs) + list(a.scalars), "forward": _forward_doc(a)}
+                              for a in auxiliary},
             "fusegen_version": FUSEGEN_VERSION,
             "content_hash": content_hash,
         }
@@ -181,6 +180,12 @@ class OpSpec:
         why = textwrap.wrap(f"({p.why})", 86)
         return [f"backward reads: {reads}; forward+backward move {fp32} bytes per element in float32"] + \
             [f"  {line}" for line in why]
+
+
+def _forward_doc(spec: OpSpec):
+    """spec.json's `forward`: the one output's text, or a list of the outputs' texts."""
+    texts = [text(o) for o in spec.outputs]
+    return texts[0] if len(texts) == 1 else texts
 
 
 def differentiate(parsed: Parsed, name: str | None = None, command: str | None = None,
@@ -390,9 +395,9 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
     if not kernel:
         return None
     taken = set(spec.inputs) | set(spec.scalars) | set(spec.backward_inputs)
-    douts = []  # its inputs in place of the incoming gradients, one per output of the op
-    for k in range(len(spec.outputs)):
-        douts.append(names.fresh(names.GRAD2_DOUT if len(spec.outputs) == 1 else names.dout(k), taken))
+    douts = []  # its inputs in place of the incoming gradients, named as they are
+    for d in spec.douts:
+        douts.append(names.fresh(d.name, taken))
         taken.add(douts[-1])
     gg = []
     for g in kernel:

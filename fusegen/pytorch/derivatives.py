@@ -68,6 +68,11 @@ def _backward_info(spec: OpSpec) -> OpInfo:
                   tuple(dag.substitute(spec.backward_exprs, dict(zip(spec.douts, douts)))), True, len(douts))
 
 
+def _halves(grad):
+    """A joined op's result gradient as its two outputs' (views; None stays None)."""
+    return grad.chunk(2, -1) if grad is not None else (None, None)
+
+
 def _complete(douts):
     """The incoming gradients as the backward kernel reads them (the runtime's
     complete_douts): None when none arrived, else a missing one as a zero of the others'
@@ -132,9 +137,7 @@ def _vjp_of_forward(spec: OpSpec, call_op):
     def vjp(ctx, *douts):
         tensors = ctx.saved_tensors  # the inputs, then the output when the backward reads it
         grads = [None] * (len(spec.inputs) + len(spec.scalars))
-        if spec.joined:  # the result's gradient: its halves are the outputs'
-            douts = douts[0].chunk(2, -1) if douts[0] is not None else (None, None)
-        douts = _complete(douts)
+        douts = _complete(_halves(douts[0]) if spec.joined else douts)
         if douts is None:
             return grads
         reads = [tensors[-1] if x == spec.saved_output else tensors[index[x]] for x in spec.backward_inputs]
@@ -253,8 +256,8 @@ def _composite_vjp(info: OpInfo):
         tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad
         out = [None] * (len(info.tensors) + len(info.scalars) + info.backward)
-        if info.joined:  # the result's gradient: its halves are the outputs'
-            grads = grads[0].chunk(2, -1) if grads[0] is not None else (None, None)
+        if info.joined:
+            grads = _halves(grads[0])
         arriving = dict(zip([k for k, m in enumerate(ctx.mask) if m], grads)) if info.backward \
             else dict(enumerate(grads))
         wanted = [i for i in range(len(tensors)) if needs[i]]
