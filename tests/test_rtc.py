@@ -256,8 +256,8 @@ def test_nvrtc_compiles_a_step_kernel(tmp_path, lib):
     shutil.copytree(GENERATED / "_runtime", folder / "_runtime")
     shutil.copytree(GENERATED / name, folder / name)
     options = OPTIONS + [f"-I{folder / '_runtime'}", f"-I{folder / name}"]
-    for t in ("float", "double"):
-        kernel = f"fusegen::step_kernel<{t}, fusegen::op_{name}::Step<{t}>>"
+    for t, narrow in (("float", "false"), ("float", "true"), ("double", "false")):
+        kernel = f"fusegen::step_kernel<{t}, fusegen::op_{name}::Step<{t}>, {narrow}>"
         assert _nvrtc_compile(lib, folder / name / f"{name}.cu", kernel, options) is None
 
 

@@ -15,6 +15,14 @@ namespace fusegen {
 // AdamW took 104, one block per SM).
 constexpr int kStepThreads = 512;
 constexpr int kStepVec = 4;  // elements per access: 16 bytes of float, 8 of fp16/bf16
+// A launch whose operands are all 16-bit (bf16 params, gradients and state) moves 8 of them
+// per access, 16 bytes per operand as the float path does, kept as raw bits until each
+// element is computed, so that the registers stay those of the 4-element path.
+constexpr int kStepNarrowVec = 8;
+// FUSEGEN_STEP_NARROW=0: every float launch takes the 4-element path (a benchmark's control).
+#ifndef FUSEGEN_STEP_NARROW
+#define FUSEGEN_STEP_NARROW 1
+#endif
 
 // The parameters of one launch (at most 4 KiB, checked below).
 template <int kN>
@@ -121,9 +129,36 @@ __device__ __forceinline__ void step_write_vec(char* p, int8_t dtype, int64_t i,
                  bits[2] | (static_cast<unsigned>(bits[3]) << 16));
 }
 
+// 16-bit element e (0..7) of 16 bytes of raw bits, in T; and the bits of v put there.
+__device__ __forceinline__ uint32_t step_word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+template <typename T>
+__device__ __forceinline__ T step_narrow_read(const uint4& v, int8_t dtype, int e) {
+  const uint16_t bits = static_cast<uint16_t>(step_word(v, e / 2) >> (16 * (e % 2)));
+  return dtype == int8_t(Dtype::kFloat16) ? static_cast<T>(to_acc(Half{bits}))
+                                          : static_cast<T>(to_acc(BFloat16{bits}));
+}
+
+template <typename T>
+__device__ __forceinline__ void step_narrow_write(uint4& v, int8_t dtype, int e, T x) {
+  const uint32_t bits = dtype == int8_t(Dtype::kFloat16)
+                            ? from_acc<Half>(static_cast<float>(x)).x
+                            : from_acc<BFloat16>(static_cast<float>(x)).x;
+  const uint32_t word = bits << (16 * (e % 2));
+  switch (e / 2) {
+    case 0: v.x |= word; return;
+    case 1: v.y |= word; return;
+    case 2: v.z |= word; return;
+    default: v.w |= word; return;
+  }
+}
+
 // One block per chunk: the block's tensor and chunk from the parameters, the scalars from
-// the parameters or the device, then F over the chunk, kStepVec elements per thread and step.
-template <typename T, typename F>
+// the parameters or the device, then F over the chunk, kStepVec elements per thread and step
+// (kNarrow, every operand 16-bit: kStepNarrowVec).
+template <typename T, typename F, bool kNarrow>
 __global__ void __launch_bounds__(kStepThreads, 2)
     step_kernel(const StepArgs<F::kInputs + F::kOutputs> a, bool aligned) {
   constexpr int kIn = F::kInputs;
@@ -161,40 +196,77 @@ __global__ void __launch_bounds__(kStepThreads, 2)
     dtype[k] = a.dtypes[k];
     p[k] = a.data[t][k] + start * step_size(dtype[k]);
   }
-  for (int64_t i = int64_t(threadIdx.x) * kStepVec; i < n; i += int64_t(kStepThreads) * kStepVec) {
-    T x[kInRows][kStepVec];
-    T y[kOut][kStepVec];
-    const bool whole = aligned && i + kStepVec <= n;
-    if (whole) {
+  if constexpr (kNarrow) {
+    constexpr int kVec = kStepNarrowVec;
+    for (int64_t i = int64_t(threadIdx.x) * kVec; i < n; i += int64_t(kStepThreads) * kVec) {
+      if (aligned && i + kVec <= n) {
+        uint4 in[kInRows];
+        uint4 out[kOut];
 #pragma unroll
-      for (int k = 0; k < kIn; ++k) step_read_vec(p[kOut + k], dtype[kOut + k], i, x[k]);
-    } else {
+        for (int k = 0; k < kIn; ++k) in[k] = *reinterpret_cast<const uint4*>(p[kOut + k] + i * 2);
 #pragma unroll
-      for (int k = 0; k < kIn; ++k) {
+        for (int j = 0; j < kOut; ++j) out[j] = make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int e = 0; e < kStepVec; ++e)
-          x[k][e] = i + e < n ? step_read<T>(p[kOut + k], dtype[kOut + k], i + e) : T(0);
+        for (int e = 0; e < kVec; ++e) {
+          T xe[kInRows];
+          T ye[kOut];
+#pragma unroll
+          for (int k = 0; k < kIn; ++k) xe[k] = step_narrow_read<T>(in[k], dtype[kOut + k], e);
+          f(xe, ye);
+#pragma unroll
+          for (int j = 0; j < kOut; ++j) step_narrow_write(out[j], dtype[j], e, ye[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < kOut; ++j) *reinterpret_cast<uint4*>(p[j] + i * 2) = out[j];
+        continue;
+      }
+      for (int64_t e = i; e < i + kVec && e < n; ++e) {  // the chunk's tail
+        T xe[kInRows];
+        T ye[kOut];
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) xe[k] = step_read<T>(p[kOut + k], dtype[kOut + k], e);
+        f(xe, ye);
+#pragma unroll
+        for (int j = 0; j < kOut; ++j) step_write(p[j], dtype[j], e, ye[j]);
       }
     }
+  } else {
+    for (int64_t i = int64_t(threadIdx.x) * kStepVec; i < n;
+         i += int64_t(kStepThreads) * kStepVec) {
+      T x[kInRows][kStepVec];
+      T y[kOut][kStepVec];
+      const bool whole = aligned && i + kStepVec <= n;
+      if (whole) {
 #pragma unroll
-    for (int e = 0; e < kStepVec; ++e) {
-      T xe[kInRows];
-      T ye[kOut];
+        for (int k = 0; k < kIn; ++k) step_read_vec(p[kOut + k], dtype[kOut + k], i, x[k]);
+      } else {
 #pragma unroll
-      for (int k = 0; k < kIn; ++k) xe[k] = x[k][e];
-      f(xe, ye);
+        for (int k = 0; k < kIn; ++k) {
 #pragma unroll
-      for (int j = 0; j < kOut; ++j) y[j][e] = ye[j];
-    }
-    if (whole) {
+          for (int e = 0; e < kStepVec; ++e)
+            x[k][e] = i + e < n ? step_read<T>(p[kOut + k], dtype[kOut + k], i + e) : T(0);
+        }
+      }
 #pragma unroll
-      for (int j = 0; j < kOut; ++j) step_write_vec(p[j], dtype[j], i, y[j]);
-    } else {
+      for (int e = 0; e < kStepVec; ++e) {
+        T xe[kInRows];
+        T ye[kOut];
 #pragma unroll
-      for (int j = 0; j < kOut; ++j) {
+        for (int k = 0; k < kIn; ++k) xe[k] = x[k][e];
+        f(xe, ye);
 #pragma unroll
-        for (int e = 0; e < kStepVec; ++e)
-          if (i + e < n) step_write(p[j], dtype[j], i + e, y[j][e]);
+        for (int j = 0; j < kOut; ++j) y[j][e] = ye[j];
+      }
+      if (whole) {
+#pragma unroll
+        for (int j = 0; j < kOut; ++j) step_write_vec(p[j], dtype[j], i, y[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kOut; ++j) {
+#pragma unroll
+          for (int e = 0; e < kStepVec; ++e)
+            if (i + e < n) step_write(p[j], dtype[j], i + e, y[j][e]);
+        }
       }
     }
   }
@@ -202,10 +274,10 @@ __global__ void __launch_bounds__(kStepThreads, 2)
 #endif  // FUSEGEN_DEVICE_CODE
 
 #ifdef FUSEGEN_RTC_HOST
-template <typename T, typename F>
+template <typename T, typename F, bool kNarrow>
 const KernelRef& step_kernel_ref() {
   static const KernelRef ref =
-      kernel_ref<F>("fusegen::step_kernel", TypeName<T>::get(), TypeName<F>::get());
+      kernel_ref<F>("fusegen::step_kernel", TypeName<T>::get(), TypeName<F>::get(), kNarrow);
   return ref;
 }
 #endif
@@ -230,17 +302,21 @@ void run_step_cuda(const StepLaunch& l, cudaStream_t stream) {
     a.scalar_data[k] = l.scalar_data[k];
     if (l.scalar_is_double[k]) a.scalar_is_double |= 1u << k;
   }
-  bool wide = false;
+  bool wide = false, narrow = true;
   for (int k = 0; k < kN; ++k) {
     a.dtypes[k] = static_cast<int8_t>(l.dtypes[k]);
     wide = wide || l.dtypes[k] == Dtype::kFloat64;
+    narrow = narrow && (l.dtypes[k] == Dtype::kFloat16 || l.dtypes[k] == Dtype::kBFloat16);
   }
   if (wide) {
-    launch(FUSEGEN_KERNEL(step_kernel, double, F<double>), {blocks}, kStepThreads, 0, stream, a,
-           l.aligned);
+    launch(FUSEGEN_KERNEL(step_kernel, double, F<double>, false), {blocks}, kStepThreads, 0,
+           stream, a, l.aligned);
+  } else if (FUSEGEN_STEP_NARROW && narrow && l.aligned) {
+    launch(FUSEGEN_KERNEL(step_kernel, float, F<float>, true), {blocks}, kStepThreads, 0, stream,
+           a, l.aligned);
   } else {
-    launch(FUSEGEN_KERNEL(step_kernel, float, F<float>), {blocks}, kStepThreads, 0, stream, a,
-           l.aligned);
+    launch(FUSEGEN_KERNEL(step_kernel, float, F<float>, false), {blocks}, kStepThreads, 0, stream,
+           a, l.aligned);
   }
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|compile|tiles|accumulating|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|compile|narrow|tiles|accumulating|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
 # 3, build 1.5); `all` is more than the 10 minutes a call may run and brings back more
 # than the 8 files a call returns, so split it over calls.
@@ -77,6 +77,15 @@ if [[ $what == tiles ]]; then compare_macro tiles FUSEGEN_TILE_COLS 64 32; fi
 # The accumulating kernel's register cap (FUSEGEN_ACCUMULATING_BLOCKS): the default 4 blocks
 # per SM against nvcc's choice (1).
 if [[ $what == accumulating ]]; then compare_macro acc FUSEGEN_ACCUMULATING_BLOCKS 4 1; fi
+# The step kernel's 16-byte path for launches whose operands are all 16-bit
+# (FUSEGEN_STEP_NARROW): on (1, the default) against off (0), bf16 setup, no compile rows.
+if [[ $what == narrow ]]; then
+  for value in 1 0; do
+    with_flags "narrow-$value" "-DFUSEGEN_STEP_NARROW=$value" python3 -m fusegen.bench optim --setups bf16 \
+      --impls fusegen,fusegen-narrow,torch-fused --json "$OUT/optim_narrow_$value.json" 2>&1 | tee "$OUT/optim_narrow_$value.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
+fi
 # The vector and accumulating kernels' launch shapes (FUSEGEN_VECTOR_UNROLL, _VECTOR_BLOCKS,
 # _ACCUMULATING_UNROLL, _ACCUMULATING_BLOCKS): fusegen's own times and kernels on the
 # layout cases, one build per shape (tests/gpu/vector_probe.py).
