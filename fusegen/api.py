@@ -203,8 +203,11 @@ def _entry(g: Generated, library: _build.Library | None, family=()) -> _index.En
 def _with_c_names(spec: OpSpec) -> OpSpec:
     """The spec as the C printer must see it: user names renamed to their C names."""
     user = spec.inputs + spec.scalars + ((spec.saved_output,) if spec.saved_output else ())
+    rename = names.c_renaming(user)
     return dataclasses.replace(spec, forward_program=names.for_c(spec.forward_program, user),
-                               backward_program=names.for_c(spec.backward_program, user))
+                               backward_program=names.for_c(spec.backward_program, user),
+                               forward_rows=spec.forward_rows and spec.forward_rows.substituted(rename),
+                               backward_rows=spec.backward_rows and spec.backward_rows.substituted(rename))
 
 
 class FusedOp:

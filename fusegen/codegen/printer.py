@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
 
+import sympy
+
+from fusegen.ir import dag
 from fusegen.ir import primitives as fn
+from fusegen.ir import rows
 from fusegen.ir.notation import _Memo
 from fusegen.ir.spec import OpSpec, Program
 
@@ -219,11 +223,41 @@ class Statements:
 
 
 @dataclass(frozen=True)
+class PrintedPass:
+    """One pass of a row program over a row, printed for one compute type (ir/rows.py):
+    what each element adds to the accumulators [begin, end), their initial values, how two
+    partial values combine, and the row values they finish as. `params`: the C names the
+    element function reads, in order (`row`: the row values of earlier passes)."""
+
+    begin: int
+    end: int
+    params: tuple[str, ...]
+    element: Statements          # results: ("v[k]", code)
+    init: tuple[tuple[str, str], ...]     # ("acc[k]", code)
+    combine: tuple[tuple[str, str], ...]  # ("acc[k]", code in acc[k] and other[k])
+    finish: tuple[tuple[str, str], ...]   # ("row[k]", code in acc[k], n and row[j])
+    finish_reads_n: bool
+    finish_reads_row: bool
+
+
+@dataclass(frozen=True)
+class PrintedRows:
+    """A row program printed for one compute type: its passes, then the outputs of one
+    element (`params` read, as PrintedPass's)."""
+
+    passes: tuple[PrintedPass, ...]
+    params: tuple[str, ...]
+    results: Statements
+
+
+@dataclass(frozen=True)
 class PrintedOp:
-    """C strings for every program of an op, per compute type."""
+    """C strings for every program of an op, per compute type (a row op: rows)."""
 
     forward: dict[str, Statements]
     backward: dict[str, Statements]
+    forward_rows: dict[str, PrintedRows] | None = None
+    backward_rows: dict[str, PrintedRows] | None = None
 
 
 def _ctype_of(expr, ctype):
@@ -239,10 +273,76 @@ def print_program(program: Program, ctype: str) -> Statements:
 
 
 def print_op(spec: OpSpec) -> PrintedOp:
+    if spec.forward_rows is not None:
+        return PrintedOp(
+            forward={}, backward={},
+            forward_rows={t: print_rows(spec.forward_rows, t) for t in COMPUTE_TYPES},
+            backward_rows=({t: print_rows(spec.backward_rows, t) for t in COMPUTE_TYPES}
+                           if spec.backward_rows is not None else None),
+        )
     return PrintedOp(
         forward={t: print_program(spec.forward_program, t) for t in COMPUTE_TYPES},
         backward={t: print_program(spec.backward_program, t) for t in COMPUTE_TYPES},
     )
+
+
+_IDENTITY = {rows.SUM: sympy.Integer(0), rows.MAX: -sympy.oo, rows.MIN: sympy.oo}
+_COMBINE = {rows.SUM: fn.Plus, rows.MAX: fn.Maximum, rows.MIN: fn.Minimum}
+
+
+def _slot(name: str, k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{name}[{k}]")
+
+
+def _params(exprs, order: list[str]) -> tuple[str, ...]:
+    """The C names `exprs` read, in `order`, then `row` when they read a row value."""
+    used = dag.free_symbols(list(exprs))
+    names_used = {x.name for x in used}
+    out = [n for n in order if n in names_used]
+    if any(rows.is_row_symbol(x) for x in used):
+        out.append("row")
+    return tuple(out)
+
+
+def print_rows(program, ctype: str) -> PrintedRows:
+    """A scheduled row program (ir/rows.RowProgram, user names already C names) in C."""
+    slots = {rows.row_symbol(k): _slot("row", k) for k in range(len(program.accumulators))}
+    order = sorted({x.name for e in [a.element for a in program.accumulators] + [e for _, e in program.results]
+                    for x in dag.free_symbols([e]) if not rows.is_row_symbol(x)})
+    p = CPrinter(ctype)
+    passes = []
+    for level in range(program.levels):
+        ks = program.level_accumulators(level)
+        elements = [program.accumulators[k].element for k in ks]
+        element = _cse_program([(f"v[{k}]", e) for k, e in zip(ks, elements)], slots)
+        finishes = []
+        for k in ks:
+            a = program.accumulators[k]
+            (f,) = dag.substitute([a.finish], {rows.ACC: _slot("acc", k), **slots})
+            finishes.append((f"row[{k}]", p.doprint(f)))
+        finish_free = dag.free_symbols([program.accumulators[k].finish for k in ks])
+        passes.append(PrintedPass(
+            begin=ks[0], end=ks[-1] + 1, params=_params(elements, order),
+            element=print_program(element, ctype),
+            init=tuple((f"acc[{k}]", p.doprint(_IDENTITY[program.accumulators[k].kind])) for k in ks),
+            combine=tuple((f"acc[{k}]", p.doprint(_COMBINE[program.accumulators[k].kind](
+                _slot("acc", k), _slot("other", k)))) for k in ks),
+            finish=tuple(finishes),
+            finish_reads_n=rows.ROW_LENGTH in finish_free,
+            finish_reads_row=any(rows.is_row_symbol(x) for x in finish_free),
+        ))
+    results = _cse_program(list(program.results), slots)
+    return PrintedRows(tuple(passes), _params([e for _, e in program.results], order),
+                       print_program(results, ctype))
+
+
+def _cse_program(results, slots) -> Program:
+    """Straight-line code for `results` (name, expr) with one cse, row values as row[k]."""
+    from fusegen.ir.spec import _program
+    exprs = dag.substitute([e for _, e in results], slots)
+    temps, reduced = dag.cse(exprs, sympy.numbered_symbols("__cse"))
+    reads = {s: dag.free_symbols([e]) for s, e in temps}
+    return _program(temps, [(n, e) for (n, _), e in zip(results, reduced)], reads)
 
 
 def print_step(spec) -> tuple[dict[str, Statements], list[tuple[str, str]]]:

@@ -142,8 +142,29 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
         "jvp_args": jvp[0] if jvp else None,  # None: no fused forward mode (an auxiliary op)
         "jvp_scalars": jvp[1] if jvp else [],
         "grad2": grad2,  # <name>_grad2 is built beside it (its double backward)
-        "math": [{"ctype": t, "forward": printed.forward[t], "backward": printed.backward[t]}
+        "math": [{"ctype": t, "forward": printed.forward.get(t), "backward": printed.backward.get(t)}
                  for t in COMPUTE_TYPES],
+        "rows": _rows_context(spec, printed),
+    }
+
+
+def _rows_context(spec: OpSpec, printed: PrintedOp) -> dict | None:
+    """A row op's printed passes per compute type, and what its functors need: the C name
+    of each tensor the kernel reads -> its place x[i], the accumulator counts, the outputs
+    of one value per row."""
+    if printed.forward_rows is None:
+        return None
+    douts = [d.name for d in spec.douts]
+    backward = [names.value(x) for x in spec.backward_inputs]
+    return {
+        "math": [{"ctype": t, "forward": printed.forward_rows[t],
+                  "backward": printed.backward_rows[t] if printed.backward_rows else None}
+                 for t in COMPUTE_TYPES],
+        "forward_x": {names.value(x): f"x[{i}]" for i, x in enumerate(spec.inputs)},
+        "backward_x": {n: f"x[{i}]" for i, n in enumerate(douts + backward)},
+        "forward": {"rows": len(spec.forward_rows.accumulators), "per_row": list(spec.forward_rows.per_row)},
+        "backward": ({"rows": len(spec.backward_rows.accumulators),
+                      "per_row": [False] * len(spec.backward_rows.results)} if spec.backward_rows else None),
     }
 
 

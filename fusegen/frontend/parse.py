@@ -173,16 +173,54 @@ class _Converter:
         return _COMPARE[op](self.convert(node.left), self.convert(node.comparators[0]))
 
     def _Call(self, node):
-        dotted = dotted_name(node.func)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in fn.REDUCTION_NAMES and \
+                dotted_name(func.value) not in fn.PREFIXES:
+            return self._reduce(node, func.attr, func.value, node.args, method=True)  # e.sum(-1, ...)
+        dotted = dotted_name(func)
         if dotted is None:
             self.fail(node, "only named functions can be called", "e.g. exp(x) or torch.exp(x)")
         name = fn.resolve(dotted)
         if name is None:
             self._unknown_function(node, dotted)
         self._check_shadowed(node, dotted)
+        if name in fn.REDUCTION_NAMES:
+            first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "input"), None)
+            if first is None:
+                self.fail(node, f"{name}() is missing argument 'input'",
+                          f"expected torch.{name}(input, -1, keepdim=True)")
+            return self._reduce(node, name, first, node.args[1:], method=False)
         spec = fn.FUNCTIONS[name]
         args = self._bind(node, name, spec)
         return spec.build(*args)
+
+    def _reduce(self, node, name, operand, rest, method: bool):
+        """A reduction over the last dimension, torch's call as written: `dim` must be -1
+        (or (-1,)) and `keepdim` True, so that the value broadcasts back over its row as
+        eager's does; the row kernels reduce nothing else."""
+        form = f"x.{name}(-1, keepdim=True)" if method else f"torch.{name}(x, -1, keepdim=True)"
+        slots = dict(zip(("dim", "keepdim"), rest))
+        if len(rest) > 2:
+            self.fail(node, f"{name}() takes at most 3 arguments, got {len(rest) + (0 if method else 1)}", f"expected {form}")
+        for kw in node.keywords:
+            if kw.arg == "input" and not method:
+                continue
+            if kw.arg not in ("dim", "keepdim"):
+                self.fail(node, f"{name}() got an unexpected keyword argument {kw.arg!r}", f"expected {form}")
+            if kw.arg in slots:
+                self.fail(node, f"{name}() got multiple values for argument '{kw.arg}'")
+            slots[kw.arg] = kw.value
+        dim = slots.get("dim")
+        if dim is None or not _is_last_dim(dim):
+            got = "no dim" if dim is None else f"dim={ast.unparse(dim)}"
+            self.fail(node, f"{name}() reduces over the last dimension only: expected dim=-1, got {got}",
+                      f"expected {form}")
+        keep = slots.get("keepdim")
+        if not (isinstance(keep, ast.Constant) and keep.value is True):
+            got = "no keepdim" if keep is None else f"keepdim={ast.unparse(keep)}"
+            self.fail(node, f"{name}() needs keepdim=True, got {got}: the reduced value broadcasts back over "
+                      "its row", f"expected {form}")
+        return fn.REDUCTION_NAMES[name](self.convert(operand))
 
     def _unknown_function(self, node, dotted: str):
         prefix, _, base = dotted.rpartition(".")
@@ -240,6 +278,14 @@ class _Converter:
             else:
                 out.append(self.convert(arg))
         return out
+
+
+def _is_last_dim(node: ast.AST) -> bool:
+    """-1, or a one-element tuple or list of -1."""
+    if isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) == 1:
+        node = node.elts[0]
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
+        isinstance(node.operand, ast.Constant) and node.operand.value == 1 and type(node.operand.value) is int
 
 
 def _number(value: float) -> sympy.Expr:

@@ -38,10 +38,13 @@ LOCALS = frozenset("""
     kScalarNames kBackwardInputs kBackwardInputNames kBackwardScalars kGrads kDoutSteps kJvpArgs kJvpScalars
     Forward Backward
     kInputs kOutputs x y zero data strides loop T
+    row acc other v kRows kPasses init pass combine finish per_row pass_begin
 """.split())
 
 # Temporaries of the straight-line math: t0, t1, ... (`t` is not a role).
 TEMP_PREFIX = "t"
+# A row op's values per row, row0, row1, ... in the IR (ir/rows.py); `row[k]` in C.
+ROW_PREFIX = "row"
 
 # The incoming gradient (d loss / d out) in the math and the backward schema; an op of
 # several outputs has one per output, dout0, dout1, ... (dout()).
@@ -164,6 +167,13 @@ def role(role_name: str, name: str) -> str:
     """`<role>_<name>` for any role in ROLES."""
     assert role_name in ROLES, role_name
     return f"{role_name}_{name}"
+
+
+def c_renaming(user_names) -> dict:
+    """Each user name's symbol -> its C name's (`x` -> `in_x`)."""
+    import sympy
+
+    return {sympy.Symbol(n, real=True): sympy.Symbol(value(n), real=True) for n in user_names}
 
 
 def for_c(program, user_names):

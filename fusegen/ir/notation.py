@@ -71,6 +71,8 @@ class TextPrinter(StrPrinter):
         return f"clamp({', '.join(parts)})"
 
     def _print_Function(self, expr):
+        if fn.is_reduction(expr):  # torch's call, which the parser reads back
+            return f"torch.{type(expr).user_name}({self._print(expr.args[0])}, -1, keepdim=True)"
         name = type(expr).user_name if isinstance(expr, fn.Node) else expr.func.__name__
         return f"{name}({', '.join(self._print(a) for a in expr.args)})"
 

@@ -143,6 +143,26 @@ LogicalOr = _node("LogicalOr", 2, condition=True)# torch.logical_or
 
 COMPARISONS = (Less, LessEqual, Greater, GreaterEqual, Equal, NotEqual)
 
+# -- row reductions: over the last dimension with keepdim=True, so that the value broadcasts
+# back over its row (ir/rows.py schedules them into the row kernel's passes) -----------------
+RowSum = _node("RowSum", 1)           # x.sum(-1, keepdim=True)
+RowMean = _node("RowMean", 1)         # x.mean(-1, keepdim=True)
+RowMax = _node("RowMax", 1)           # torch.amax(x, -1, keepdim=True): NaN-propagating
+RowMin = _node("RowMin", 1)           # torch.amin(x, -1, keepdim=True)
+RowLogSumExp = _node("RowLogSumExp", 1)  # torch.logsumexp(x, -1, keepdim=True)
+
+REDUCTIONS = (RowSum, RowMean, RowMax, RowMin, RowLogSumExp)
+# torch's spelling of each reduction: the function or method name
+REDUCTION_NAMES = {"sum": RowSum, "mean": RowMean, "amax": RowMax, "amin": RowMin,
+                   "logsumexp": RowLogSumExp}
+
+
+def is_reduction(expr) -> bool:
+    return type(expr) in _REDUCTION_SET
+
+
+_REDUCTION_SET = frozenset(REDUCTIONS)
+
 
 def is_condition(expr) -> bool:
     return isinstance(expr, Node) and expr.boolean
@@ -386,6 +406,26 @@ def _softplus_backward(a, r, g):
     return [(x, Where(Greater(x, sympy.Integer(SOFTPLUS_THRESHOLD)), g, div(mul(g, z), add(z, _ONE))))]
 
 
+def _extreme_backward(a, r, g):
+    """amax/amin: evenly_distribute_backward, as torch's scale_grad_by_count: the row's
+    gradient divided by the number of elements equal to the result, on those elements."""
+    hit = indicator(Equal(a[0], r))
+    return [(a[0], mul(div(RowSum(g), RowSum(hit)), hit))]
+
+
+# A reduction's value broadcasts over its row, so the gradient it receives is one value per
+# element: the row's total (RowSum(g)) is the gradient of the reduced value, which then
+# flows back to every element (a broadcast's gradient is a reduction, a reduction's
+# gradient a broadcast).
+_ROW_BACKWARDS = {
+    RowSum: lambda a, r, g: [(a[0], RowSum(g))],
+    RowMean: lambda a, r, g: [(a[0], RowMean(g))],  # grad.expand(...) / N
+    RowMax: _extreme_backward,
+    RowMin: _extreme_backward,
+    RowLogSumExp: lambda a, r, g: [(a[0], mul(RowSum(g), Exp(sub(a[0], r))))],  # grad * (self - result).exp()
+}
+
+
 # -- the table --------------------------------------------------------------------------------
 
 class _OnnxFormula:
@@ -518,6 +558,9 @@ PRIMITIVES: tuple[Primitive, ...] = (
     _cmp(NotEqual, "!=", "ne", ONNX_FORMULA),
     Primitive(LogicalAnd, "&", None, None, "torch.logical_and", "And"),
     Primitive(LogicalOr, "|", None, None, "torch.logical_or", "Or"),
+    # -- row reductions (the parser reads their dim and keepdim itself: _Converter._reduce) --
+    *(Primitive(node, name, _ROW_BACKWARDS[node], None, f"fusegen.pytorch.rows.{name}", ONNX_FORMULA)
+      for name, node in REDUCTION_NAMES.items()),
 )
 
 BY_NODE: dict[type, Primitive] = {p.node: p for p in PRIMITIVES}
@@ -558,23 +601,24 @@ def resolve(dotted: str) -> str | None:
     if prefix and prefix not in PREFIXES:
         return None
     base = ALIASES.get(base, base)
-    return base if base in FUNCTIONS else None
+    return base if base in FUNCTIONS or base in REDUCTION_NAMES else None
 
 
 def known_names() -> list[str]:
     """Every spelling a user may call, for 'did you mean' suggestions."""
-    return sorted(set(FUNCTIONS) | set(ALIASES))
+    return sorted(set(FUNCTIONS) | set(ALIASES) | set(REDUCTION_NAMES))
 
 
 # PyTorch functions a user may reach for that fusegen does not take, and what to say instead
 # of a spelling suggestion (softmax is not a misspelt max). The formulas parse (tests/test_parse.py).
-_REDUCTION = ("{f} reduces over a dimension, so it is not elementwise; fusegen fuses elementwise "
-              "expressions only: apply torch.{f} to the op's output (or input)")
+_REDUCTION = ("{f} is not a built-in; fusegen reduces over the last dimension with sum, mean, "
+              "amax, amin and logsumexp (dim=-1, keepdim=True): write {f} with those, or apply "
+              "torch.{f} to the op's output")
 _NOT_ELEMENTWISE = ("{f} is not elementwise (each output reads more than one element of its "
                     "inputs); fusegen fuses elementwise expressions only")
 UNSUPPORTED: dict[str, str] = {
-    **{f: _REDUCTION for f in ("sum", "mean", "prod", "softmax", "log_softmax", "logsumexp", "amax",
-                              "amin", "argmax", "argmin", "std", "var", "norm", "cumsum", "cumprod",
+    **{f: _REDUCTION for f in ("prod", "softmax", "log_softmax", "argmax", "argmin", "std", "var",
+                              "norm", "cumsum", "cumprod",
                               "layer_norm", "rms_norm", "group_norm", "batch_norm", "normalize",
                               "cross_entropy", "nll_loss", "mse_loss", "all", "any")},
     **{f: _NOT_ELEMENTWISE for f in ("matmul", "mm", "bmm", "linear", "conv1d", "conv2d", "einsum",

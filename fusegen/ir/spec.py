@@ -34,6 +34,8 @@ from fusegen.ir import dag
 from fusegen.ir import limits
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
+from fusegen.ir import rows
+from fusegen.ir.rows import RowProgram
 from fusegen.errors import SpecError
 from fusegen.ir.expr import Parsed, symbol
 from fusegen.ir.names import check_op_name
@@ -95,6 +97,12 @@ class OpSpec:
     plan: Plan | None = None
     joined: bool = False                   # the two outputs are the halves of one tensor along
                                            # its last dimension (a final torch.cat): one result
+    forward_rows: RowProgram | None = None   # a row op (it reduces over the last dimension):
+    backward_rows: RowProgram | None = None  # its kernels' passes over each row (ir/rows.py)
+
+    @property
+    def is_rows(self) -> bool:
+        return self.forward_rows is not None
 
     @property
     def forward(self) -> sympy.Expr:
@@ -256,6 +264,13 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         plan = dataclasses.replace(plan, reads=reads)
     if command is None:
         command = default_command(parsed, name)
+    forward_rows = backward_rows = None
+    if rows.has_reduction(outputs):
+        forward_rows = rows.schedule([(names.output(k, count), e) for k, e in enumerate(outputs)],
+                                     parsed.scalars)
+        if backward_exprs:
+            backward_rows = rows.schedule([(names.grad(g.input), e) for g, e in zip(owners, backward_exprs)],
+                                          parsed.scalars)
     return OpSpec(
         name=name,
         text=parsed.text,
@@ -271,6 +286,8 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         backward_exprs=backward_exprs,
         plan=plan,
         joined=parsed.joined,
+        forward_rows=forward_rows,
+        backward_rows=backward_rows,
     )
 
 
