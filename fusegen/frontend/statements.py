@@ -90,7 +90,11 @@ def parse_program(text: str, inputs=None, scalars=(), shadowing=None) -> ParsedP
             conv.fail(stmt, f"unsupported statement: {what}",
                       "expected `name = expression` statements, optionally ending in one expression")
         conv.seen.clear()
-        expr = conv.convert(value_node)
+        if target is None:  # the result: one expression, or an op's outputs (a tuple)
+            outputs, joined = _parse._outputs(conv, value_node)
+            expr = outputs[0]
+        else:
+            expr = conv.convert(value_node)
         for n in conv.seen:  # names read here in their original value
             if n in scalars:
                 used_scalars.add(n)
@@ -100,7 +104,7 @@ def parse_program(text: str, inputs=None, scalars=(), shadowing=None) -> ParsedP
             last_read[n] = index
         if target is None:
             result = expr
-            continue
+            continue  # (outputs, joined: from the branch above)
         problem = names.name_problem(target)
         if problem:
             conv.fail(stmt, f"assigned name '{target}' {problem}")
@@ -127,8 +131,9 @@ def parse_program(text: str, inputs=None, scalars=(), shadowing=None) -> ParsedP
         if result is None:
             raise ParseError("program has no result and updates no input", flat,
                              hint="end it with an expression, or assign to an input to update it in place")
-        _parse._check_literals(flat, result)
-        return Parsed(flat, (result,), ordered, scalars)
+        for e in outputs:
+            _parse._check_literals(flat, e)
+        return Parsed(flat, outputs, ordered, scalars, joined)
     if result is not None:
         raise SpecError(f"program {flat!r} updates {', '.join(values)} in place and also ends in an expression; "
                         "a step op has no result: assign the value to an input, or drop the last expression")

@@ -480,8 +480,11 @@ def _check_size(tree, what: str):
 
 def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
     """The ops built beside `spec` into its library: <name>_grad2 (when it has a backward
-    kernel) and <name>_jvp (when some gradient is not zero)."""
-    return tuple(s for s in (grad2_spec(spec), jvp_spec(spec)) if s is not None)
+    kernel) and <name>_jvp (when some gradient is not zero). A row op has no <name>_jvp:
+    its Jacobian is not diagonal, so a reverse gradient with the tangent in place of dout is
+    not its forward derivative; forward mode runs its eager composite (README)."""
+    jvp = None if spec.is_rows else jvp_spec(spec)
+    return tuple(s for s in (grad2_spec(spec), jvp) if s is not None)
 
 
 # -- the reverse pass ---------------------------------------------------------------------------
@@ -506,10 +509,19 @@ def _backward(outputs, wanted, budget: limits.Budget):
     # the result, so they count against MAX_GRAPH_NODES as they are made. Each output starts
     # with its own incoming gradient; an output that is also a subexpression of another adds
     # what flows into it there.
+    #
+    # Row reductions: what flows is one value per element, which a reduction sums over the
+    # row (RowSum(g)) into the gradient of its one value per row. An output of one value per
+    # row (it reads no tensor element outside a reduction: a row's logsumexp) has one dout
+    # per row, which is that gradient already: it flows in `per_row`, the same way, and a
+    # reduction adds it to the row's sum instead of summing it again.
     order = dag.postorder(list(outputs))
     flowing: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {}
+    per_row: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {}
+    elementwise = set(wanted)
     for out, dout in zip(outputs, fn.douts(len(outputs))):
-        _accumulate(flowing.setdefault(out, {}), (), dout)
+        target = per_row if _is_row_value(out, elementwise) else flowing
+        _accumulate(target.setdefault(out, {}), (), dout)
     work = 0
     what = "the gradients"
     for node in reversed(order):
@@ -517,11 +529,26 @@ def _backward(outputs, wanted, budget: limits.Budget):
             continue  # an input or scalar: what reached it stays in `flowing`
         budget.check_time()
         terms = flowing.pop(node, None)
-        for guard, g in (terms or {}).items():
-            for arg, contribution, branch in _vjp(node, g):
-                if _differentiable(arg):
-                    _accumulate(flowing.setdefault(arg, {}), guard + branch, contribution)
-                    work += 1 + len(branch)
+        row_terms = per_row.pop(node, None)
+        if fn.is_reduction(node):
+            element = row = None
+            for guard, g in (terms or {}).items():
+                element = _sum(element, _guarded(guard, g))
+            for guard, g in (row_terms or {}).items():
+                row = _sum(row, _guarded(guard, g))
+            if element is not None or row is not None:
+                for arg, contribution in _row_vjp(node, element, row):
+                    if _differentiable(arg):
+                        _accumulate(flowing.setdefault(arg, {}), (), contribution)
+                        work += 1
+            budget.check_nodes(work, what)
+            continue
+        for into, given in ((flowing, terms), (per_row, row_terms)):
+            for guard, g in (given or {}).items():
+                for arg, contribution, branch in _vjp(node, g):
+                    if _differentiable(arg):
+                        _accumulate(into.setdefault(arg, {}), guard + branch, contribution)
+                        work += 1 + len(branch)
             budget.check_nodes(work, what)
     result = {}
     for s in wanted:
@@ -533,6 +560,43 @@ def _backward(outputs, wanted, budget: limits.Budget):
             total = _guarded(guard, g) if total is None else fn.add(total, _guarded(guard, g))
         result[s] = sympy.Integer(0) if total is None else total
     return result
+
+
+def _sum(total, term):
+    """total + term, where either may be None (nothing yet)."""
+    return term if total is None else total if term is None else fn.add(total, term)
+
+
+def _is_row_value(expr, elementwise: set) -> bool:
+    """Whether `expr` has one value per row: it reads no tensor element (`elementwise`, the
+    op's tensor inputs) outside a reduction, and it holds one (otherwise it is elementwise)."""
+    seen, stack, found = set(), [expr], False
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if fn.is_reduction(node):
+            found = True
+            continue
+        if node in elementwise or fn.is_dout(node):
+            return False
+        stack.extend(node.args)
+    return found
+
+
+def _row_vjp(node, element, row):
+    """A reduction's arguments' gradients from what flowed into it: `element`, one value
+    per element (or None), and `row`, one per row (or None). Its primitive's formula states
+    them for an elementwise g, through RowSum(g) (RowMean(g)), the gradient of its row value:
+    here that is RowSum(element) + row (divided by the row's length, RowSum(1))."""
+    marker = sympy.Symbol("row_gradient")
+    total = _sum(None if element is None else fn.RowSum(element), row)
+    mean = fn.RowMean(element) if row is None else fn.div(total, fn.RowSum(sympy.Integer(1)))
+    contributions = _FORMULAS[type(node)](node.args, node, marker)
+    return [(arg, c) for arg, c in zip([a for a, _ in contributions],
+                                       dag.substitute([c for _, c in contributions],
+                                                      {fn.RowSum(marker): total, fn.RowMean(marker): mean}))]
 
 
 def _differentiable(arg) -> bool:
