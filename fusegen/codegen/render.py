@@ -190,8 +190,7 @@ def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
     grad2 = any(a.name == spec.name + names.GRAD2_SUFFIX for a, _ in auxiliary)
     for s, p in ((spec, printed),) + tuple(auxiliary):
         main = s is spec
-        fused_jvp = main and not spec.is_rows  # a row op's forward mode: its composite (spec.py)
-        context = _context(s, p, _jvp_args(spec, jvp) if fused_jvp else None, grad2 and main)
+        context = _context(s, p, _jvp_args(spec, jvp) if main else None, grad2 and main)
         context["plain_kernels"] = not main
         for pattern, (template, role) in TEMPLATES.items():
             text = env.get_template(template).render(context, file_role=role)

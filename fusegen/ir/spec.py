@@ -443,6 +443,12 @@ def jvp_spec(spec: OpSpec) -> OpSpec | None:
         taken.add(tangents[g.input])
     if not tangents:
         return None  # every gradient is zero (sign(x)): nothing moves, no op
+    if spec.is_rows:  # not diagonal: the tangents pushed forward through the tree
+        rename = {symbol(x): symbol(t) for x, t in tangents.items()}
+        trees = list(forward_tangents(spec.outputs, rename))
+        for tree in trees:
+            _check_size(tree, f"the forward-mode derivative of '{spec.name}'")
+        return _jvp_op(spec, trees, tangents)
     # Per output, the gradients of that output alone (with several outputs, a reverse pass
     # each: setting the other douts to 0 would leave 0 * inf terms, NaN where eager has none).
     if len(spec.outputs) == 1:
@@ -460,6 +466,11 @@ def jvp_spec(spec: OpSpec) -> OpSpec | None:
             tree = term if tree is None else fn.add(tree, term)
         trees.append(_ZERO if tree is None else tree)
         _check_size(trees[-1], f"the forward-mode derivative of '{spec.name}'")
+    return _jvp_op(spec, trees, tangents)
+
+
+def _jvp_op(spec: OpSpec, trees, tangents: dict) -> OpSpec:
+    """<name>_jvp of forward `trees` in the primals and `tangents` (input -> its tangent's name)."""
     used = {s.name for s in dag.free_symbols(trees)}
     inputs = tuple(i for i in spec.inputs if i in used) + tuple(tangents.values())
     scalars = tuple(s for s in spec.scalars if s in used)
@@ -480,11 +491,62 @@ def _check_size(tree, what: str):
 
 def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
     """The ops built beside `spec` into its library: <name>_grad2 (when it has a backward
-    kernel) and <name>_jvp (when some gradient is not zero). A row op has no <name>_jvp:
-    its Jacobian is not diagonal, so a reverse gradient with the tangent in place of dout is
-    not its forward derivative; forward mode runs its eager composite (README)."""
-    jvp = None if spec.is_rows else jvp_spec(spec)
-    return tuple(s for s in (grad2_spec(spec), jvp) if s is not None)
+    kernel) and <name>_jvp (when some gradient is not zero)."""
+    return tuple(s for s in (grad2_spec(spec), jvp_spec(spec)) if s is not None)
+
+
+# -- forward mode through reductions -------------------------------------------------------------
+#
+# An elementwise op's Jacobian is diagonal, so its tangent is its reverse gradient with the
+# tangent in place of GRAD (above). A reduction mixes a row's elements, so a row op's
+# tangents are pushed forward through the tree instead, node by node: an elementwise
+# node's tangent is sum over its arguments of d node/d arg * t_arg, which its backward
+# formula gives with the argument's tangent as the incoming gradient (linear, diagonal, and
+# where() keeps its guards); a reduction's is torch's forward formula for it.
+
+def _amax_amin_jvp(e, r, t):
+    """amax_amin_jvp: the tangent averaged over the elements equal to the result."""
+    hit = fn.indicator(fn.Equal(e, r))
+    return fn.div(fn.RowSum(fn.mul(t, hit)), fn.RowSum(hit))
+
+
+_ROW_JVPS = {
+    fn.RowSum: lambda e, r, t: fn.RowSum(t),
+    fn.RowMean: lambda e, r, t: fn.RowMean(t),
+    fn.RowMax: _amax_amin_jvp,
+    fn.RowMin: _amax_amin_jvp,
+    fn.RowLogSumExp: lambda e, r, t: fn.RowSum(fn.mul(t, fn.Exp(fn.sub(e, r)))),  # logsumexp_jvp
+}
+
+
+def forward_tangents(outputs, tangent_of: dict) -> tuple:
+    """Each output's tangent, given `tangent_of` (input symbol -> its tangent's symbol; an
+    input without one has a zero tangent)."""
+    tangent: dict = dict(tangent_of)
+    with limits.scope() as budget:
+        work = 0
+        for node in dag.postorder(list(outputs)):
+            if not isinstance(node, fn.Node) or node.boolean:
+                continue
+            budget.check_time()
+            if fn.is_reduction(node):
+                t = tangent.get(node.args[0])
+                if t is not None:
+                    tangent[node] = _ROW_JVPS[type(node)](node.args[0], node, t)
+                continue
+            total = None
+            for arg in dict.fromkeys(node.args):  # each distinct argument once
+                t = tangent.get(arg)
+                if t is None:
+                    continue
+                for a, contribution, guard in _vjp(node, t):
+                    if a == arg:
+                        total = _sum(total, _guarded(guard, contribution))
+                        work += 1
+            if total is not None:
+                tangent[node] = total
+            budget.check_nodes(work, "the forward-mode derivative")
+    return tuple(tangent.get(o, _ZERO) for o in outputs)
 
 
 # -- the reverse pass ---------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from fusegen.ir import dag
 from fusegen.ir import primitives as fn
 from fusegen.ir import names
 from fusegen.ir.expr import symbol
-from fusegen.ir.spec import GRAD, OpSpec, backward as reverse_pass
+from fusegen.ir import rows
+from fusegen.ir.spec import GRAD, OpSpec, backward as reverse_pass, forward_tangents
 
 log = logging.getLogger("fusegen")
 
@@ -279,6 +280,8 @@ def _composite_jvp(info: OpInfo):
     """Forward mode by the expression: sum_j d out_k/dx_j * t_j per output."""
     def derive():
         tangents = tuple(sympy.Dummy(f"t{j}") for j in range(len(info.tensors)))
+        if rows.has_reduction(info.outputs):  # not diagonal: pushed forward (spec.forward_tangents)
+            return tangents, list(forward_tangents(info.outputs, dict(zip(info.tensors, tangents))))
         exprs = []
         for o in info.outputs:
             d = reverse_pass(o, list(info.tensors))
