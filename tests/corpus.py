@@ -141,6 +141,10 @@ SEEDS = [c for c in CORPUS if c.category == "seed"]
 GOLDEN = {c.golden: c.expr for c in SEEDS}
 # An op of several outputs (RoPE's rotation of a pair of halves), beside the seeds.
 GOLDEN["rope_pair"] = "(x1*c - x2*s, x2*c + x1*s)"
+# Row ops (reductions over the last dimension): one pass, and two passes with a maximum.
+GOLDEN["rms_norm"] = "x * torch.rsqrt((x*x).mean(-1, keepdim=True) + 1e-6) * w"
+GOLDEN["softmax"] = ("torch.exp(x - torch.amax(x, -1, keepdim=True)) / "
+                     "torch.exp(x - torch.amax(x, -1, keepdim=True)).sum(-1, keepdim=True)")
 
 # Step ops (ir/step.py), rendered into generated/<name>/ beside the seeds: name -> (program,
 # inputs, scalars), as `fusegen PROGRAM --name NAME --inputs .. --scalar ..` writes them.

@@ -261,6 +261,26 @@ def test_nvrtc_compiles_a_step_kernel(tmp_path, lib):
         assert _nvrtc_compile(lib, folder / name / f"{name}.cu", kernel, options) is None
 
 
+@pytest.mark.parametrize("name", ["rms_norm", "softmax"])
+def test_nvrtc_compiles_the_row_kernels(tmp_path, lib, name):
+    """A row op's kernel in every storage type, both row widths (a warp, a block), forward
+    and backward, as run_rows_cuda names them."""
+    folder = tmp_path / "entry"
+    shutil.copytree(GENERATED / "_runtime", folder / "_runtime")
+    shutil.copytree(GENERATED / name, folder / name)
+    options = OPTIONS + [f"-I{folder / '_runtime'}", f"-I{folder / name}"]
+    failures = []
+    for storage, acc in (("float", "float"), ("double", "double"), ("fusegen::Half", "float"),
+                         ("fusegen::BFloat16", "float")):
+        for functor in ("Forward", "Backward"):
+            for threads in (32, 256):
+                kernel = f"fusegen::rows_kernel<{storage}, fusegen::op_{name}::{functor}<{acc}>, {threads}>"
+                log = _nvrtc_compile(lib, folder / name / f"{name}.cu", kernel, options)
+                if log is not None:
+                    failures.append(f"{kernel}:\n{log}")
+    assert not failures, "\n\n".join(failures)
+
+
 def test_nvrtc_compiles_ptx_for_a_device_newer_than_it(tmp_path, lib):
     """The runtime's fallback for a GPU this NVRTC does not know (fusegen-rtc.cpp,
     target_arch): the newest architecture NVRTC lists below the device's, as PTX, which the

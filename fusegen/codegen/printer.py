@@ -273,11 +273,16 @@ def print_program(program: Program, ctype: str) -> Statements:
 
 
 def print_op(spec: OpSpec) -> PrintedOp:
+    """`spec` with its user names already C names (api._with_c_names)."""
     if spec.forward_rows is not None:
+        from fusegen.ir import names
+        scalars = [names.value(s) for s in spec.scalars]
+        forward = [names.value(x) for x in spec.inputs] + scalars
+        backward = [d.name for d in spec.douts] + [names.value(x) for x in spec.backward_inputs] + scalars
         return PrintedOp(
             forward={}, backward={},
-            forward_rows={t: print_rows(spec.forward_rows, t) for t in COMPUTE_TYPES},
-            backward_rows=({t: print_rows(spec.backward_rows, t) for t in COMPUTE_TYPES}
+            forward_rows={t: print_rows(spec.forward_rows, t, forward) for t in COMPUTE_TYPES},
+            backward_rows=({t: print_rows(spec.backward_rows, t, backward) for t in COMPUTE_TYPES}
                            if spec.backward_rows is not None else None),
         )
     return PrintedOp(
@@ -304,11 +309,10 @@ def _params(exprs, order: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def print_rows(program, ctype: str) -> PrintedRows:
-    """A scheduled row program (ir/rows.RowProgram, user names already C names) in C."""
+def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
+    """A scheduled row program (ir/rows.RowProgram, user names already C names) in C;
+    `order`: the C names it may read, in the order its functions take them."""
     slots = {rows.row_symbol(k): _slot("row", k) for k in range(len(program.accumulators))}
-    order = sorted({x.name for e in [a.element for a in program.accumulators] + [e for _, e in program.results]
-                    for x in dag.free_symbols([e]) if not rows.is_row_symbol(x)})
     p = CPrinter(ctype)
     passes = []
     for level in range(program.levels):

@@ -151,10 +151,19 @@ class _Eager:
         return result.to(dtype if dtype.is_floating_point else self.dtype)
 
     def _Call(self, node):
-        dotted = dotted_name(node.func)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in fn.REDUCTION_NAMES and \
+                dotted_name(func.value) not in fn.PREFIXES:
+            return self.reduce(func.attr, func.value)  # e.sum(-1, keepdim=True)
+        dotted = dotted_name(func)
         name = fn.resolve(dotted) if dotted else None
         if name is None:
             raise TextError(f"unknown function '{dotted}'")
+        if name in fn.REDUCTION_NAMES:
+            first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "input"), None)
+            if first is None:
+                raise TextError(f"{name}() is missing argument 'input'")
+            return self.reduce(name, first)
         args = self.bind(node, name)
         if name == "where":
             return self.where(*args)
@@ -162,6 +171,11 @@ class _Eager:
         if all(_is_number(a) for a in present):
             return float(self.call(name, [None if a is None else self.tensor(a, torch.float64) for a in args]))
         return self.call(name, args)
+
+    def reduce(self, name: str, operand: ast.AST):
+        """torch.<name>(operand, -1, keepdim=True): the only reduction the parser accepts
+        (it refuses any other dim or keepdim), as torch computes it."""
+        return getattr(torch, name)(self.tensor(self.value(operand)), -1, keepdim=True)
 
     def bind(self, node, name):
         """Arguments in the order of torch's parameter names (functions.FUNCTIONS), evaluated."""

@@ -6,6 +6,7 @@
 #include "fusegen-cuda-accumulating.cuh"
 #include "fusegen-cuda-common.cuh"
 #include "fusegen-cuda-contiguous.cuh"
+#include "fusegen-cuda-rows.cuh"
 #include "fusegen-cuda-strided.cuh"
 #include "fusegen-cuda-tiled.cuh"
 #include "fusegen-cuda-vector.cuh"

@@ -14,6 +14,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/full.h>
+#include <c10/util/accumulate.h>
 
 #ifdef FUSEGEN_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
@@ -406,6 +407,135 @@ std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>
   return outputs;
 }
 
+// A row op's layout. Each operand is seen as rows along its last dimension: its stride along a
+// row and one stride from row to row, which the leading dimensions must collapse into (true of
+// contiguous tensors, of anything broadcast over them such as a weight of shape (H,), and of
+// a row's slices); one that does not is copied to its contiguous layout first. Outputs are
+// new contiguous tensors of the broadcast shape, or of that shape with a last dimension of 1
+// for an output of one value per row (per_row); given[k], when defined, is written instead.
+struct RowStrides {
+  int64_t along;  // bytes from one element of a row to the next
+  int64_t next;   // bytes from one row to the next
+};
+
+// The strides of `t` expanded to `shape` as rows, or false when its leading dimensions do
+// not collapse into one stride.
+bool row_strides(const at::Tensor& t, c10::IntArrayRef shape, RowStrides& out) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  const int64_t offset = ndim - t.dim();
+  const int64_t size = static_cast<int64_t>(t.element_size());
+  const auto stride = [&](int64_t d) {  // t's stride along shape's dimension d, 0 if broadcast
+    const int64_t own = d - offset;
+    return own < 0 || t.size(own) == 1 ? int64_t(0) : t.stride(own);
+  };
+  out.along = stride(ndim - 1) * size;
+  int64_t next = -1;   // the stride of one row, found at the innermost leading dimension > 1
+  int64_t inner = 1;   // rows per step of the dimension being checked
+  for (int64_t d = ndim - 2; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    const int64_t s = stride(d);
+    if (next < 0) {
+      next = s;
+    } else if (s != next * inner) {
+      return false;
+    }
+    inner *= shape[d];
+  }
+  out.next = std::max<int64_t>(next, 0) * size;
+  return true;
+}
+
+std::vector<at::Tensor> run_rows(const std::string& name, Device device, const Args& args,
+                                 const std::vector<bool>& present, const bool* per_row,
+                                 RowCpuKernel cpu, CudaKernel cuda, const double* scalars,
+                                 const std::vector<at::Tensor>& given) {
+  const at::ScalarType dtype = check_args(name, args);
+  const c10::Device on = device_arg(args).tensor.device();
+#ifdef FUSEGEN_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> device_guard;
+  if (device == Device::kCuda) device_guard.emplace(on);
+#endif
+  const c10::SymDimVector shape = broadcast_shape(name, args);
+  TORCH_CHECK(!shape.empty(), "fusegen::", name,
+              ": the op reduces over the last dimension, and every tensor argument is 0-d; "
+              "expected at least one argument with a dimension");
+  const at::TensorOptions options = device_arg(args).tensor.options().dtype(dtype);
+  std::vector<at::Tensor> outputs(present.size());
+  for (size_t k = 0; k < present.size(); ++k) {
+    if (!present[k]) continue;
+    if (k < given.size() && given[k].defined()) {
+      outputs[k] = given[k];
+      continue;
+    }
+    c10::SymDimVector sizes = shape;
+    if (per_row != nullptr && per_row[k]) sizes.back() = 1;
+    outputs[k] = at::empty_symint(sizes, options);
+  }
+  if (device == Device::kMeta) return outputs;
+  std::vector<int64_t> concrete;
+  for (const c10::SymInt& d : shape) concrete.push_back(d.expect_int());
+  const int64_t length = concrete.back();
+  const int64_t rows = c10::multiply_integers(concrete.begin(), concrete.end() - 1);
+  bool row_values = false;  // an output of one value per row is asked for
+  for (size_t k = 0; k < present.size(); ++k) row_values = row_values || (present[k] && per_row != nullptr && per_row[k]);
+  TORCH_CHECK(length > 0 || rows == 0 || !row_values, "fusegen::", name,
+              ": the last dimension has size 0, so a row has no value to reduce; expected rows "
+              "of at least one element");
+  const int64_t numel = rows * length;
+  if (numel == 0) return outputs;
+  std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
+  std::vector<RowStrides> strides;
+  std::vector<char*> data;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (given, its contiguous stand-in)
+  for (size_t k = 0; k < present.size(); ++k) {
+    RowStrides rs{0, 0};
+    if (present[k]) {
+      c10::IntArrayRef out_shape = outputs[k].sizes();
+      if (!row_strides(outputs[k], out_shape, rs) ||
+          outputs[k].dim() != static_cast<int64_t>(concrete.size())) {
+        at::Tensor stand_in = at::empty(outputs[k].sizes(), options);
+        copy_back.emplace_back(outputs[k], stand_in);
+        row_strides(stand_in, out_shape, rs);
+        data.push_back(static_cast<char*>(stand_in.data_ptr()));
+      } else {
+        data.push_back(static_cast<char*>(outputs[k].data_ptr()));
+      }
+    } else {
+      data.push_back(nullptr);
+    }
+    strides.push_back(rs);
+  }
+  for (at::Tensor& t : inputs) {
+    RowStrides rs{0, 0};
+    if (!row_strides(t, concrete, rs)) {
+      t = t.expand(concrete).contiguous();
+      row_strides(t, concrete, rs);
+    }
+    data.push_back(static_cast<char*>(const_cast<void*>(t.const_data_ptr())));
+    strides.push_back(rs);
+  }
+  const int count = static_cast<int>(data.size());
+  std::vector<int64_t> loop_strides(2 * static_cast<size_t>(count));
+  for (int k = 0; k < count; ++k) {
+    loop_strides[k] = strides[k].along;
+    loop_strides[count + k] = strides[k].next;
+  }
+  const int64_t sizes[2] = {length, rows};
+  const CudaLoop loop{numel, 2, count, sizes, loop_strides.data(), data.data()};
+  if (device == Device::kCpu) {
+    cpu(kernel_dtype(dtype), loop, scalars);
+  } else {
+#ifdef FUSEGEN_WITH_CUDA
+    cuda(kernel_dtype(dtype), loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+#else
+    (void)cuda;
+#endif
+  }
+  for (auto& [target, stand_in] : copy_back) target.copy_(stand_in);
+  return outputs;
+}
+
 // What the forward and the backward share: check the arguments, then lay out `num_outputs`
 // outputs over the kernel's inputs and run `cpu` or `cuda` on them. present[k]: whether the
 // kernel's output k is wanted (allocated); returns the outputs, an undefined tensor for
@@ -479,6 +609,10 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
   const OpDef& def = *op.def;
   const Args args = a.named(def);
   const std::vector<bool> all(def.num_outputs, true);
+  if (def.rows && !def.joined) {
+    return run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu,
+                    def.forward_cuda, a.scalars.data(), {});
+  }
   if (!def.joined) {
     return run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda,
                       a.scalars.data());
@@ -491,8 +625,13 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
   shape.back() = shape.back() * 2;
   const at::Tensor whole =
       at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
-  run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
-             halves_of(whole));
+  if (def.rows) {
+    run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu, def.forward_cuda,
+             a.scalars.data(), halves_of(whole));
+  } else {
+    run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
+               halves_of(whole));
+  }
   return {whole};
 }
 
@@ -501,6 +640,10 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given) {
   const OpDef& def = *op.def;
+  if (def.rows) {  // gradients at the broadcast shape: none is one value per row
+    return requested(run_rows(op.backward_name, device, a.named(def), a.mask, nullptr,
+                              def.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given));
+  }
   return requested(run_kernel(op.backward_name, device, a.named(def), a.mask, def.backward_cpu,
                               def.backward_cuda, a.scalars.data(), given));
 }

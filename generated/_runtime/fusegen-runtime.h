@@ -49,6 +49,16 @@ struct CudaLoop {
 };
 using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
+// A row op (its expression reduces over the last dimension: fusegen-rows.h) is laid out by
+// rows, not by TensorIterator: its kernels get a CudaLoop of ndim == 2, sizes {row length,
+// rows} and strides[k] along a row, strides[num_operands + k] from one row to the next
+// (0 for an operand broadcast over that dimension), on the CPU as on CUDA.
+using RowCpuKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars);
+// A row op's accumulator arrays (F::kRows of them): C++ has no empty arrays, and a
+// backward may reduce nothing.
+template <typename F>
+constexpr int kRowSlots = F::kRows > 0 ? F::kRows : 1;
+
 #if defined(FUSEGEN_WITH_CUDA) && !defined(__CUDACC_RTC__)
 // The NVRTC route (fusegen-rtc.cpp): an op's launchers are compiled by the host compiler
 // alone (FUSEGEN_RTC_HOST) and launch each kernel by its name in the op's kernel source,
@@ -104,7 +114,7 @@ struct GradDef {
 constexpr int kResult = -1;
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 8;
+constexpr int kAbi = 9;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;
@@ -134,6 +144,10 @@ struct OpDef {
   const GradDef* grads = nullptr;            // per input: where its gradient comes from
   CpuKernel forward_cpu = nullptr;
   CpuKernel backward_cpu = nullptr;          // none without kernel gradients
+  bool rows = false;                         // a row op: the kernels below, by rows
+  const bool* per_row = nullptr;             // ... per output: one value per row (shape [..., 1])
+  RowCpuKernel forward_rows_cpu = nullptr;   // ... its CPU kernels (forward_cpu is unset)
+  RowCpuKernel backward_rows_cpu = nullptr;
   CudaKernel forward_cuda = nullptr;         // none in a build without CUDA
   CudaKernel backward_cuda = nullptr;
   bool backward_accumulates = false;         // backward_cuda takes accumulators

@@ -1,0 +1,162 @@
+// fusegen-cuda-rows.cuh: the CUDA kernel of a row op (an expression that reduces over the
+// last dimension; fusegen-rows.h is its CPU loop and describes the functor). One row per
+// warp for rows of up to kWarpRowLength elements, one row per block beyond: each pass over
+// the row accumulates per thread, then combines across the warp by butterfly shuffles and
+// across the block's warps through shared memory, in a fixed order, so every thread holds
+// the same bits and every run gives them; then the outputs are written.
+#ifndef FUSEGEN_CUDA_ROWS_CUH_
+#define FUSEGEN_CUDA_ROWS_CUH_
+
+#include "fusegen-cuda-common.cuh"
+
+namespace fusegen {
+
+constexpr int kRowBlock = 256;          // threads per block
+constexpr int64_t kWarpRowLength = 1024;  // longest row one warp reduces alone
+
+// One launch: per operand its data, its byte stride along a row and from row to row.
+template <int kN>
+struct RowArgs {
+  char* p[kN];
+  int64_t along[kN];
+  int64_t next[kN];
+  int64_t length;
+  int64_t rows;
+};
+
+#if FUSEGEN_DEVICE_CODE
+// Pass P's accumulators combined across the kRowThreads threads of a row.
+template <int kP, int kRowThreads, typename F, typename A>
+__device__ __forceinline__ void row_combine(const F& f, A* acc, A (*shared)[kRowSlots<F>]) {
+  constexpr int kBegin = F::pass_begin(kP);
+  constexpr int kEnd = F::pass_begin(kP + 1);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    A other[kRowSlots<F>];
+#pragma unroll
+    for (int k = kBegin; k < kEnd; ++k) other[k] = __shfl_xor_sync(0xffffffffu, acc[k], offset);
+    f.template combine<kP>(acc, other);
+  }
+  if constexpr (kRowThreads > 32) {
+    constexpr int kWarps = kRowThreads / 32;
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int k = kBegin; k < kEnd; ++k) shared[warp][k] = acc[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = kBegin; k < kEnd; ++k) acc[k] = shared[0][k];
+    for (int w = 1; w < kWarps; ++w) {
+      A other[kRowSlots<F>];
+#pragma unroll
+      for (int k = kBegin; k < kEnd; ++k) other[k] = shared[w][k];
+      f.template combine<kP>(acc, other);
+    }
+    __syncthreads();  // before the next pass writes shared again
+  }
+}
+
+template <typename S, typename F, int kN>
+__device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* base, int64_t j,
+                                           acc_t<S>* x) {
+#pragma unroll
+  for (int i = 0; i < F::kInputs; ++i) {
+    const int k = F::kOutputs + i;
+    x[i] = to_acc(*reinterpret_cast<const S*>(base[k] + j * a.along[k]));
+  }
+}
+
+template <int kP, typename S, typename F, int kRowThreads, int kN>
+__device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, char* const* base,
+                                           int lane, acc_t<S>* row,
+                                           acc_t<S> (*shared)[kRowSlots<F>]) {
+  if constexpr (kP < F::kPasses) {
+    using A = acc_t<S>;
+    A acc[kRowSlots<F>];
+    f.template init<kP>(acc);
+    for (int64_t j = lane; j < a.length; j += kRowThreads) {
+      A x[F::kInputs > 0 ? F::kInputs : 1];
+      A v[kRowSlots<F>];
+      row_inputs<S, F>(a, base, j, x);
+      f.template pass<kP>(x, row, v);
+      f.template combine<kP>(acc, v);
+    }
+    row_combine<kP, kRowThreads>(f, acc, shared);
+    f.template finish<kP>(static_cast<A>(a.length), acc, row);
+    row_passes<kP + 1, S, F, kRowThreads>(f, a, base, lane, row, shared);
+  }
+}
+
+template <typename S, typename F, int kRowThreads>
+__global__ void __launch_bounds__(kRowBlock)
+    rows_kernel(const RowArgs<F::kInputs + F::kOutputs> a, const F f) {
+  using A = acc_t<S>;
+  constexpr int kN = F::kInputs + F::kOutputs;
+  constexpr int kRowsPerBlock = kRowBlock / kRowThreads;
+  __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
+  const int lane = threadIdx.x % kRowThreads;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
+  if (r >= a.rows) return;  // whole warps (kRowThreads 32) or the whole block
+  char* base[kN];
+#pragma unroll
+  for (int k = 0; k < kN; ++k) base[k] = a.p[k] == nullptr ? nullptr : a.p[k] + r * a.next[k];
+  A row[kRowSlots<F>];
+  row_passes<0, S, F, kRowThreads>(f, a, base, lane, row, shared);
+  for (int64_t j = lane; j < a.length; j += kRowThreads) {
+    A x[F::kInputs > 0 ? F::kInputs : 1];
+    A y[F::kOutputs];
+    row_inputs<S, F>(a, base, j, x);
+    f(x, row, y);
+#pragma unroll
+    for (int k = 0; k < F::kOutputs; ++k) {
+      if (base[k] == nullptr || (F::per_row(k) && j > 0)) continue;
+      *reinterpret_cast<S*>(base[k] + j * a.along[k]) = from_acc<S>(y[k]);
+    }
+  }
+}
+#endif  // FUSEGEN_DEVICE_CODE
+
+#ifdef FUSEGEN_RTC_HOST
+template <typename S, typename F, int kRowThreads>
+const KernelRef& rows_kernel_ref() {
+  static const KernelRef ref =
+      kernel_ref<F>("fusegen::rows_kernel", TypeName<S>::get(), TypeName<F>::get(), kRowThreads);
+  return ref;
+}
+#endif
+
+#if FUSEGEN_HOST_CODE
+// The launcher of a row op's kernel for kGroup's dtypes (op_kernels.cu.j2): F built by
+// make(zero of the compute type), run in the storage type of `dtype` over the runtime's
+// two-dimensional loop (fusegen-runtime.h, RowCpuKernel).
+template <DtypeGroup kGroup, typename Make>
+void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&& make) {
+  dispatch_dtype<kGroup>(dtype, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    const auto f = make(acc_t<S>{});
+    using F = std::remove_const_t<decltype(f)>;
+    constexpr int kN = F::kInputs + F::kOutputs;
+    RowArgs<kN> a;
+    for (int k = 0; k < kN; ++k) {
+      a.p[k] = loop.data[k];
+      a.along[k] = loop.strides[k];
+      a.next[k] = loop.strides[loop.num_operands + k];
+    }
+    a.length = loop.sizes[0];
+    a.rows = loop.sizes[1];
+    if (a.length <= kWarpRowLength) {
+      constexpr int64_t kPerBlock = kRowBlock / 32;
+      const unsigned grid = static_cast<unsigned>((a.rows + kPerBlock - 1) / kPerBlock);
+      launch(FUSEGEN_KERNEL(rows_kernel, S, F, 32), {grid}, kRowBlock, 0, stream, a, f);
+    } else {
+      launch(FUSEGEN_KERNEL(rows_kernel, S, F, kRowBlock), {static_cast<unsigned>(a.rows)},
+             kRowBlock, 0, stream, a, f);
+    }
+  });
+}
+#endif  // FUSEGEN_HOST_CODE
+
+}  // namespace fusegen
+
+#endif  // FUSEGEN_CUDA_ROWS_CUH_

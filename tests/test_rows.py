@@ -1,0 +1,202 @@
+"""Row reductions (sum, mean, amax, amin, logsumexp over the last dimension) on the CPU: the
+values and gradients against eager PyTorch in float64, second order, forward mode, ties, rows
+of length 1, odd lengths and no rows, broadcast weights, per-row inputs, strided rows, the
+16-bit dtypes, the torch integrations, and the errors."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusegen
+from fusegen.errors import ParseError
+
+D = torch.float64
+EPS = 1e-5
+
+RMS = "x * torch.rsqrt((x*x).mean(-1, keepdim=True) + eps) * w"
+LAYER = ("(x - x.mean(-1, keepdim=True)) * torch.rsqrt(((x - x.mean(-1, keepdim=True))**2).mean(-1, keepdim=True)"
+         " + eps) * w + b")
+SOFTMAX = ("torch.exp(x - torch.amax(x, -1, keepdim=True)) / "
+           "torch.exp(x - torch.amax(x, -1, keepdim=True)).sum(-1, keepdim=True)")
+LOG_SOFTMAX = "x - torch.logsumexp(x, -1, keepdim=True)"
+RESIDUAL_RMS = "h = x + r; (h, h * torch.rsqrt((h*h).mean(-1, keepdim=True) + eps) * w)"
+
+# name -> (text, scalars, eager reference of the tensors in the op's input order)
+OPS = {
+    "rms_norm": (RMS, ["eps"], lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS)),
+    "layer_norm": (LAYER, ["eps"], lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS)),
+    "softmax": (SOFTMAX, [], lambda x: torch.softmax(x, -1)),
+    "log_softmax": (LOG_SOFTMAX, [], lambda x: torch.log_softmax(x, -1)),
+    "residual_rms": (RESIDUAL_RMS, ["eps"], lambda x, r, w: (x + r, F.rms_norm(x + r, x.shape[-1:], w, EPS))),
+    "row_lse": ("torch.logsumexp(x, -1, keepdim=True)", [], lambda x: torch.logsumexp(x, -1, keepdim=True)),
+    "row_extremes": ("torch.amax(x, -1, keepdim=True) * x - torch.amin(x*x, -1, keepdim=True)", [],
+                     lambda x: torch.amax(x, -1, keepdim=True) * x - torch.amin(x * x, -1, keepdim=True)),
+    "row_sum": ("(x * y).sum(-1, keepdim=True) * y", [], lambda x, y: (x * y).sum(-1, keepdim=True) * y),
+}
+# inputs of one value per column (a weight of shape (H,)); the others have the full shape
+COLUMNS = {"w", "b"}
+
+
+@functools.cache
+def op(name):
+    text, scalars, _ = OPS[name]
+    return fusegen.fuse(text, name=f"rows_{name}", scalars=scalars)
+
+
+def inputs(name, shape, dtype=D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape[-1:] if x in COLUMNS else shape, generator=g, dtype=dtype).requires_grad_()
+            for x in op(name).spec.inputs]
+
+
+def call(name):
+    o = op(name)
+    kw = {s: EPS for s in o.spec.scalars}
+    return lambda *xs: o(*xs, **kw)
+
+
+def as_tuple(v):
+    return v if isinstance(v, tuple) else (v,)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+@pytest.mark.parametrize("shape", [(3, 8), (2, 3, 5), (4, 1), (3, 33)])
+def test_values_and_gradients_match_eager(name, shape):
+    xs = inputs(name, shape)
+    got = as_tuple(call(name)(*xs))
+    want = as_tuple(OPS[name][2](*xs))
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    douts = [torch.randn_like(w) for w in want]
+    assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-12) for a, b in
+               zip(torch.autograd.grad(got, xs, douts), torch.autograd.grad(want, xs, douts)))
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_gradcheck_and_gradgradcheck(name):
+    xs = inputs(name, (3, 6))
+    assert torch.autograd.gradcheck(call(name), xs)
+    assert torch.autograd.gradgradcheck(call(name), xs)
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "softmax", "row_lse", "row_extremes"])
+def test_forward_mode_matches_eager(name):
+    xs = [x.detach() for x in inputs(name, (3, 7))]
+    tangents = [torch.randn_like(x) for x in xs]
+    got = torch.func.jvp(call(name), tuple(xs), tuple(tangents))[1]
+    want = torch.func.jvp(OPS[name][2], tuple(xs), tuple(tangents))[1]
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    first = lambda x: as_tuple(call(name)(x, *xs[1:]))[-1].sum()  # noqa: E731
+    ref = lambda x: as_tuple(OPS[name][2](x, *xs[1:]))[-1].sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.hessian(first)(xs[0]), torch.func.hessian(ref)(xs[0]))
+
+
+@pytest.mark.parametrize("reduction", ["amax", "amin"])
+def test_ties_split_the_gradient_evenly_as_torch(reduction):
+    o = fusegen.fuse(f"torch.{reduction}(x, -1, keepdim=True) * x", name=f"rows_tie_{reduction}")
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [-2.0, -2.0, -2.0, 5.0]], dtype=D, requires_grad=True)
+    f = getattr(torch, reduction)
+    got = torch.autograd.grad(o(x).sum(), x)[0]
+    want = torch.autograd.grad((f(x, -1, keepdim=True) * x).sum(), x)[0]
+    assert torch.equal(got, want)
+
+
+def test_no_rows_and_empty_rows():
+    x, w = inputs("rms_norm", (0, 6))
+    y = call("rms_norm")(x, w)
+    assert y.shape == (0, 6)
+    gx, gw = torch.autograd.grad(y.sum(), (x, w), allow_unused=True)
+    assert gx.shape == (0, 6) and (gw is None or torch.equal(gw, torch.zeros(6, dtype=D)))
+    assert call("rms_norm")(torch.empty(3, 0, dtype=D), torch.empty(0, dtype=D)).shape == (3, 0)
+    with pytest.raises(RuntimeError, match="last dimension has size 0"):
+        call("row_lse")(torch.empty(3, 0, dtype=D))
+    with pytest.raises(RuntimeError, match="every tensor argument is 0-d"):
+        call("row_lse")(torch.tensor(1.0, dtype=D))
+
+
+def test_per_row_inputs_strided_rows_and_broadcast_weights():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 5, generator=g, dtype=D).t().requires_grad_()     # rows 5 apart, elements 1 apart: strided
+    y = torch.randn(5, 1, generator=g, dtype=D).requires_grad_()         # one value per row
+    got = call("row_sum")(x, y)
+    want = OPS["row_sum"][2](x, y)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), (x, y)), torch.autograd.grad(want.sum(), (x, y)))
+    w = torch.randn(6, generator=g, dtype=D).requires_grad_()
+    base = torch.randn(2, 5, 12, generator=g, dtype=D)
+    sliced = base[..., ::2].requires_grad_()                              # a row's every other element
+    torch.testing.assert_close(call("rms_norm")(sliced, w), OPS["rms_norm"][2](sliced, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_narrow_dtypes_compute_in_float(dtype):
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    for name in ("rms_norm", "layer_norm", "softmax", "log_softmax"):
+        xs = inputs(name, (4, 300), dtype)
+        got = call(name)(*xs)
+        assert got.dtype == dtype
+        want = OPS[name][2](*[x.detach().double() for x in xs])
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 4)
+
+
+def test_same_bits_every_run():
+    xs = inputs("layer_norm", (64, 777), torch.float32)
+    a = call("layer_norm")(*xs)
+    b = call("layer_norm")(*xs)
+    assert torch.equal(a, b)
+    douts = torch.randn_like(a)
+    assert all(torch.equal(p, q) for p, q in zip(torch.autograd.grad(a, xs, douts), torch.autograd.grad(b, xs, douts)))
+
+
+def test_per_row_output_has_a_last_dimension_of_one():
+    assert call("row_lse")(torch.randn(2, 3, 7, dtype=D)).shape == (2, 3, 1)
+    assert call("row_lse")(torch.empty(2, 3, 7, device="meta")).shape == (2, 3, 1)
+
+
+def test_torch_integrations():
+    name = "rms_norm"
+    xs = [x.detach() for x in inputs(name, (4, 8))]
+    torch.library.opcheck(torch.ops.fusegen.rows_rms_norm.default, (*xs, EPS))
+    torch.library.opcheck(torch.ops.fusegen.rows_row_lse.default, (xs[0],))
+    batched = torch.vmap(call(name), in_dims=(0, None))(xs[0].view(2, 2, 8), xs[1])
+    torch.testing.assert_close(batched, call(name)(*xs).view(2, 2, 8))
+    jac = torch.func.jacrev(call(name))(xs[0][0], xs[1])
+    torch.testing.assert_close(jac, torch.func.jacrev(OPS[name][2])(xs[0][0], xs[1]))
+
+
+@pytest.mark.parametrize("mode", ["opaque", "decompose"])
+def test_torch_compile(mode):
+    text, scalars, ref = OPS["softmax"]
+    o = fusegen.fuse(text, name=f"rows_softmax_{mode}", compile=mode)
+    x = torch.randn(4, 9, dtype=D, requires_grad=True)
+    y = torch.compile(lambda x: o(x) * 2, backend="aot_eager" if mode == "opaque" else "inductor")(x)
+    torch.testing.assert_close(y, ref(x) * 2)
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad((ref(x) * 2).sum(), x)[0])
+
+
+def test_a_fused_function_with_method_reductions():
+    @fusegen.fused(scalars=["eps"])
+    def rows_fused_norm(x, w, eps):
+        inv = torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+        return x * inv * w
+
+    xs = inputs("rms_norm", (3, 8))
+    torch.testing.assert_close(rows_fused_norm(*xs, eps=EPS), OPS["rms_norm"][2](*xs))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("x.sum()", "reduces over the last dimension only: expected dim=-1, got no dim"),
+    ("x.sum(0, keepdim=True)", "expected dim=-1, got dim=0"),
+    ("x - x.mean(-1)", "needs keepdim=True, got no keepdim"),
+    ("torch.amax(x, -1, keepdim=False) * x", "needs keepdim=True, got keepdim=False"),
+    ("x.mean(-1, keepdim=True, dtype=x)", "unexpected keyword argument 'dtype'"),
+    ("torch.softmax(x, -1)", "write softmax with those"),
+])
+def test_reductions_are_spelled_as_torch_spells_them(text, message):
+    with pytest.raises(ParseError, match=message):
+        fusegen.fuse(text)
