@@ -35,7 +35,7 @@ OPS = {
     "row_lse": ("torch.logsumexp(x, -1, keepdim=True)", [], lambda x: torch.logsumexp(x, -1, keepdim=True)),
     "row_extremes": ("torch.amax(x, -1, keepdim=True) * x - torch.amin(x*x, -1, keepdim=True)", [],
                      lambda x: torch.amax(x, -1, keepdim=True) * x - torch.amin(x * x, -1, keepdim=True)),
-    "row_sum": ("(x * y).sum(-1, keepdim=True) * y", [], lambda x, y: (x * y).sum(-1, keepdim=True) * y),
+    "row_sum": ("(x * y).sum(-1, keepdim=True) * x", [], lambda x, y: (x * y).sum(-1, keepdim=True) * x),
 }
 # inputs of one value per column (a weight of shape (H,)); the others have the full shape
 COLUMNS = {"w", "b"}
@@ -162,7 +162,7 @@ def test_torch_integrations():
     name = "rms_norm"
     xs = [x.detach() for x in inputs(name, (4, 8))]
     torch.library.opcheck(torch.ops.fusegen.rows_rms_norm.default, (*xs, EPS))
-    torch.library.opcheck(torch.ops.fusegen.rows_row_lse.default, (xs[0],))
+    torch.library.opcheck(op("row_lse").op.default, (xs[0],))
     batched = torch.vmap(call(name), in_dims=(0, None))(xs[0].view(2, 2, 8), xs[1])
     torch.testing.assert_close(batched, call(name)(*xs).view(2, 2, 8))
     jac = torch.func.jacrev(call(name))(xs[0][0], xs[1])
@@ -200,3 +200,35 @@ def test_a_fused_function_with_method_reductions():
 def test_reductions_are_spelled_as_torch_spells_them(text, message):
     with pytest.raises(ParseError, match=message):
         fusegen.fuse(text)
+
+
+def test_onnx_export_lowers_the_reductions():
+    onnx = pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    names = ["rms_norm", "softmax", "log_softmax", "row_lse", "row_extremes", "residual_rms"]
+
+    class Model(torch.nn.Module):
+        def forward(self, x, w, r):
+            args = {"x": x, "w": w, "r": r, "y": r}
+            outs = []
+            for n in names:
+                out = call(n)(*[args[i] for i in op(n).spec.inputs])
+                outs += list(as_tuple(out))
+            return outs
+
+    g = torch.Generator().manual_seed(2)
+    x, r = torch.randn(2, 3, 16, generator=g), torch.randn(2, 3, 16, generator=g)
+    w = torch.randn(16, generator=g)
+    x[0, 0, 3] = x[0, 0, 5] = 4.0  # a tie for the maximum
+    program = torch.onnx.export(Model().eval(), (x, w, r), dynamo=True, verbose=False,
+                                custom_translation_table=fusegen.onnx_translations(*[op(n) for n in names]))
+    proto = program.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    assert not proto.functions and {n.op_type for n in proto.graph.node} >= {"ReduceMean", "ReduceMax", "ReduceSum"}
+    model = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: t.numpy() for i, t in zip(model.get_inputs(), (x, w, r))}
+    got = [torch.from_numpy(o) for o in model.run(None, feeds)]
+    want = Model()(x, w, r)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -273,8 +273,9 @@ def test_nvrtc_compiles_the_row_kernels(tmp_path, lib, name):
     for storage, acc in (("float", "float"), ("double", "double"), ("fusegen::Half", "float"),
                          ("fusegen::BFloat16", "float")):
         for functor in ("Forward", "Backward"):
-            for threads in (32, 256):
-                kernel = f"fusegen::rows_kernel<{storage}, fusegen::op_{name}::{functor}<{acc}>, {threads}>"
+            for threads, vector in ((32, "true"), (256, "false")):
+                kernel = (f"fusegen::rows_kernel<{storage}, fusegen::op_{name}::{functor}<{acc}>, {threads}, "
+                          f"{vector}>")
                 log = _nvrtc_compile(lib, folder / name / f"{name}.cu", kernel, options)
                 if log is not None:
                     failures.append(f"{kernel}:\n{log}")

@@ -23,6 +23,7 @@ from fusegen.ir import dag
 from fusegen.ir import primitives as fn
 from fusegen.ir import rows
 from fusegen.ir.notation import _Memo
+from fusegen.errors import SpecError
 from fusegen.ir.spec import OpSpec, Program
 
 COMPUTE_TYPES = {"float": float32, "double": float64}
@@ -204,6 +205,15 @@ class CPrinter(_Memo, C99CodePrinter):
         if fn.has_bound(hi):
             out = f"fusegen::{high}({out}, {self._print(hi)})"
         return out
+
+
+def _print_reduction(self, expr):
+    raise SpecError(f"internal: {type(expr).__name__} reached the C printer; a row op's reductions are "
+                    "printed by print_rows (ir/rows.py schedules them)")
+
+
+for _cls in fn.REDUCTIONS:
+    setattr(CPrinter, f"_print_{_cls.__name__}", _print_reduction)
 
 
 # sympy's C printer has its own `_print_Exp`, `_print_Sqrt`, ... for classes of those names:

@@ -426,6 +426,16 @@ _ROW_BACKWARDS = {
 }
 
 
+def _logsumexp_onnx(x):
+    """torch's logsumexp: the row's maximum (0 where infinite), then log(sum(exp(x - max))) + max."""
+    top = RowMax(x)
+    shift = Where(Equal(Abs(top), sympy.oo), _ZERO, top)
+    return add(Log(RowSum(Exp(sub(x, shift)))), shift)
+
+
+_ROW_ONNX = {RowLogSumExp: _logsumexp_onnx}
+
+
 # -- the table --------------------------------------------------------------------------------
 
 class _OnnxFormula:
@@ -559,8 +569,8 @@ PRIMITIVES: tuple[Primitive, ...] = (
     Primitive(LogicalAnd, "&", None, None, "torch.logical_and", "And"),
     Primitive(LogicalOr, "|", None, None, "torch.logical_or", "Or"),
     # -- row reductions (the parser reads their dim and keepdim itself: _Converter._reduce) --
-    *(Primitive(node, name, _ROW_BACKWARDS[node], None, f"fusegen.pytorch.rows.{name}", ONNX_FORMULA)
-      for name, node in REDUCTION_NAMES.items()),
+    *(Primitive(node, name, _ROW_BACKWARDS[node], None, f"fusegen.pytorch.rows.{name}",
+                _ROW_ONNX.get(node, ONNX_FORMULA)) for name, node in REDUCTION_NAMES.items()),
 )
 
 BY_NODE: dict[type, Primitive] = {p.node: p for p in PRIMITIVES}

@@ -213,8 +213,18 @@ def _clamp(e: _Emitter, x, lo, hi):
     return out
 
 
+def _reduce(name: str):
+    """A reduction over the last axis that keeps it (keepdim=True), as opset 18 spells it."""
+    def formula(e: _Emitter, x):
+        axes = op.Constant(value=ir.tensor(np.array([-1], dtype=np.int64)))
+        return getattr(op, name)(e(x), axes, keepdims=1)
+    return formula
+
+
 # The primitives whose `onnx` is primitives.ONNX_FORMULA.
 _FORMULAS: dict[type, Callable] = {
+    fn.RowSum: _reduce("ReduceSum"), fn.RowMean: _reduce("ReduceMean"), fn.RowMax: _reduce("ReduceMax"),
+    fn.RowMin: _reduce("ReduceMin"),
     fn.NotEqual: _not_equal, fn.Rsqrt: _rsqrt, fn.Sigmoid: _sigmoid, fn.Sign: _sign,
     fn.Expm1: _expm1, fn.Log1p: _log1p, fn.Erfc: _erfc, fn.Power: _power, fn.Clamp: _clamp,
 }

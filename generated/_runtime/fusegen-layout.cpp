@@ -477,7 +477,8 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   const int64_t length = concrete.back();
   const int64_t rows = c10::multiply_integers(concrete.begin(), concrete.end() - 1);
   bool row_values = false;  // an output of one value per row is asked for
-  for (size_t k = 0; k < present.size(); ++k) row_values = row_values || (present[k] && per_row != nullptr && per_row[k]);
+  for (size_t k = 0; k < present.size(); ++k)
+    row_values = row_values || (present[k] && per_row != nullptr && per_row[k]);
   TORCH_CHECK(length > 0 || rows == 0 || !row_values, "fusegen::", name,
               ": the last dimension has size 0, so a row has no value to reduce; expected rows "
               "of at least one element");

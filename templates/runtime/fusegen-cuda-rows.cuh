@@ -3,7 +3,10 @@
 // warp for rows of up to kWarpRowLength elements, one row per block beyond: each pass over
 // the row accumulates per thread, then combines across the warp by butterfly shuffles and
 // across the block's warps through shared memory, in a fixed order, so every thread holds
-// the same bits and every run gives them; then the outputs are written.
+// the same bits and every run gives them; then the outputs are written. Rows of unit
+// stride, 16-byte aligned, whose length splits into 16-byte vectors (kVector), move 16
+// bytes per access; later passes read the row again, from L1 or L2 (a row of 8192 bf16 is
+// 16 KiB), so memory sees about one read of each input.
 #ifndef FUSEGEN_CUDA_ROWS_CUH_
 #define FUSEGEN_CUDA_ROWS_CUH_
 
@@ -57,43 +60,63 @@ __device__ __forceinline__ void row_combine(const F& f, A* acc, A (*shared)[kRow
   }
 }
 
-template <typename S, typename F, int kN>
+// Elements per access: a 16-byte vector, or one element.
+template <typename S, bool kVector>
+constexpr int kRowVec = kVector ? kVecWidth<S> : 1;
+
+// The kVec elements from j of every input, in the compute type: x[e][i] is element j + e of
+// input i (an input of stride 0 along the row is read once).
+template <typename S, typename F, bool kVector, int kN>
 __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* base, int64_t j,
-                                           acc_t<S>* x) {
+                                           acc_t<S> (*x)[F::kInputs > 0 ? F::kInputs : 1]) {
+  constexpr int kVec = kRowVec<S, kVector>;
 #pragma unroll
   for (int i = 0; i < F::kInputs; ++i) {
     const int k = F::kOutputs + i;
-    x[i] = to_acc(*reinterpret_cast<const S*>(base[k] + j * a.along[k]));
+    if (kVec == 1 || a.along[k] == 0) {
+      const acc_t<S> value = to_acc(*reinterpret_cast<const S*>(base[k] + j * a.along[k]));
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) x[e][i] = value;
+    } else {
+      const Vec<S, kVec> v = *reinterpret_cast<const Vec<S, kVec>*>(base[k] + j * sizeof(S));
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) x[e][i] = to_acc(v.v[e]);
+    }
   }
 }
 
-template <int kP, typename S, typename F, int kRowThreads, int kN>
+template <int kP, typename S, typename F, int kRowThreads, bool kVector, int kN>
 __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, char* const* base,
                                            int lane, acc_t<S>* row,
                                            acc_t<S> (*shared)[kRowSlots<F>]) {
   if constexpr (kP < F::kPasses) {
     using A = acc_t<S>;
+    constexpr int kVec = kRowVec<S, kVector>;
     A acc[kRowSlots<F>];
     f.template init<kP>(acc);
-    for (int64_t j = lane; j < a.length; j += kRowThreads) {
-      A x[F::kInputs > 0 ? F::kInputs : 1];
-      A v[kRowSlots<F>];
-      row_inputs<S, F>(a, base, j, x);
-      f.template pass<kP>(x, row, v);
-      f.template combine<kP>(acc, v);
+    for (int64_t j = int64_t(lane) * kVec; j < a.length; j += int64_t(kRowThreads) * kVec) {
+      A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
+      row_inputs<S, F, kVector>(a, base, j, x);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        A v[kRowSlots<F>];
+        f.template pass<kP>(x[e], row, v);
+        f.template combine<kP>(acc, v);
+      }
     }
     row_combine<kP, kRowThreads>(f, acc, shared);
     f.template finish<kP>(static_cast<A>(a.length), acc, row);
-    row_passes<kP + 1, S, F, kRowThreads>(f, a, base, lane, row, shared);
+    row_passes<kP + 1, S, F, kRowThreads, kVector>(f, a, base, lane, row, shared);
   }
 }
 
-template <typename S, typename F, int kRowThreads>
+template <typename S, typename F, int kRowThreads, bool kVector>
 __global__ void __launch_bounds__(kRowBlock)
     rows_kernel(const RowArgs<F::kInputs + F::kOutputs> a, const F f) {
   using A = acc_t<S>;
   constexpr int kN = F::kInputs + F::kOutputs;
   constexpr int kRowsPerBlock = kRowBlock / kRowThreads;
+  constexpr int kVec = kRowVec<S, kVector>;
   __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
   const int lane = threadIdx.x % kRowThreads;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
@@ -102,26 +125,34 @@ __global__ void __launch_bounds__(kRowBlock)
 #pragma unroll
   for (int k = 0; k < kN; ++k) base[k] = a.p[k] == nullptr ? nullptr : a.p[k] + r * a.next[k];
   A row[kRowSlots<F>];
-  row_passes<0, S, F, kRowThreads>(f, a, base, lane, row, shared);
-  for (int64_t j = lane; j < a.length; j += kRowThreads) {
-    A x[F::kInputs > 0 ? F::kInputs : 1];
-    A y[F::kOutputs];
-    row_inputs<S, F>(a, base, j, x);
-    f(x, row, y);
+  row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, row, shared);
+  for (int64_t j = int64_t(lane) * kVec; j < a.length; j += int64_t(kRowThreads) * kVec) {
+    A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
+    A y[kVec][F::kOutputs];
+    row_inputs<S, F, kVector>(a, base, j, x);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) f(x[e], row, y[e]);
 #pragma unroll
     for (int k = 0; k < F::kOutputs; ++k) {
       if (base[k] == nullptr || (F::per_row(k) && j > 0)) continue;
-      *reinterpret_cast<S*>(base[k] + j * a.along[k]) = from_acc<S>(y[k]);
+      if (kVec == 1 || F::per_row(k)) {
+        *reinterpret_cast<S*>(base[k] + j * a.along[k]) = from_acc<S>(y[0][k]);
+      } else {
+        Vec<S, kVec> v;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v.v[e] = from_acc<S>(y[e][k]);
+        *reinterpret_cast<Vec<S, kVec>*>(base[k] + j * sizeof(S)) = v;
+      }
     }
   }
 }
 #endif  // FUSEGEN_DEVICE_CODE
 
 #ifdef FUSEGEN_RTC_HOST
-template <typename S, typename F, int kRowThreads>
+template <typename S, typename F, int kRowThreads, bool kVector>
 const KernelRef& rows_kernel_ref() {
-  static const KernelRef ref =
-      kernel_ref<F>("fusegen::rows_kernel", TypeName<S>::get(), TypeName<F>::get(), kRowThreads);
+  static const KernelRef ref = kernel_ref<F>("fusegen::rows_kernel", TypeName<S>::get(),
+                                             TypeName<F>::get(), kRowThreads, kVector);
   return ref;
 }
 #endif
@@ -145,13 +176,29 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     }
     a.length = loop.sizes[0];
     a.rows = loop.sizes[1];
-    if (a.length <= kWarpRowLength) {
-      constexpr int64_t kPerBlock = kRowBlock / 32;
+    // 16-byte accesses: every operand of unit stride along its rows (or one value per row),
+    // its rows 16-byte aligned, and rows that split into vectors.
+    bool vector = a.length % kVecWidth<S> == 0;
+    for (int k = 0; k < kN; ++k) {
+      if (a.p[k] == nullptr || a.along[k] == 0) continue;
+      vector = vector && a.along[k] == int64_t(sizeof(S)) &&
+               reinterpret_cast<std::uintptr_t>(a.p[k]) % 16 == 0 && a.next[k] % 16 == 0;
+    }
+    const auto go = [&](auto threads, auto vectors) {
+      constexpr int kRowThreads = decltype(threads)::value;
+      constexpr int64_t kPerBlock = kRowBlock / kRowThreads;
       const unsigned grid = static_cast<unsigned>((a.rows + kPerBlock - 1) / kPerBlock);
-      launch(FUSEGEN_KERNEL(rows_kernel, S, F, 32), {grid}, kRowBlock, 0, stream, a, f);
-    } else {
-      launch(FUSEGEN_KERNEL(rows_kernel, S, F, kRowBlock), {static_cast<unsigned>(a.rows)},
+      launch(FUSEGEN_KERNEL(rows_kernel, S, F, kRowThreads, decltype(vectors)::value), {grid},
              kRowBlock, 0, stream, a, f);
+    };
+    using Warp = std::integral_constant<int, 32>;
+    using Block = std::integral_constant<int, kRowBlock>;
+    using On = std::true_type;
+    using Off = std::false_type;
+    if (a.length <= kWarpRowLength) {
+      vector ? go(Warp{}, On{}) : go(Warp{}, Off{});
+    } else {
+      vector ? go(Block{}, On{}) : go(Block{}, Off{});
     }
   });
 }

@@ -21,6 +21,10 @@ typedef unsigned long uintptr_t;
 #define INT64_C(c) c##L
 #define UINT64_C(c) c##UL
 
+// <cmath>'s constants, which the printed math spells (a row op's maximum starts at -INFINITY).
+#define INFINITY __int_as_float(0x7f800000)
+#define NAN __int_as_float(0x7fffffff)
+
 namespace std {
 
 using ::int64_t;
