@@ -35,6 +35,7 @@ EXPRS = {
     "dt_swish": ("x*sigmoid(beta*x)", ["beta"]),
     "dt_rope": ("(x1*c - x2*s, x2*c + x1*s)", []),
     "dt_rope_cat": ("torch.cat((x1*c - x2*s, x2*c + x1*s), -1)", []),
+    "dt_rms_norm": ("x * torch.rsqrt((x*x).mean(-1, keepdim=True) + eps) * w", ["eps"]),
 }
 # The same expressions as eager PyTorch, the oracle on DTensors and on plain tensors.
 EAGER = {
@@ -45,6 +46,7 @@ EAGER = {
     "dt_swish": lambda x, beta: x * torch.sigmoid(beta * x),
     "dt_rope": lambda x1, c, x2, s: (x1 * c - x2 * s, x2 * c + x1 * s),
     "dt_rope_cat": lambda x1, c, x2, s: torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1),
+    "dt_rms_norm": lambda x, w, eps: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w,
 }
 TOL = dict(rtol=1e-10, atol=1e-12)  # float64 throughout
 
@@ -415,6 +417,31 @@ def check_several_outputs(state):
     torch.testing.assert_close(out.full_tensor(), EAGER["dt_rope_cat"](*[a.full_tensor() for a in cat_args]), **TOL)
 
 
+def check_row_op(state):
+    """A row op (RMSNorm) on DTensors sharded by rows runs locally with eager's placements,
+    values and gradients (the weight's gradient Partial, then summed); one sharded along its
+    rows' dimension is redistributed first, never reduced over half a row."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh, dev = _mesh(state), state["device"]
+    op = state["ops"]["dt_rms_norm"]
+    for placement in (Shard(0), Shard(1)):
+        x = distribute_tensor(_full((8, 6), 70, dev), mesh, [placement]).requires_grad_()
+        w = distribute_tensor(_full((6,), 71, dev), mesh, [Replicate()]).requires_grad_()
+        out = op(x, w, eps=1e-5)
+        if placement == Shard(0):
+            assert out.placements == (Shard(0),), out.placements
+        else:
+            assert out.placements != (Shard(1),), out.placements
+        ex = x.detach().full_tensor().requires_grad_()
+        ew = w.detach().full_tensor().requires_grad_()
+        want = EAGER["dt_rms_norm"](ex, ew, 1e-5)
+        torch.testing.assert_close(out.full_tensor(), want, **TOL)
+        grads = torch.autograd.grad(out.sum(), (x, w))
+        for g, e in zip(grads, torch.autograd.grad(want.sum(), (ex, ew))):
+            torch.testing.assert_close(g.full_tensor(), e, **TOL)
+
+
 CHECKS = {
     "build_once": check_build_once,
     "placements": check_placements,
@@ -425,4 +452,5 @@ CHECKS = {
     "ddp": check_ddp,
     "step_op": check_step_op,
     "several_outputs": check_several_outputs,
+    "row_op": check_row_op,
 }

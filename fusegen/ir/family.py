@@ -19,3 +19,4 @@ class Member:
     outputs: int = 1          # a forward op's results (several: a tuple of tensors), a
                               # backward op's douts (its forward's outputs)
     joined: bool = False      # its two outputs are the halves of one result (torch.cat, dim -1)
+    rows: bool = False        # it reduces over the last dimension (a row op)

@@ -76,6 +76,24 @@ class RowProgram:
                           self.per_row)
 
 
+def is_row_value(expr, elementwise) -> bool:
+    """Whether `expr` has one value per row: it holds a reduction and reads no tensor element
+    (`elementwise`: the symbols of the tensor inputs) nor an incoming gradient outside one."""
+    seen, stack, found = set(), [expr], False
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if fn.is_reduction(node):
+            found = True
+            continue
+        if node in elementwise or fn.is_dout(node):
+            return False
+        stack.extend(node.args)
+    return found
+
+
 def has_reduction(exprs) -> bool:
     return any(fn.is_reduction(node) for node in dag.postorder(list(exprs)))
 

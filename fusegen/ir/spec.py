@@ -582,7 +582,7 @@ def _backward(outputs, wanted, budget: limits.Budget):
     per_row: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {}
     elementwise = set(wanted)
     for out, dout in zip(outputs, fn.douts(len(outputs))):
-        target = per_row if _is_row_value(out, elementwise) else flowing
+        target = per_row if rows.is_row_value(out, elementwise) else flowing
         _accumulate(target.setdefault(out, {}), (), dout)
     work = 0
     what = "the gradients"
@@ -627,24 +627,6 @@ def _backward(outputs, wanted, budget: limits.Budget):
 def _sum(total, term):
     """total + term, where either may be None (nothing yet)."""
     return term if total is None else total if term is None else fn.add(total, term)
-
-
-def _is_row_value(expr, elementwise: set) -> bool:
-    """Whether `expr` has one value per row: it reads no tensor element (`elementwise`, the
-    op's tensor inputs) outside a reduction, and it holds one (otherwise it is elementwise)."""
-    seen, stack, found = set(), [expr], False
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if fn.is_reduction(node):
-            found = True
-            continue
-        if node in elementwise or fn.is_dout(node):
-            return False
-        stack.extend(node.args)
-    return found
 
 
 def _row_vjp(node, element, row):

@@ -287,11 +287,13 @@ def register(spec, auxiliary, auxiliary_loader: Callable | None = None) -> tuple
     first use when `auxiliary_loader` is given, see `_register`). Returns the family's
     description, which the index keeps for a cached load (`register_cached`)."""
     if spec.name not in _FAMILIES:
+        from fusegen.ir import rows
         from fusegen.pytorch import derivatives
         infos = derivatives.infos(spec, auxiliary, _call_op, _op)
         for info in infos:
             _INFOS[info.name] = info
-        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None, i.count, i.joined)
+        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None, i.count, i.joined,
+                               rows.has_reduction(i.outputs))
                         for i in infos),
                   auxiliary_loader)
     return _FAMILIES[spec.name]

@@ -14,6 +14,7 @@ import torch
 
 from fusegen.ir import dag
 from fusegen.ir import primitives as fn
+from fusegen.ir import rows
 
 # Each node's eager callable (primitives.PRIMITIVES). Python's operators take a number as
 # it is; the torch functions want tensors (a number argument becomes a 0-dim tensor).
@@ -79,7 +80,10 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
     for node in dag.postorder(exprs):
         value(node)
     out = []
+    tensors = {s for s, v in values.items() if isinstance(v, torch.Tensor)}
+    row_shape = tuple(shape[:-1]) + (1,) if len(shape) else ()
     for e in exprs:
         v = tensor(value(e)).to(dtype)
-        out.append(v if tuple(v.shape) == tuple(shape) else v.expand(shape).clone())
+        want = row_shape if len(shape) and rows.is_row_value(e, tensors) else tuple(shape)  # one value per row
+        out.append(v if tuple(v.shape) == want else v.expand(want).clone())
     return out

@@ -126,10 +126,10 @@ def _register_rules(members) -> None:
         arguments = len(op._schema.arguments)  # a static_argnum past them all: no scalar is hashed
         if m.backward:  # except output_mask, the last, which decides the outputs
             register_op_strategy(op, schema_info=RuntimeSchemaInfo(static_argnum=arguments - 1))(
-                _strategy(True, m.outputs))
-        elif m.outputs > 1 or m.joined:  # torch's pointwise registrations take ops of one output
+                _strategy(True, m.outputs, whole_rows=m.rows))
+        elif m.outputs > 1 or m.joined or m.rows:  # torch's pointwise registrations: ops of one output
             register_op_strategy(op, schema_info=RuntimeSchemaInfo(static_argnum=arguments))(
-                _strategy(False, m.outputs, m.joined))
+                _strategy(False, m.outputs, m.joined or m.rows))
         elif single_dim is not None:
             single_dim(op, static_argnum=arguments)
         else:
@@ -137,11 +137,12 @@ def _register_rules(members) -> None:
                 earlier or _strategy(False))
 
 
-def _strategy(backward: bool, count: int = 1, joined: bool = False):
+def _strategy(backward: bool, count: int = 1, whole_rows: bool = False):
     """The op's strategy function: the pointwise table for one mesh dimension (plus the
     linear-in-the-gradient Partial rows of a backward op), expanded by DTensor. `count`: a
-    forward op's outputs, a backward op's douts (its forward's outputs); `joined`: the result
-    is two outputs side by side along its last dimension, which is then never sharded."""
+    forward op's outputs, a backward op's douts (its forward's outputs); `whole_rows`: the
+    last dimension is never sharded (the result is two outputs side by side along it, or the
+    op reduces over it: each shard must hold whole rows)."""
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor._op_schema import OpStrategy
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy, infer_broadcast_dims_map
@@ -153,7 +154,7 @@ def _strategy(backward: bool, count: int = 1, joined: bool = False):
         outputs = sum(bool(k) for k in args[-1]) if backward else count  # one per requested gradient
         dims = [infer_broadcast_dims_map(shape, t.shape) for t in tensors]
         rules = [[Replicate()] * (outputs + len(tensors))]
-        for d in range(len(shape) - joined):
+        for d in range(len(shape) - whole_rows):
             rules.append([Shard(d)] * outputs + [Shard(m[d]) if m[d] >= 0 else Replicate() for m in dims])
         if backward:
             for reduce in ("sum", "avg"):
