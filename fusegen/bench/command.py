@@ -1,7 +1,7 @@
 """`fusegen bench` (and `python -m fusegen.bench`): the subcommands, one table.
 
     fusegen bench [EXPR ...] [--quick] ...     # the race of implementations (core.py)
-    fusegen bench build | cpu | layouts | gp | ffn | compile | optim | rope
+    fusegen bench build | cpu | layouts | gp | ffn | compile | optim | rope | rows
 
 Each subcommand's module is imported only when it runs."""
 
@@ -59,8 +59,14 @@ def _rope(argv) -> int:  # RoPE on q and k, an op of two outputs joined by torch
     return rope.main(argv)
 
 
+def _rows(argv) -> int:  # RMSNorm, LayerNorm, softmax, residual + RMSNorm: ops that reduce over rows
+    from fusegen.bench import rows
+    return rows.main(argv)
+
+
 SUBCOMMANDS = {"build": _build, "cpu": _layouts("cpu"), "layouts": _layouts("layouts"), "gp": _gp,
-               "ffn": _ffn, "compile": _compile, "optim": _optim, "rope": _rope}
+               "ffn": _ffn, "compile": _compile, "optim": _optim, "rope": _rope,
+               "rows": _rows}
 
 
 def main(argv=None) -> int:

@@ -15,27 +15,63 @@
 
 namespace fusegen {
 
-// The storage element of operand k at (row base, element j), in the compute type.
-template <typename S>
-inline typename Host<S>::acc row_load(const char* base, int64_t stride, int64_t j) {
-  return Host<S>::load(*reinterpret_cast<const S*>(base + j * stride));
+// A row is computed a block at a time: its inputs converted into buffers of the compute
+// type, the math over the block in one loop without a branch (which GCC vectorizes, as the
+// elementwise loop), and a pass's values summed into kCpuLanes partial accumulators, lane
+// e % kCpuLanes for element e, combined in lane order at the end: a fixed order, so the
+// same bits on every run, that the compiler can keep in vector registers.
+constexpr int64_t kCpuRowBlock = 256;
+constexpr int kCpuLanes = 8;
+
+// Elements [j, j + m) of each input, converted into x[i][0 .. m).
+template <typename S, typename F, typename A>
+FUSEGEN_CPU_TARGETS void row_block_inputs(char* const* in, const int64_t* stride, int64_t j,
+                                          int64_t m, A (*x)[kCpuRowBlock]) {
+  for (int i = 0; i < F::kInputs; ++i) {
+    const char* base = in[i] + j * stride[i];
+    if (stride[i] == 0) {
+      const A value = Host<S>::load(*reinterpret_cast<const S*>(base));
+      for (int64_t e = 0; e < m; ++e) x[i][e] = value;
+    } else if (stride[i] == static_cast<int64_t>(sizeof(S))) {
+      const S* p = reinterpret_cast<const S*>(base);
+      for (int64_t e = 0; e < m; ++e) x[i][e] = Host<S>::load(p[e]);
+    } else {
+      for (int64_t e = 0; e < m; ++e)
+        x[i][e] = Host<S>::load(*reinterpret_cast<const S*>(base + e * stride[i]));
+    }
+  }
 }
 
 template <int kPass, typename S, typename F>
-void row_passes(const F& f, char* const* in, const int64_t* stride, int64_t length,
-                typename Host<S>::acc* row) {
+FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* stride,
+                                    int64_t length, typename Host<S>::acc* row) {
   if constexpr (kPass < F::kPasses) {
     using A = typename Host<S>::acc;
-    A acc[kRowSlots<F>];
-    A v[kRowSlots<F>];
-    f.template init<kPass>(acc);
-    for (int64_t j = 0; j < length; ++j) {  // in order: the same sum on every run
-      A x[F::kInputs > 0 ? F::kInputs : 1];
-      for (int i = 0; i < F::kInputs; ++i) x[i] = row_load<S>(in[i], stride[i], j);
-      f.template pass<kPass>(x, row, v);
-      f.template combine<kPass>(acc, v);
+    constexpr int kBegin = F::pass_begin(kPass);
+    constexpr int kEnd = F::pass_begin(kPass + 1);
+    A lanes[kCpuLanes][kRowSlots<F>];
+    for (int l = 0; l < kCpuLanes; ++l) f.template init<kPass>(lanes[l]);
+    A x[F::kInputs > 0 ? F::kInputs : 1][kCpuRowBlock];
+    A v[kRowSlots<F>][kCpuRowBlock];
+    for (int64_t j = 0; j < length; j += kCpuRowBlock) {
+      const int64_t m = length - j < kCpuRowBlock ? length - j : kCpuRowBlock;
+      row_block_inputs<S, F>(in, stride, j, m, x);
+#pragma GCC ivdep
+      for (int64_t e = 0; e < m; ++e) {
+        A xe[F::kInputs > 0 ? F::kInputs : 1];
+        A ve[kRowSlots<F>];
+        for (int i = 0; i < F::kInputs; ++i) xe[i] = x[i][e];
+        f.template pass<kPass>(xe, row, ve);
+        for (int k = kBegin; k < kEnd; ++k) v[k][e] = ve[k];
+      }
+      for (int64_t e = 0; e < m; ++e) {  // element j + e into lane (j + e) % kCpuLanes
+        A other[kRowSlots<F>];
+        for (int k = kBegin; k < kEnd; ++k) other[k] = v[k][e];
+        f.template combine<kPass>(lanes[e % kCpuLanes], other);
+      }
     }
-    f.template finish<kPass>(static_cast<A>(length), acc, row);
+    for (int l = 1; l < kCpuLanes; ++l) f.template combine<kPass>(lanes[0], lanes[l]);
+    f.template finish<kPass>(static_cast<A>(length), lanes[0], row);
     row_passes<kPass + 1, S>(f, in, stride, length, row);
   }
 }
@@ -43,7 +79,7 @@ void row_passes(const F& f, char* const* in, const int64_t* stride, int64_t leng
 // The loop over loop.sizes[1] rows of loop.sizes[0] elements: operand k's element (j, r)
 // at data[k] + j * strides[k] + r * strides[num_operands + k] (bytes); outputs first.
 template <typename S, typename F>
-void rows_cpu(const CudaLoop& loop, const F& f) {
+FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
   using A = typename Host<S>::acc;
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
@@ -52,20 +88,31 @@ void rows_cpu(const CudaLoop& loop, const F& f) {
   const int64_t rows = loop.sizes[1];
   const int64_t* col = loop.strides;
   const int64_t* step = loop.strides + loop.num_operands;
+  A x[kIn > 0 ? kIn : 1][kCpuRowBlock];
+  A y[kOut][kCpuRowBlock];
   for (int64_t r = 0; r < rows; ++r) {
     char* base[kN];
     for (int k = 0; k < kN; ++k)
       base[k] = loop.data[k] == nullptr ? nullptr : loop.data[k] + r * step[k];
     A row[kRowSlots<F>];
     row_passes<0, S>(f, base + kOut, col + kOut, length, row);
-    for (int64_t j = 0; j < length; ++j) {
-      A x[kIn > 0 ? kIn : 1];
-      A y[kOut];
-      for (int i = 0; i < kIn; ++i) x[i] = row_load<S>(base[kOut + i], col[kOut + i], j);
-      f(x, row, y);
+    for (int64_t j = 0; j < length; j += kCpuRowBlock) {
+      const int64_t m = length - j < kCpuRowBlock ? length - j : kCpuRowBlock;
+      row_block_inputs<S, F>(base + kOut, col + kOut, j, m, x);
+#pragma GCC ivdep
+      for (int64_t e = 0; e < m; ++e) {
+        A xe[kIn > 0 ? kIn : 1];
+        A ye[kOut];
+        for (int i = 0; i < kIn; ++i) xe[i] = x[i][e];
+        f(xe, row, ye);
+        for (int k = 0; k < kOut; ++k) y[k][e] = ye[k];
+      }
       for (int k = 0; k < kOut; ++k) {
         if (base[k] == nullptr || (F::per_row(k) && j > 0)) continue;
-        *reinterpret_cast<S*>(base[k] + j * col[k]) = Host<S>::store(y[k]);
+        const int64_t count = F::per_row(k) ? 1 : m;
+        char* out = base[k] + j * col[k];
+        for (int64_t e = 0; e < count; ++e)
+          *reinterpret_cast<S*>(out + e * col[k]) = Host<S>::store(y[k][e]);
       }
     }
   }

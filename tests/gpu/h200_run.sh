@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|compile|narrow|tiles|accumulating|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|compile|narrow|tiles|accumulating|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
-# 3, build 1.5); `all` is more than the 10 minutes a call may run and brings back more
-# than the 8 files a call returns, so split it over calls.
+# 3, build 1.5, rows 3.5); `all` is more than the 10 minutes a call may run and brings
+# back more than the 8 files a call returns, so split it over calls.
 set -uo pipefail
 what=${1:-all}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FUSEGEN_CACHE_DIR=${FUSEGEN_CACHE_DIR:-/tmp/fusegen-cache}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 FUSEGEN_CACHE_DIR=${FUSEGEN_CACHE_DIR:-/tmp/fusegen-cache}
 OUT=${OUT:-/tmp/fusegen-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
@@ -47,6 +47,14 @@ if [[ $what == optim || $what == all ]]; then
 fi
 if [[ $what == rope || $what == all ]]; then
   python3 -m fusegen.bench rope --json "$OUT/bench_rope.json" 2>&1 | tee "$OUT/bench_rope.log"
+  status=$((status | ${PIPESTATUS[0]}))
+fi
+# The row ops (norms, softmax): their CUDA tests, then `fusegen bench rows` (default shapes).
+# The GPU image has no Liger Kernel: a wheel installed with pip --target is found through
+# PYTHONPATH, which this script extends rather than replaces.
+if [[ $what == rows || $what == all ]]; then
+  python3 -m pytest -q -m cuda tests/gpu/test_rows_cuda.py 2>&1 | tee "$OUT/pytest_rows.log"; status=$((status | ${PIPESTATUS[0]}))
+  python3 -m fusegen.bench rows --json "$OUT/bench_rows.json" 2>&1 | tee "$OUT/bench_rows.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
 if [[ $what == compile || $what == all ]]; then

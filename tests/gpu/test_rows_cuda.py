@@ -1,0 +1,247 @@
+"""On a GPU: ops that reduce over the last dimension (RMSNorm, LayerNorm, softmax,
+log_softmax, residual + RMSNorm of two outputs) through both shapes of the row kernel
+(rows of up to 1024 elements one per warp, longer ones one per 256-thread block), every
+dtype, against eager in float64 on the same values, forward and every gradient; 3-D,
+transposed, sliced and per-row broadcast inputs; two runs, and the two compilers (NVRTC,
+nvcc), give the same bits; amax's and amin's gradient is split evenly between ties; no rows,
+no work.
+
+    PYTHONPATH=. python -m pytest -q -m cuda tests/gpu/test_rows_cuda.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusegen
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+EPS = 1e-6
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (rtol, atol as a share of the reference's largest magnitude): one rounding of the result
+# to the storage type, after float math whose sums run over up to 8192 elements.
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+# Around the warp/block boundary (1024) and a warp's 32 lanes; 1 is a row of one element.
+LENGTHS = [1, 7, 64, 1000, 1024, 1025, 4096, 8192]
+ROWS = 37  # not a multiple of the 8 rows a block of warps takes: the last block is partial
+
+
+def _mean(t):
+    return t.mean(-1, keepdim=True)
+
+
+def _rmsnorm(x, w):
+    return x * torch.rsqrt(_mean(x * x) + EPS) * w
+
+
+def _layernorm(x, w, b):
+    c = x - _mean(x)
+    return c * torch.rsqrt(_mean(c * c) + EPS) * w + b
+
+
+def _resnorm(x, r, w):
+    return x + r, _rmsnorm(x + r, w)
+
+
+# name -> (expression, inputs, scalars, eager, the inputs of one value per element of x)
+OPS = {
+    "rmsnorm": ("x * torch.rsqrt((x*x).mean(-1, keepdim=True) + eps) * w", "x,w", ["eps"], _rmsnorm, "x"),
+    "layernorm": ("(x - x.mean(-1, keepdim=True)) * torch.rsqrt(((x - x.mean(-1, keepdim=True))**2)"
+                  ".mean(-1, keepdim=True) + eps) * w + b", "x,w,b", ["eps"], _layernorm, "x"),
+    "softmax": ("torch.exp(x - torch.amax(x, -1, keepdim=True)) / "
+                "torch.exp(x - torch.amax(x, -1, keepdim=True)).sum(-1, keepdim=True)", "x", [],
+                lambda x: torch.softmax(x, -1), "x"),
+    "log_softmax": ("x - torch.logsumexp(x, -1, keepdim=True)", "x", [], lambda x: torch.log_softmax(x, -1),
+                    "x"),
+    "resnorm": ("(x + r, (x + r) * torch.rsqrt(((x + r)*(x + r)).mean(-1, keepdim=True) + eps) * w)", "x,r,w",
+                ["eps"], _resnorm, "x,r"),
+}
+EXTREMES = {"amax": ("torch.amax(x, -1, keepdim=True)", torch.amax),
+            "amin": ("torch.amin(x, -1, keepdim=True)", torch.amin)}
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def ops(monkeypatch_module):
+    """route -> name -> FusedOp: every op once per compiler, each route's in one library."""
+    built = {}
+    for route in ("nvrtc", "nvcc"):
+        monkeypatch_module.setenv("FUSEGEN_CUDA_COMPILER", route)
+        requests = [{"expr": text, "name": f"test_rows_{name}_{route}", "inputs": inputs, "scalars": scalars}
+                    for name, (text, inputs, scalars, _, _) in OPS.items()]
+        requests += [{"expr": text, "name": f"test_rows_{name}_{route}"}
+                     for name, (text, _) in EXTREMES.items()]
+        names = list(OPS) + list(EXTREMES)
+        built[route] = dict(zip(names, fusegen.fuse_many(requests)))
+    return built
+
+
+def _call(op, name):
+    """The op as a function of its tensors (eps positional, as a user may pass it)."""
+    return (lambda *t: op(*t, EPS)) if OPS[name][2] else op
+
+
+def _inputs(name, lead, n, dtype, seed=0):
+    """The op's inputs: x (and r) of shape lead + (n,), the weights of shape (n,)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def r(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(shape, device="cuda", generator=g) * scale + shift).to(dtype)
+
+    make = {"x": lambda: r(*lead, n), "r": lambda: r(*lead, n), "w": lambda: r(n, scale=0.1, shift=1.0),
+            "b": lambda: r(n, scale=0.1)}
+    return [make[k]() for k in OPS[name][1].split(",")]
+
+
+def _run(f, leaves, douts, view=None):
+    """(outputs..., gradient of every leaf...) of f at view(leaves), synchronized."""
+    leaves = [t.detach().requires_grad_() for t in leaves]
+    args = view(*leaves) if view is not None else leaves
+    out = f(*args)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    grads = torch.autograd.grad(outs, leaves, douts)
+    torch.cuda.synchronize()
+    return [o.detach() for o in outs] + list(grads)
+
+
+def _douts(name, leaves, dtype, view=None, seed=1):
+    """Output gradients of the shapes eager's outputs have."""
+    args = view(*leaves) if view is not None else leaves
+    out = OPS[name][3](*args)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(o.shape, device="cuda", generator=g).to(dtype) for o in outs]
+
+
+def _check(name, ops, leaves, douts, dtype, what, view=None, floor=None):
+    """Both routes give the same bits, and they match eager in float64 on the same values;
+    `floor`: result index -> the least magnitude its tolerance is a share of (a result that
+    is a sum cancelling to about zero)."""
+    got = {route: _run(_call(built[name], name), leaves, douts, view) for route, built in ops.items()}
+    for k, (a, b) in enumerate(zip(got["nvrtc"], got["nvcc"])):
+        assert torch.equal(a, b), f"{what}, result {k}: NVRTC and nvcc differ"
+    want = _run(OPS[name][3], [t.double() for t in leaves], [d.double() for d in douts], view)
+    rtol, atol = TOL[dtype]
+    for k, (a, w) in enumerate(zip(got["nvrtc"], want)):
+        assert a.shape == w.shape and a.dtype == dtype, f"{what}, result {k}: {a.shape} {a.dtype}"
+        scale = max(float(w.abs().max()) if w.numel() else 1.0, (floor or {}).get(k, 0.0), 1e-30)
+        torch.testing.assert_close(a.double(), w, rtol=rtol, atol=atol * scale,
+                                   msg=lambda m: f"{what}, result {k}: {m}")
+    return got["nvrtc"]
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(OPS))
+def test_matches_float64_eager_and_both_routes_agree(ops, name, dtype, n):
+    leaves = _inputs(name, (ROWS,), n, dtype)
+    _check(name, ops, leaves, _douts(name, leaves, dtype), dtype, f"{name} {dtype} rows of {n}")
+
+
+def _layout(name, layout, dtype):
+    """(leaves, view): the op's inputs in one layout, and the function making its arguments
+    of them (None: the leaves themselves)."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+
+    def r(*shape):
+        return torch.randn(shape, device="cuda", generator=g).to(dtype)
+
+    inputs = OPS[name][1].split(",")
+    if layout == "3d":  # leading dimensions collapsed into rows
+        return _inputs(name, (3, 5), 1000, dtype), None
+    if layout == "transposed":  # x's elements 64 apart along a row, its rows adjacent
+        leaves = _inputs(name, (64,), 777, dtype)
+        leaves[0] = r(777, 64).t()
+        return leaves, None
+    if layout == "sliced":  # rows 1030 apart, the first element not aligned to a vector
+        leaves = _inputs(name, (40,), 1024, dtype)
+        leaves[0] = r(40, 1030)[:, 3:1027]
+        return leaves, None
+    # per row: an input of one value per row broadcast along it (shape (rows, 1))
+    if inputs == ["x"]:  # x itself, expanded along the row (stride 0), its gradient summed back
+        return [r(50, 1)], lambda x: [x.expand(50, 300)]
+    leaves = _inputs(name, (50,), 300, dtype)
+    k = inputs.index("r" if "r" in inputs else inputs[-1])  # resnorm's r, rmsnorm's w, layernorm's b
+    leaves[k] = r(50, 1)
+    return leaves, None
+
+
+@pytest.mark.parametrize("layout", ["3d", "transposed", "sliced", "per_row"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(OPS))
+def test_layouts(ops, name, dtype, layout):
+    leaves, view = _layout(name, layout, dtype)
+    douts = _douts(name, leaves, dtype, view)
+    floor = None
+    if view is not None:  # x's gradient summed over its expanded row is 0 up to the rounding of each term
+        n = view(*leaves)[0].shape[-1]
+        floor = {1: float(douts[0].abs().max()) * n ** 0.5}
+    _check(name, ops, leaves, douts, dtype, f"{name} {dtype} {layout}", view, floor)
+
+
+@pytest.mark.parametrize("n", [7, 1000, 4096])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(OPS))
+def test_two_runs_give_the_same_bits(ops, name, dtype, n):
+    """Each row is reduced in a fixed order (no atomics): identical bits on every run, in
+    torch's default (nondeterministic) mode; a weight's gradient is ATen's sum over rows."""
+    op = _call(ops["nvrtc"][name], name)
+    leaves = _inputs(name, (300,), n, dtype, seed=3)
+    douts = _douts(name, leaves, dtype)
+    first, second = _run(op, leaves, douts), _run(op, leaves, douts)
+    for k, (a, b) in enumerate(zip(first, second)):
+        assert torch.equal(a, b), f"{name} {dtype} rows of {n}, result {k}"
+
+
+def _tied_rows(n: int, sign: float) -> torch.Tensor:
+    """Rows whose extreme (max for sign 1, min for -1) appears once, twice, three times
+    (the first and last elements among them) and everywhere."""
+    x = torch.randn(4, n, dtype=torch.float64).clamp(-2, 2) * sign
+    top = 3.0 * sign
+    x[0, n // 2] = top
+    x[1, [0, n - 1]] = top
+    x[2, [0, n // 3, n - 1]] = top
+    x[3] = top
+    return x
+
+
+@pytest.mark.parametrize("n", [7, 1000, 2000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(EXTREMES))
+def test_ties_share_the_gradient_evenly(ops, name, dtype, n):
+    """amax/amin's gradient: the row's output gradient divided evenly between its tied
+    extremes (as torch's amax/amin), never all to one of them."""
+    x = _tied_rows(n, 1.0 if name == "amax" else -1.0).to(dtype).cuda()
+    dout = torch.tensor([[1.0], [2.0], [3.0], [4.0]], device="cuda").to(dtype)
+    eager = EXTREMES[name][1]
+    for route in ("nvrtc", "nvcc"):
+        got = _run(ops[route][name], [x], [dout])
+        want = _run(lambda t: eager(t, -1, keepdim=True), [x.double()], [dout.double()])
+        torch.testing.assert_close(got[0].double(), want[0], rtol=0, atol=0)
+        torch.testing.assert_close(got[1].double(), want[1], rtol=TOL[dtype][0], atol=0,
+                                   msg=lambda m: f"{route} {name}: {m}")
+        counts = (x == got[0]).sum(-1).tolist()
+        assert counts[:3] == [1, 2, 3] and counts[3] == n
+        nonzero = (got[1] != 0).sum(-1).tolist()
+        assert nonzero == counts, f"{route} {name}: the gradient reaches {nonzero} elements of ties {counts}"
+
+
+@pytest.mark.parametrize("lead", [(0,), (2, 0)], ids=str)
+@pytest.mark.parametrize("name", list(OPS))
+def test_no_rows_gives_empty_results(ops, name, lead):
+    leaves = _inputs(name, lead, 64, torch.float32)
+    douts = _douts(name, leaves, torch.float32)
+    got = _run(_call(ops["nvrtc"][name], name), leaves, douts)
+    want = _run(OPS[name][3], leaves, douts)
+    for k, (a, w) in enumerate(zip(got, want)):
+        assert a.shape == w.shape and (a.numel() == 0 or torch.equal(a, w)), f"{name} {lead}, result {k}"
