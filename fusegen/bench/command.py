@@ -1,7 +1,7 @@
 """`fusegen bench` (and `python -m fusegen.bench`): the subcommands, one table.
 
     fusegen bench [EXPR ...] [--quick] ...     # the race of implementations (core.py)
-    fusegen bench build | cpu | layouts | gp | ffn | compile | optim | rope | rows
+    fusegen bench build | cpu | layouts | gp | ffn | compile | optim | rope | rows | block
 
 Each subcommand's module is imported only when it runs."""
 
@@ -64,9 +64,14 @@ def _rows(argv) -> int:  # RMSNorm, LayerNorm, softmax, residual + RMSNorm: ops 
     return rows.main(argv)
 
 
+def _block(argv) -> int:  # a Llama-style decoder's training step: eager, compile, fusegen, Liger
+    from fusegen.bench import block
+    return block.main(argv)
+
+
 SUBCOMMANDS = {"build": _build, "cpu": _layouts("cpu"), "layouts": _layouts("layouts"), "gp": _gp,
                "ffn": _ffn, "compile": _compile, "optim": _optim, "rope": _rope,
-               "rows": _rows}
+               "rows": _rows, "block": _block}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,484 @@
+"""One training step of a small Llama-style decoder, five ways: `fusegen bench block`.
+
+    fusegen bench block [--layers 4] [--hidden 2048] [--heads 16] [--head-dim 128] [--mlp 5632]
+                        [--vocab 32000] [--batch 4] [--seq 2048] [--steps 10] [--check-steps 20]
+                        [--variants eager,compile,fusegen,fusegen+compile,liger] [--no-compile]
+                        [--quick] [--device auto|cuda|cpu] [--json out.json]
+
+The model is written here in plain PyTorch (no model library): a token embedding; decoder
+layers of RMSNorm -> q, k, v projections -> RoPE on q and k ->
+F.scaled_dot_product_attention(is_causal=True) -> o projection -> residual add -> RMSNorm ->
+SwiGLU MLP (one gate_up projection whose output's `.chunk(2, -1)` halves are the gate and the
+up, as ffn.py writes it; `silu(gate) * up`; the down projection) -> residual add; a final
+RMSNorm; an untied LM head; cross-entropy of the next token, in float32 as Hugging Face's loss
+computes it. Each residual add is done together with the RMSNorm that reads its sum (the
+next layer's or the final one): the same arithmetic in every variant, written so that one op
+can do both. One step is the forward, the backward and torch.optim.AdamW(fused=True).
+
+Variants, each its own model with the same initial weights, all trained on one batch (the
+same at every step, so that the loss falls and its curve follows the gradients):
+
+- eager: PyTorch ops; F.rms_norm, Hugging Face's `q*cos + rotate_half(q)*sin` with
+  full-width tables, `F.silu(gate) * up`, F.cross_entropy;
+- compile: torch.compile of the eager model (its first step, which compiles, is a warm-up);
+- fusegen: the eager model with fusegen ops for the memory-bound parts: `block_rms_norm`
+  (`x * torch.rsqrt((x*x).mean(-1, keepdim=True) + eps) * w`, once, before the first
+  layer), `block_add_rms_norm` (the residual add and the RMSNorm of its sum, two outputs),
+  `block_rope` (rope.py's two-output op on `q.chunk(2, -1)`, with cos/sin half tables) and
+  `block_swiglu` (`a * torch.sigmoid(a) * b` on the gate_up halves). The cross-entropy stays
+  F.cross_entropy: it gathers the target's logit, and fusegen has no gather yet;
+- fusegen+compile: torch.compile of the fusegen model (the fused ops stay opaque calls to
+  their kernels unless $FUSEGEN_COMPILE says otherwise);
+- liger: the eager model with Liger Kernel's functional ops (liger_kernel.transformers.
+  functional, whose names are the same from 0.5 to 0.8): liger_rms_norm after the plain
+  residual add, liger_rope, liger_swiglu, and liger_fused_linear_cross_entropy in place of
+  the LM head and the loss, as Liger's Llama patch trains: it never holds the (tokens, vocab)
+  logits, which every other variant materializes. CUDA only (Triton); skipped with the
+  reason where it is not installed. Its SwiGLU makes the strided gate_up halves contiguous
+  before its kernel (a copy that separate gate and up projections would not need).
+
+Times: CUDA events around each step (perf_counter on a CPU), the median over `--steps`
+steps with the spread (half the interquartile range, % of the median), tokens per second, the
+speed-up over eager, and the peak of allocated CUDA memory during the variant's steps. Before
+them, `--check-steps` steps (the warm-up, compiles included) record each variant's loss
+curve from the same initial weights; the largest relative difference from eager's curve is
+reported and checked against `--rtol` (default 5e-2 in bf16, whose rounding alone is expected
+to move the curves by about 1e-2; 1e-4 in fp32, where the CPU's variants agree to about
+1e-7), and a variant past it makes the exit status 1.
+
+Without CUDA the default is a tiny model in float32 (CPU_CONFIG), so that a test can run
+every variant; `--no-compile` leaves out the two torch.compile variants (on a 2-core CPU
+their compiles take most of a minute) and says so in the skipped list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fusegen.bench.core import DTYPES, device_info, dtype_name, name_list, spread_pct
+from fusegen.bench.peers import configure_compile, failure, optional_module
+from fusegen.bench.rope import ROPE, _tables, rotate_half
+from fusegen.files import write_text
+
+EPS = 1e-6
+VARIANTS = ("eager", "compile", "fusegen", "fusegen+compile", "liger")
+COMPILED = {"compile", "fusegen+compile"}
+# the relative loss-curve difference from eager past which a variant fails the check
+RTOL = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 5e-2, torch.float16: 5e-2}
+
+FUSEGEN_OPS = (
+    {"expr": "x * torch.rsqrt((x*x).mean(-1, keepdim=True) + eps) * w", "name": "block_rms_norm",
+     "scalars": ["eps"]},
+    {"expr": "h = x + r; (h, h * torch.rsqrt((h*h).mean(-1, keepdim=True) + eps) * w)",
+     "name": "block_add_rms_norm", "scalars": ["eps"]},
+    {"expr": ROPE, "name": "block_rope", "inputs": "x1,x2,c,s"},
+    {"expr": "a * torch.sigmoid(a) * b", "name": "block_swiglu"},
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    layers: int
+    hidden: int
+    heads: int
+    head_dim: int
+    mlp: int
+    vocab: int
+    batch: int
+    seq: int
+
+
+CUDA_CONFIG = Config(layers=4, hidden=2048, heads=16, head_dim=128, mlp=5632, vocab=32000, batch=4, seq=2048)
+QUICK_CONFIG = Config(layers=2, hidden=1024, heads=8, head_dim=128, mlp=2816, vocab=32000, batch=2, seq=1024)
+CPU_CONFIG = Config(layers=2, hidden=64, heads=4, head_dim=16, mlp=128, vocab=256, batch=2, seq=32)
+STEPS = {"cuda": 10, "cpu": 3}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What a variant computes the memory-bound parts with; the projections, the attention
+    and the embedding are PyTorch's in every variant."""
+
+    norm: Callable      # (x, w) -> rms_norm(x) * w
+    add_norm: Callable  # (x, r, w) -> (x + r, rms_norm(x + r) * w)
+    rope: Callable      # (q, k, model) -> q and k rotated, (batch, heads, seq, head_dim)
+    swiglu: Callable    # (gate, up) -> silu(gate) * up
+    loss: Callable      # (normed hidden, LM head weight, targets) -> mean cross-entropy
+
+
+def eager_norm(x, w):
+    return F.rms_norm(x, x.shape[-1:], w, EPS)
+
+
+def eager_add_norm(x, r, w):
+    h = x + r
+    return h, eager_norm(h, w)
+
+
+def eager_rope(q, k, model):
+    cos, sin = model.cos, model.sin
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def eager_swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def eager_loss(hidden, weight, targets):
+    logits = F.linear(hidden, weight).float()
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+EAGER = Kernels(eager_norm, eager_add_norm, eager_rope, eager_swiglu, eager_loss)
+
+
+def fusegen_kernels() -> Kernels:
+    """The fused ops, built into one library in one compiler run."""
+    import fusegen
+
+    norm_op, add_norm_op, rope_op, swiglu_op = fusegen.fuse_many(FUSEGEN_OPS)
+
+    def norm(x, w):
+        return norm_op(x, w, eps=EPS)
+
+    def add_norm(x, r, w):
+        return add_norm_op(x, r, w, eps=EPS)
+
+    def rope(q, k, model):
+        c, s = model.cos_half, model.sin_half
+        return rope_op(*q.chunk(2, -1), c, s), rope_op(*k.chunk(2, -1), c, s)
+
+    return Kernels(norm, add_norm, rope, swiglu_op, eager_loss)
+
+
+def liger_kernels(device: str):
+    """Liger Kernel's ops, or the reason they cannot run here."""
+    if device != "cuda":
+        return None, "needs CUDA (Liger Kernel's ops are Triton kernels)"
+    functional = optional_module("liger_kernel.transformers.functional")
+    if functional is None:
+        return None, "liger_kernel is not installed (pip install liger-kernel)"
+    names = ("liger_rms_norm", "liger_rope", "liger_swiglu", "liger_fused_linear_cross_entropy")
+    missing = [n for n in names if not hasattr(functional, n)]
+    if missing:
+        return None, f"liger_kernel {_version('liger-kernel')} has no {', '.join(missing)}"
+
+    def norm(x, w):
+        return functional.liger_rms_norm(x, w, EPS)
+
+    def add_norm(x, r, w):
+        h = x + r
+        return h, norm(h, w)
+
+    def rope(q, k, model):  # tables (1, seq, head_dim), as Hugging Face's rotary embedding gives them
+        return functional.liger_rope(q, k, model.cos[None], model.sin[None])
+
+    def loss(hidden, weight, targets):
+        out = functional.liger_fused_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), weight,
+                                                          targets.reshape(-1))
+        # the loss alone unless z-loss or accuracy is asked for; a tuple or an output
+        # object in some releases
+        return out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+
+    return Kernels(norm, add_norm, rope, functional.liger_swiglu, loss), None
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        width = cfg.heads * cfg.head_dim
+        self.attn_norm = nn.Parameter(torch.ones(cfg.hidden))
+        self.q = nn.Linear(cfg.hidden, width, bias=False)
+        self.k = nn.Linear(cfg.hidden, width, bias=False)
+        self.v = nn.Linear(cfg.hidden, width, bias=False)
+        self.o = nn.Linear(width, cfg.hidden, bias=False)
+        self.mlp_norm = nn.Parameter(torch.ones(cfg.hidden))
+        self.gate_up = nn.Linear(cfg.hidden, 2 * cfg.mlp, bias=False)
+        self.down = nn.Linear(cfg.mlp, cfg.hidden, bias=False)
+
+
+class Decoder(nn.Module):
+    """The decoder, its memory-bound parts computed by `kernels`. forward(tokens, targets)
+    returns the mean next-token loss."""
+
+    def __init__(self, cfg: Config, kernels: Kernels):
+        super().__init__()
+        self.cfg, self.kernels = cfg, kernels
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden))
+        self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        # RoPE's tables: the cos/sin halves (seq, head_dim / 2) and their full-width (seq,
+        # head_dim) copies; buffers, so that .to() casts them with the weights
+        c, s = _tables(cfg.seq, cfg.head_dim, torch.float32, "cpu")
+        for name, table in (("cos_half", c), ("sin_half", s), ("cos", torch.cat((c, c), -1)),
+                            ("sin", torch.cat((s, s), -1))):
+            self.register_buffer(name, table, persistent=False)
+
+    def forward(self, tokens, targets):
+        k = self.kernels
+        x = self.embed(tokens)
+        h, n = x, k.norm(x, self.layers[0].attn_norm)
+        for i, layer in enumerate(self.layers):
+            h, n = k.add_norm(h, self._attention(layer, n), layer.mlp_norm)
+            following = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
+            h, n = k.add_norm(h, self._mlp(layer, n), following)
+        return k.loss(n, self.head.weight, targets)
+
+    def _attention(self, layer: Layer, x):
+        batch, seq, _ = x.shape
+        heads, dim = self.cfg.heads, self.cfg.head_dim
+        q, k, v = (p(x).view(batch, seq, heads, dim).transpose(1, 2) for p in (layer.q, layer.k, layer.v))
+        q, k = self.kernels.rope(q, k, self)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return layer.o(out.transpose(1, 2).reshape(batch, seq, heads * dim))
+
+    def _mlp(self, layer: Layer, x):
+        gate, up = layer.gate_up(x).chunk(2, -1)
+        return layer.down(self.kernels.swiglu(gate, up))
+
+
+def initial_weights(cfg: Config, dtype, device: str, seed: int = 0) -> dict:
+    """The weights every variant starts from: N(0, 0.02) matrices, unit norm weights."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Decoder(cfg, EAGER)
+    for p in model.parameters():
+        if p.dim() == 2:
+            nn.init.normal_(p, std=0.02)
+    return {k: v.to(device=device, dtype=dtype) for k, v in model.state_dict().items()}
+
+
+def batch(cfg: Config, device: str, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(cfg.vocab, (cfg.batch, cfg.seq + 1), generator=g)
+    return data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)
+
+
+def _optimizer(params, lr: float):
+    """AdamW with fused=True; the foreach form where this build has no fused kernel for the
+    parameters' device and dtype (noted in the result)."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, fused=True), "fused"
+    except (RuntimeError, ValueError) as err:
+        return torch.optim.AdamW(params, lr=lr, foreach=True), f"foreach ({failure(err)})"
+
+
+def _sync(device: str):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_variant(name: str, kernels: Kernels, cfg: Config, weights: dict, data, args, device: str) -> dict:
+    """One variant: the loss curve of `check_steps` steps from `weights` (the warm-up), then
+    `steps` timed steps."""
+    with torch.device(device):  # built where it runs: no host-side initialization of weights overwritten next
+        model = Decoder(cfg, kernels).to(device=device, dtype=weights["embed.weight"].dtype)
+    model.load_state_dict(weights)
+    forward = torch.compile(model) if name in COMPILED else model
+    optimizer, kind = _optimizer(list(model.parameters()), args.lr)
+    tokens, targets = data
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = forward(tokens, targets)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    first = step()
+    _sync(device)
+    first_s = time.perf_counter() - started
+    losses = torch.stack([first] + [step() for _ in range(args.check_steps - 1)]).float().tolist()
+    times = _timed(step, args.steps, device)
+    row = {"variant": name, "ms": statistics.median(times), "min": min(times), "max": max(times),
+           "spread_pct": spread_pct(times), "samples": len(times), "first_step_s": first_s,
+           "tokens_per_s": cfg.batch * cfg.seq / (statistics.median(times) / 1e3), "optimizer": kind,
+           "losses": losses}
+    if device == "cuda":
+        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
+
+
+def _timed(step, steps: int, device: str) -> list[float]:
+    """Milliseconds of each step: CUDA events recorded around every step and read after the
+    last one (one synchronization, so that the host runs ahead as in training), or
+    perf_counter on a CPU."""
+    if device != "cuda":
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t) * 1e3)
+        return times
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(steps)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def _release(device: str):
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run(cfg: Config, dtype, wanted, args, device: str) -> dict:
+    configure_compile(False, 1)
+    result = {"device": device_info(device), "config": asdict(cfg), "dtype": dtype_name(dtype),
+              "liger_kernel": _version("liger-kernel"), "steps": args.steps, "check_steps": args.check_steps,
+              "lr": args.lr, "rtol": args.rtol, "rows": [], "skipped": []}
+    rows, skipped = result["rows"], result["skipped"]
+    kernels = {"eager": lambda: EAGER, "compile": lambda: EAGER}
+    fused: list = []
+
+    def fusegen_once():  # one build for both fusegen variants
+        if not fused:
+            started = time.perf_counter()
+            fused.append(fusegen_kernels())
+            result["fusegen_build_s"] = time.perf_counter() - started
+        return fused[0]
+
+    def liger():
+        found, why = liger_kernels(device)
+        if found is None:
+            raise LookupError(why)
+        return found
+
+    kernels.update({"fusegen": fusegen_once, "fusegen+compile": fusegen_once, "liger": liger})
+    weights = initial_weights(cfg, dtype, device)
+    data = batch(cfg, device)
+    for name in VARIANTS:
+        if name not in wanted:
+            skipped.append({"variant": name, "reason": "not in --variants"})
+            continue
+        if name in COMPILED and args.no_compile:
+            skipped.append({"variant": name, "reason": "--no-compile (torch.compile variants left out)"})
+            continue
+        print(f"  {name} ...", flush=True)
+        try:
+            rows.append(run_variant(name, kernels[name](), cfg, weights, data, args, device))
+        except LookupError as err:  # a peer that is not here: its reason
+            skipped.append({"variant": name, "reason": str(err).strip("'\"")})
+        except Exception as err:  # a peer failing (OOM, a Triton or compile error): reported, the run goes on
+            if name in ("eager", "fusegen"):
+                raise
+            skipped.append({"variant": name, "reason": failure(err)})
+        if name in COMPILED:  # dynamo's cache holds the compiled step: let its memory go
+            torch._dynamo.reset()
+        _release(device)
+        if args.json:  # after each variant: a run cut short keeps what it measured
+            write_text(args.json, json.dumps(result, indent=1) + "\n")
+    _check(result)
+    if args.json:
+        write_text(args.json, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _check(result: dict):
+    """Each row's speed-up over eager and its loss curve's largest relative difference from
+    eager's, against the tolerance."""
+    eager = next((r for r in result["rows"] if r["variant"] == "eager"), None)
+    for r in result["rows"]:
+        if eager is None:
+            continue
+        r["speedup"] = eager["ms"] / r["ms"]
+        diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["losses"], eager["losses"])]
+        finite = all(map(_finite, r["losses"]))
+        r["loss_max_rel_diff"] = max(diffs) if finite else float("inf")
+        r["loss_ok"] = finite and r["loss_max_rel_diff"] <= result["rtol"]
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+def _version(dist: str):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def report(result: dict) -> None:
+    from fusegen.bench.report import table, with_spread
+
+    d, cfg = result["device"], result["config"]
+    liger = result["liger_kernel"] or "not installed"
+    print(f"\n{d['name']} ({d['kind']}), torch {d['torch']}, Liger Kernel {liger}; "
+          f"{cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} heads of {cfg['head_dim']}, MLP "
+          f"{cfg['mlp']}, vocab {cfg['vocab']}, batch {cfg['batch']} x seq {cfg['seq']}, {result['dtype']}")
+    cuda = d["kind"] == "cuda"
+    columns = ["variant", "ms per step", "min..max", "tokens/s", "speed-up over eager"]
+    columns += ["peak GiB"] if cuda else []
+    columns += [f"loss vs eager (max rel diff, {result['check_steps']} steps)", "first step s"]
+    lines = []
+    for r in result["rows"]:
+        line = [r["variant"], with_spread(r["ms"], r["spread_pct"]), f"{r['min']:.4g}..{r['max']:.4g}",
+                f"{r['tokens_per_s']:,.0f}", f"{r['speedup']:.2f}x" if "speedup" in r else "-"]
+        line += [f"{r['peak_gib']:.1f}"] if cuda else []
+        ok = "ok" if r.get("loss_ok") else f"over {result['rtol']:g}"
+        line += [f"{r['loss_max_rel_diff']:.1e} {ok}" if "loss_max_rel_diff" in r else "-",
+                 f"{r['first_step_s']:.1f}"]
+        lines.append(line)
+    table(f"one training step (forward, backward, AdamW), median of {result['steps']} steps", columns, lines)
+    for s in result["skipped"]:
+        print(f"skipped  {s['variant']}: {s['reason']}")
+    if "fusegen_build_s" in result:
+        print(f"fusegen's ops built or loaded from the cache in {result['fusegen_build_s']:.1f} s "
+              "(not in the first step's time)")
+    eager = next((r for r in result["rows"] if r["variant"] == "eager"), None)
+    if eager is not None:
+        print(f"eager loss: {eager['losses'][0]:.4f} at the first step, {eager['losses'][-1]:.4f} at step "
+              f"{len(eager['losses'])}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="fusegen bench block", description=__doc__.splitlines()[0])
+    for field in ("layers", "hidden", "heads", "head_dim", "mlp", "vocab", "batch", "seq"):
+        p.add_argument(f"--{field.replace('_', '-')}", type=int, help="default: the device's configuration")
+    p.add_argument("--steps", type=int, help=f"timed steps after the check steps (default: {STEPS})")
+    p.add_argument("--check-steps", type=int, default=20,
+                   help="steps from the initial weights whose losses are compared with eager's (the warm-up)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--rtol", type=float, help="loss-curve tolerance against eager (default: by dtype)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on CUDA, fp32 on a CPU")
+    p.add_argument("--variants", type=name_list("variant", VARIANTS), default=",".join(VARIANTS),
+                   help="eager always runs: it is the reference")
+    p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile variants")
+    p.add_argument("--quick", action="store_true", help="a smaller model on CUDA (the CPU's is tiny already)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    cfg = CPU_CONFIG if device == "cpu" else QUICK_CONFIG if args.quick else CUDA_CONFIG
+    cfg = replace(cfg, **{f: getattr(args, f) for f in asdict(cfg) if getattr(args, f) is not None})
+    dtype = DTYPES[args.dtype] if args.dtype else torch.bfloat16 if device == "cuda" else torch.float32
+    args.steps = args.steps or STEPS[device]
+    args.check_steps = max(args.check_steps, 1)
+    args.rtol = args.rtol if args.rtol is not None else RTOL[dtype]
+    wanted = ["eager"] + [v for v in args.variants if v != "eager"]
+    print(f"fusegen bench block on {device}: {cfg}, {dtype_name(dtype)}", flush=True)
+    result = run(cfg, dtype, wanted, args, device)
+    report(result)
+    failed = [r["variant"] for r in result["rows"] if not r.get("loss_ok", True)]
+    if failed:
+        print(f"loss check failed: {', '.join(failed)} differ from eager by more than {result['rtol']:g}")
+    return 1 if failed else 0
