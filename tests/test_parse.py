@@ -76,16 +76,16 @@ def test_error_caret_column(text, col, message):
 
 
 @pytest.mark.parametrize("text, message, hint", [
-    ("torch.softmax(x)", "unsupported function 'torch.softmax'", "softmax reduces over a dimension, so it is not elementwise"),
-    ("F.log_softmax(x)", "unsupported function 'F.log_softmax'", "not elementwise"),
-    ("torch.sum(x)", "unsupported function 'torch.sum'", "sum reduces over a dimension"),
-    ("torch.mean(x)", "unsupported function 'torch.mean'", "mean reduces over a dimension"),
+    ("torch.softmax(x)", "unsupported function 'torch.softmax'", "write softmax with those"),
+    ("F.log_softmax(x)", "unsupported function 'F.log_softmax'", "reduces over the last dimension with sum, mean"),
+    ("torch.sum(x)", "sum() reduces over the last dimension only", "expected torch.sum(x, -1, keepdim=True)"),
+    ("torch.mean(x)", "mean() reduces over the last dimension only", "expected torch.mean(x, -1, keepdim=True)"),
     ("torch.matmul(x, y)", "unsupported function 'torch.matmul'", "matmul is not elementwise"),
     ("F.dropout(x)", "unsupported function 'F.dropout'", "random numbers"),
     ("F.gelu(x)", "unsupported function 'F.gelu'", "write it: 0.5 * x * (1 + erf(x * 0.7071067811865476))"),
     ("torch.atan2(x, y)", "unsupported function 'torch.atan2'", "atan2 is not supported; the functions fusegen knows: abs"),
     ("np.exp(x)", "unknown function 'np.exp'", "'np' is not a module fusegen reads; write exp(...) or torch.exp(...)"),
-    ("frobnicate(x)", "unknown function 'frobnicate'", "known: abs, absolute, atan"),
+    ("frobnicate(x)", "unknown function 'frobnicate'", "known: abs, absolute, amax, amin, atan"),
     ("tahn(x)", "unknown function 'tahn'", "did you mean 'tan' or 'tanh'?"),
 ])
 def test_unsupported_and_unknown_functions(text, message, hint):
