@@ -232,3 +232,10 @@ def test_onnx_export_lowers_the_reductions():
     assert len(got) == len(want)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_too_many_values_per_row_is_a_limit_error():
+    from fusegen.errors import LimitError
+    terms = " + ".join(f"torch.amax(x * {k + 2}, -1, keepdim=True)" for k in range(70))
+    with pytest.raises(LimitError, match="values per row .* MAX_ROW_VALUES=64"):
+        fusegen.fuse(f"x * ({terms})", name="rows_too_many")

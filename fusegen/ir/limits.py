@@ -9,6 +9,7 @@ bounded by what its derivation builds and emits:
   the forward and the gradients of the op and of its auxiliary ops (`<name>_grad2`,
   `<name>_jvp`), and the gradient terms the reverse pass carries on the way;
 - MAX_SOURCE_BYTES: the op's generated source (its own files, not the shared helpers);
+- MAX_ROW_VALUES: the values per row a row op's kernel accumulates (ir/rows.py);
 - a deadline, FUSEGEN_MAX_DERIVE_SECONDS (DEFAULT_DERIVE_SECONDS; `inf` turns it off),
   checked inside the derivation's loops, so nothing runs on for minutes. It counts the
   derivation's own CPU time (time.thread_time), so a busy machine does not make an op
@@ -34,6 +35,9 @@ MAX_GRAPH_NODES = 10_000
 # vector kernels mark each operand's access in one bit of 32 (fusegen-runtime.h).
 MAX_OUTPUTS = 8
 MAX_SOURCE_BYTES = 4_000_000
+# Values per row of a row op's kernel (its reductions' accumulators): each thread holds them
+# all, and a block combines them through shared memory (8 warps x 64 doubles: 4 KiB).
+MAX_ROW_VALUES = 64
 DEFAULT_DERIVE_SECONDS = 5.0
 SECONDS_ENV = "FUSEGEN_MAX_DERIVE_SECONDS"
 

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import sympy
 
+from fusegen.errors import LimitError
 from fusegen.ir import dag
+from fusegen.ir import limits
 from fusegen.ir import names
 from fusegen.ir import primitives as fn
 
@@ -118,9 +120,9 @@ def _lowered(node, arg) -> list[tuple[str, object, object]]:
 _PREV = sympy.Symbol("prev")
 
 
-def schedule(results: list[tuple[str, sympy.Expr]], scalars=()) -> RowProgram:
+def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") -> RowProgram:
     """The passes and results of row trees (see the module's docstring); `scalars`: the
-    names that are runtime scalars, not tensors."""
+    names that are runtime scalars, not tensors; `op`: the op's name, for the limit's error."""
     scalars = set(scalars)
     exprs = [e for _, e in results]
     made: dict = {}     # reduction node -> its row symbol
@@ -141,6 +143,11 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=()) -> RowProgram:
             level_of[sym] = level
             prev = sym
         made[node] = prev
+    if len(pending) > limits.MAX_ROW_VALUES:
+        raise LimitError(f"fusegen op '{op}': its kernel would accumulate {len(pending)} values per row "
+                         f"(its reductions, in the forward or a derivative), over the limit "
+                         f"MAX_ROW_VALUES={limits.MAX_ROW_VALUES}; split it into several ops",
+                         "MAX_ROW_VALUES", limits.MAX_ROW_VALUES)
     # Renumber by level (a stable sort), so that each pass's accumulators are adjacent.
     order = sorted(range(len(pending)), key=lambda k: pending[k][3])
     rename = {row_symbol(old): row_symbol(new) for new, old in enumerate(order)}

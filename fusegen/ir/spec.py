@@ -267,10 +267,10 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
     forward_rows = backward_rows = None
     if rows.has_reduction(outputs):
         forward_rows = rows.schedule([(names.output(k, count), e) for k, e in enumerate(outputs)],
-                                     parsed.scalars)
+                                     parsed.scalars, name)
         if backward_exprs:
             backward_rows = rows.schedule([(names.grad(g.input), e) for g, e in zip(owners, backward_exprs)],
-                                          parsed.scalars)
+                                          parsed.scalars, name)
     return OpSpec(
         name=name,
         text=parsed.text,
