@@ -239,3 +239,21 @@ def test_too_many_values_per_row_is_a_limit_error():
     terms = " + ".join(f"torch.amax(x * {k + 2}, -1, keepdim=True)" for k in range(70))
     with pytest.raises(LimitError, match="values per row .* MAX_ROW_VALUES=64"):
         fusegen.fuse(f"x * ({terms})", name="rows_too_many")
+
+
+def test_detach_stops_the_gradient_as_torch_does():
+    stable = ("torch.exp(x - torch.amax(x, -1, keepdim=True).detach()) / "
+              "torch.exp(x - torch.amax(x, -1, keepdim=True).detach()).sum(-1, keepdim=True)")
+    o = fusegen.fuse(stable, name="rows_softmax_detached")
+    # no gradient through the maximum: the backward reduces three values per row, not five
+    assert len(o.spec.backward_rows.accumulators) < len(op("softmax").spec.backward_rows.accumulators)
+    x = torch.randn(4, 9, dtype=D, requires_grad=True)
+    torch.testing.assert_close(o(x), torch.softmax(x, -1))
+    assert torch.autograd.gradcheck(o, (x,)) and torch.autograd.gradgradcheck(o, (x,))
+    d = fusegen.fuse("x * y.detach() + torch.detach(x)", name="rows_detach_product")
+    a, b = (torch.randn(5, dtype=D, requires_grad=True) for _ in range(2))
+    ga, gb = torch.autograd.grad(d(a, b).sum(), (a, b))
+    torch.testing.assert_close(ga, b.detach())
+    assert torch.equal(gb, torch.zeros_like(b))  # zeros, where eager's autograd.grad gives None
+    with pytest.raises(ParseError, match="detach\\(\\) takes no arguments"):
+        fusegen.fuse("x.detach(1)")

@@ -169,6 +169,9 @@ class CPrinter(_Memo, C99CodePrinter):
         raise ValueError(f"fusegen's C printer has no spelling for {type(expr).__name__}")
 
 
+    def _print_Detach(self, expr):                        # the value itself
+        return f"({self._print(expr.args[0])})"
+
     def _print_Reciprocal(self, expr):                    # torch.reciprocal: 1 / x
         return f"{self.literal(1)}/{self.operand(expr.args[0], _MUL, right=True)}"
 

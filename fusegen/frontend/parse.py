@@ -177,6 +177,10 @@ class _Converter:
         if isinstance(func, ast.Attribute) and func.attr in fn.REDUCTION_NAMES and \
                 dotted_name(func.value) not in fn.PREFIXES:
             return self._reduce(node, func.attr, func.value, node.args, method=True)  # e.sum(-1, ...)
+        if isinstance(func, ast.Attribute) and func.attr == "detach" and dotted_name(func.value) not in fn.PREFIXES:
+            if node.args or node.keywords:
+                self.fail(node, "detach() takes no arguments", "expected e.detach()")
+            return fn.detach(self.convert(func.value))  # e.detach()
         dotted = dotted_name(func)
         if dotted is None:
             self.fail(node, "only named functions can be called", "e.g. exp(x) or torch.exp(x)")

@@ -126,6 +126,7 @@ Relu = _node("Relu", 1)               # clamp_min(x, 0): NaN stays NaN
 Erf = _node("Erf", 1)
 Erfc = _node("Erfc", 1)
 Sign = _node("Sign", 1)               # -1, 0 or 1 (0 for NaN); zero gradient
+Detach = _node("Detach", 1)           # Tensor.detach: the same value, no gradient through it
 Maximum = _node("Maximum", 2)         # NaN-propagating; ties split the gradient
 Minimum = _node("Minimum", 2)
 Clamp = _node("Clamp", 3)             # clamp(x, lo, hi); an absent bound is -oo / oo
@@ -274,6 +275,11 @@ def _float_pow(x: float, y: float) -> float:
 
 def relu(x):
     return Relu(x)
+
+
+def detach(x):
+    """A number has no gradient to stop."""
+    return x if is_number(x) else Detach(x)
 
 
 def where(condition, a, b):
@@ -542,6 +548,8 @@ PRIMITIVES: tuple[Primitive, ...] = (
     Primitive(Erfc, "erfc", _erf_backward(-_TWO_OVER_SQRT_PI), "erfc", "torch.erfc", ONNX_FORMULA, UNARY, simd=True),
     # -1, 0 or 1 (0 for NaN); zeros_like(grad)
     Primitive(Sign, "sign", lambda a, r, g: [(a[0], _ZERO)], "fusegen::sign", "torch.sign", ONNX_FORMULA, UNARY),
+    # the value itself; nothing flows back (a stable softmax's `x - x.amax(...).detach()`)
+    Primitive(Detach, "detach", lambda a, r, g: [], None, "torch.detach", lambda x: x, UNARY, build=lambda x: detach(x)),
     # NaN-propagating; ties split the gradient
     Primitive(Maximum, "maximum", _min_max_backward(True), "fusegen::maximum", "torch.maximum", "Max",
               ("input", "other"), aliases=("max",)),

@@ -155,6 +155,8 @@ class _Eager:
         if isinstance(func, ast.Attribute) and func.attr in fn.REDUCTION_NAMES and \
                 dotted_name(func.value) not in fn.PREFIXES:
             return self.reduce(func.attr, func.value)  # e.sum(-1, keepdim=True)
+        if isinstance(func, ast.Attribute) and func.attr == "detach" and dotted_name(func.value) not in fn.PREFIXES:
+            return self.tensor(self.value(func.value)).detach()  # e.detach()
         dotted = dotted_name(func)
         name = fn.resolve(dotted) if dotted else None
         if name is None:
