@@ -199,3 +199,35 @@ def test_an_op_found_in_the_index_keeps_the_files_at_hand(corpus_ops, monkeypatc
     monkeypatch.setattr(api, "generate", lambda r: pytest.fail("the spec was derived again"))
     api.load_requests([(request, generated)])
     assert found.generated is generated
+
+
+
+TWO_LIBRARIES = """
+import sys
+import fusegen
+from fusegen.api import Request
+from fusegen.build import builder, index
+from fusegen.errors import FusegenError
+if sys.argv[1] == "first":
+    fusegen.fuse("a - 1", name="idx_twice")
+    raise SystemExit
+old = index.lookup(Request("a - 1", "idx_twice")).library
+fusegen.fuse("a - 2", name="idx_twice")           # registers fusegen::idx_twice
+try:
+    builder.load(old)                               # registers it again, from a static initializer
+    print("loaded")
+except FusegenError as err:
+    print("error", "idx_twice" in str(err) and "unregistered" in str(err))
+"""
+
+
+def test_a_registration_that_fails_in_a_library_is_an_error_not_a_crash(tmp_path, monkeypatch):
+    """Two libraries defining one op name in one process: the second's registration fails in
+    its static initializer, where an exception would end the process; the runtime keeps the
+    error and the loader raises it."""
+    monkeypatch.setenv("FUSEGEN_CACHE_DIR", str(tmp_path / "cache"))
+    for step in ("first", "second"):
+        run = subprocess.run([sys.executable, "-c", TWO_LIBRARIES, step], capture_output=True, text=True,
+                             env=dict(os.environ))
+        assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["error", "True"], run.stdout + run.stderr[-2000:]

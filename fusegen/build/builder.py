@@ -454,6 +454,19 @@ def _runtime_function(name: str, restype, argtypes):
     return function
 
 
+def load_errors(runtime: Path) -> list[str]:
+    """The registrations that failed in the libraries loaded since the last call
+    (templates/runtime/fusegen-registration.cpp, fusegen_load_errors), one per line, from
+    the runtime at `runtime`, loaded already."""
+    import ctypes
+    errors = ctypes.CDLL(str(runtime)).fusegen_load_errors
+    errors.restype, errors.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
+    size = errors(None, 0) + 1
+    text = ctypes.create_string_buffer(size)
+    errors(text, size)
+    return text.value.decode().splitlines()
+
+
 def rtc_events() -> list[str]:
     """What the NVRTC route did in this process (templates/runtime/fusegen-rtc.cpp), one
     entry per kernel in order: "compiled <kernel>", or "loaded <kernel>" from its cubin in
@@ -636,6 +649,11 @@ def load(library: Library):
     except (OSError, RuntimeError) as err:
         raise LoadError(f"fusegen: could not load {library.path}: {err}") from None
     _LOADED.add(library.key)
+    failed = load_errors(library.runtime) if library.runtime else []
+    if failed:  # an op of the library did not register (its static initializer kept the error)
+        raise FusegenError(f"fusegen: loading {library.path} left op(s) unregistered: " + "; ".join(failed)
+                           + " (an op of that name from another expression is already in this process: "
+                           "rename one of them, or run them in separate processes)")
     # Last use, for `fusegen cache trim`: the runtime is used by every op library loaded, so
     # it is never older than the ops that need it. One utime each; never fails the load.
     for path in (library.path,) + ((library.runtime,) if library.runtime else ()):

@@ -5,6 +5,8 @@
 
 #include <torch/library.h>
 
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,6 +80,24 @@ const Op* find_op(const std::string& name) {
   return it == registry().end() ? nullptr : it->second;
 }
 
+// register_op and register_step run in a library's static initializer, where an exception
+// would end the process (std::terminate): each failure is kept here instead, and the loader
+// (fusegen/build/builder.py, load) reads it with fusegen_load_errors and raises it.
+std::vector<std::string>& load_errors() {
+  static std::vector<std::string> errors;
+  return errors;
+}
+
+bool registered_or_kept(const char* name, const std::function<bool()>& registration) {
+  try {
+    return registration();
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    load_errors().push_back(std::string("fusegen::") + (name ? name : "?") + ": " + e.what());
+    return false;
+  }
+}
+
 }  // namespace fusegen::rt
 #pragma GCC visibility pop
 
@@ -85,7 +105,9 @@ namespace fusegen {
 
 using namespace rt;  // NOLINT: the runtime's own internals
 
-bool register_op(const OpDef& def) {
+namespace {
+
+bool register_op_or_throw(const OpDef& def) {
   TORCH_CHECK(def.abi == kAbi, "fusegen::", def.name, ": built against fusegen-runtime.h ABI ",
               def.abi, ", but the runtime has ABI ", kAbi, "; rebuild the op");
   TORCH_CHECK(def.num_outputs >= 1 && def.num_outputs <= kMaxOutputs, "fusegen::", def.name,
@@ -129,4 +151,26 @@ bool register_op(const OpDef& def) {
   return true;
 }
 
+}  // namespace
+
+bool register_op(const OpDef& def) {
+  return registered_or_kept(def.name, [&] { return register_op_or_throw(def); });
+}
+
 }  // namespace fusegen
+
+// The registrations that failed since the last call, one line each (and forgets them when
+// `out` is given): copies at most `size` bytes into `out`, returns the whole text's length.
+extern "C" __attribute__((visibility("default"))) size_t fusegen_load_errors(char* out,
+                                                                            size_t size) {
+  std::lock_guard<std::mutex> lock(fusegen::rt::registry_mutex());
+  std::string text;
+  for (const std::string& e : fusegen::rt::load_errors()) text += e + "\n";
+  if (out != nullptr && size > 0) {
+    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+    fusegen::rt::load_errors().clear();
+  }
+  return text.size();
+}

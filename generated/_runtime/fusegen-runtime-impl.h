@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -208,6 +209,10 @@ inline constexpr KeyOf kKeys[] = {
 // standalone build) may register from its static initializer before namespace-scope
 // objects of the runtime would have been constructed.
 std::mutex& registry_mutex();
+
+// Runs a registration from a static initializer: true, or false with its error kept for
+// fusegen_load_errors (an exception there would end the process).
+bool registered_or_kept(const char* name, const std::function<bool()>& registration);
 std::vector<torch::Library*>& libraries();
 
 }  // namespace fusegen::rt

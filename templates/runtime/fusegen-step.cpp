@@ -426,7 +426,9 @@ namespace fusegen {
 
 using namespace rt;  // NOLINT: the runtime's own internals
 
-bool register_step(const StepDef& def) {
+namespace {
+
+bool register_step_or_throw(const StepDef& def) {
   TORCH_CHECK(def.abi == kStepAbi, "fusegen::", def.name,
               ": built against fusegen-runtime.h step ABI ", def.abi, ", but the runtime has ",
               kStepAbi, "; rebuild the op");
@@ -458,6 +460,12 @@ bool register_step(const StepDef& def) {
     libraries().push_back(impls);
   }
   return true;
+}
+
+}  // namespace
+
+bool register_step(const StepDef& def) {
+  return registered_or_kept(def.name, [&] { return register_step_or_throw(def); });
 }
 
 }  // namespace fusegen
