@@ -454,12 +454,17 @@ def _runtime_function(name: str, restype, argtypes):
     return function
 
 
-def load_errors(runtime: Path) -> list[str]:
+def load_errors(loaded: Path) -> list[str]:
     """The registrations that failed in the libraries loaded since the last call
-    (templates/runtime/fusegen-registration.cpp, fusegen_load_errors), one per line, from
-    the runtime at `runtime`, loaded already."""
+    (templates/runtime/fusegen-registration.cpp, fusegen_load_errors), one per line, asked
+    of the runtime through `loaded`, an op library loaded by that very path string (dlopen
+    then finds the loaded copy by its name and reads no file: the file may have changed
+    since)."""
     import ctypes
-    errors = ctypes.CDLL(str(runtime)).fusegen_load_errors
+    try:
+        errors = ctypes.CDLL(str(loaded)).fusegen_load_errors
+    except (OSError, AttributeError):
+        return []  # a runtime without the entry point cannot have kept an error
     errors.restype, errors.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
     size = errors(None, 0) + 1
     text = ctypes.create_string_buffer(size)
@@ -649,7 +654,7 @@ def load(library: Library):
     except (OSError, RuntimeError) as err:
         raise LoadError(f"fusegen: could not load {library.path}: {err}") from None
     _LOADED.add(library.key)
-    failed = load_errors(library.runtime) if library.runtime else []
+    failed = load_errors(library.path) if library.runtime else []
     if failed:  # an op of the library did not register (its static initializer kept the error)
         raise FusegenError(f"fusegen: loading {library.path} left op(s) unregistered: " + "; ".join(failed)
                            + " (an op of that name from another expression is already in this process: "
