@@ -20,11 +20,12 @@ from sympy.printing.c import C99CodePrinter
 import sympy
 
 from fusegen.ir import dag
+from fusegen.ir import names
 from fusegen.ir import primitives as fn
 from fusegen.ir import rows
 from fusegen.ir.notation import _Memo
 from fusegen.errors import SpecError
-from fusegen.ir.spec import OpSpec, Program
+from fusegen.ir.spec import OpSpec, Program, straight_line
 
 COMPUTE_TYPES = {"float": float32, "double": float64}
 LITERAL_SUFFIX = {"float": "f", "double": ""}
@@ -250,7 +251,6 @@ class PrintedPass:
     combine: tuple[tuple[str, str], ...]  # ("acc[k]", code in acc[k] and other[k])
     finish: tuple[tuple[str, str], ...]   # ("row[k]", code in acc[k], n and row[j])
     finish_reads_n: bool
-    finish_reads_row: bool
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,6 @@ def print_program(program: Program, ctype: str) -> Statements:
 def print_op(spec: OpSpec) -> PrintedOp:
     """`spec` with its user names already C names (api._with_c_names)."""
     if spec.forward_rows is not None:
-        from fusegen.ir import names
         scalars = [names.value(s) for s in spec.scalars]
         forward = [names.value(x) for x in spec.inputs] + scalars
         backward = [d.name for d in spec.douts] + [names.value(x) for x in spec.backward_inputs] + scalars
@@ -337,7 +336,7 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
             a = program.accumulators[k]
             (f,) = dag.substitute([a.finish], {rows.ACC: _slot("acc", k), **slots})
             finishes.append((f"row[{k}]", p.doprint(f)))
-        finish_free = dag.free_symbols([program.accumulators[k].finish for k in ks])
+        finish_free = dag.free_symbols([program.accumulators[k].finish for k in ks])  # reads n?
         passes.append(PrintedPass(
             begin=ks[0], end=ks[-1] + 1, params=_params(elements, order),
             element=print_program(element, ctype),
@@ -346,7 +345,6 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
                 _slot("acc", k), _slot("other", k)))) for k in ks),
             finish=tuple(finishes),
             finish_reads_n=rows.ROW_LENGTH in finish_free,
-            finish_reads_row=any(rows.is_row_symbol(x) for x in finish_free),
         ))
     results = _cse_program(list(program.results), slots)
     return PrintedRows(tuple(passes), _params([e for _, e in program.results], order),
@@ -355,11 +353,8 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
 
 def _cse_program(results, slots) -> Program:
     """Straight-line code for `results` (name, expr) with one cse, row values as row[k]."""
-    from fusegen.ir.spec import _program
     exprs = dag.substitute([e for _, e in results], slots)
-    temps, reduced = dag.cse(exprs, sympy.numbered_symbols("__cse"))
-    reads = {s: dag.free_symbols([e]) for s, e in temps}
-    return _program(temps, [(n, e) for (n, _), e in zip(results, reduced)], reads)
+    return straight_line([(n, e) for (n, _), e in zip(results, exprs)])
 
 
 def print_step(spec) -> tuple[dict[str, Statements], list[tuple[str, str]]]:

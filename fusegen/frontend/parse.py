@@ -174,10 +174,10 @@ class _Converter:
 
     def _Call(self, node):
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in fn.REDUCTION_NAMES and \
-                dotted_name(func.value) not in fn.PREFIXES:
-            return self._reduce(node, func.attr, func.value, node.args, method=True)  # e.sum(-1, ...)
-        if isinstance(func, ast.Attribute) and func.attr == "detach" and dotted_name(func.value) not in fn.PREFIXES:
+        method = tensor_method(node)
+        if method in fn.REDUCTION_NAMES:
+            return self._reduce(node, method, func.value, node.args, method=True)  # e.sum(-1, ...)
+        if method == "detach":
             if node.args or node.keywords:
                 self.fail(node, "detach() takes no arguments", "expected e.detach()")
             return fn.detach(self.convert(func.value))  # e.detach()
@@ -189,7 +189,7 @@ class _Converter:
             self._unknown_function(node, dotted)
         self._check_shadowed(node, dotted)
         if name in fn.REDUCTION_NAMES:
-            first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "input"), None)
+            first = input_argument(node)
             if first is None:
                 self.fail(node, f"{name}() is missing argument 'input'",
                           f"expected torch.{name}(input, -1, keepdim=True)")
@@ -282,6 +282,24 @@ class _Converter:
             else:
                 out.append(self.convert(arg))
         return out
+
+
+# The tensor methods the language reads (`e.sum(-1, keepdim=True)`, `e.detach()`).
+METHODS = frozenset(fn.REDUCTION_NAMES) | {"detach"}
+
+
+def tensor_method(node: ast.Call) -> str | None:
+    """The method name of a call `e.<method>(...)` on an expression (not a module's function:
+    `torch.sum(...)` is a function), for a method of METHODS; None otherwise."""
+    func = node.func
+    if isinstance(func, ast.Attribute) and func.attr in METHODS and dotted_name(func.value) not in fn.PREFIXES:
+        return func.attr
+    return None
+
+
+def input_argument(node: ast.Call) -> ast.AST | None:
+    """A torch function's `input`: its first positional argument or its `input=` keyword."""
+    return node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "input"), None)
 
 
 def _is_last_dim(node: ast.AST) -> bool:

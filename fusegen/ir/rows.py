@@ -158,6 +158,6 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
         accumulators.append(Accumulator(kind, element, finish, level))
     made = {node: rename[s] for node, s in made.items()}
     out = dag.substitute(exprs, made)
-    per_row = tuple(not any(not is_row_symbol(x) and x.name not in scalars for x in dag.free_symbols([e]))
-                    for e in out)
+    tensors = {x for x in dag.free_symbols(exprs) if x.name not in scalars}
+    per_row = tuple(is_row_value(e, tensors) for e in exprs)
     return RowProgram(tuple(accumulators), tuple((n, e) for (n, _), e in zip(results, out)), per_row)

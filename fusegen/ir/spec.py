@@ -687,6 +687,13 @@ def _check_printable(name: str, items, seen: set):
                                 "expected an expression defined for real inputs")
 
 
+def straight_line(results) -> Program:
+    """One cse over `results` (name, expr) alone: their program, temporaries t0, t1, ..."""
+    temps, reduced = dag.cse([e for _, e in results], sympy.numbered_symbols("__cse"))
+    reads = {s: dag.free_symbols([e]) for s, e in temps}
+    return _program(temps, [(n, e) for (n, _), e in zip(results, reduced)], reads)
+
+
 def _program(temps, results, reads) -> Program:
     """Keep the temporaries `results` depend on, in order, renamed t0, t1, ...
     `reads`: each temporary's free symbols."""

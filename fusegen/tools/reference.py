@@ -17,7 +17,7 @@ from functools import reduce
 
 import torch
 
-from fusegen.frontend.parse import dotted_name
+from fusegen.frontend.parse import dotted_name, input_argument, tensor_method
 from fusegen.ir import primitives as fn
 # The eager torch function of each name (primitives.PRIMITIVES).
 TORCH_FUNCTIONS = {p.name: fn.eager(p) for p in fn.PRIMITIVES if p.params is not None}
@@ -152,17 +152,17 @@ class _Eager:
 
     def _Call(self, node):
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in fn.REDUCTION_NAMES and \
-                dotted_name(func.value) not in fn.PREFIXES:
-            return self.reduce(func.attr, func.value)  # e.sum(-1, keepdim=True)
-        if isinstance(func, ast.Attribute) and func.attr == "detach" and dotted_name(func.value) not in fn.PREFIXES:
+        method = tensor_method(node)
+        if method in fn.REDUCTION_NAMES:
+            return self.reduce(method, func.value)  # e.sum(-1, keepdim=True)
+        if method == "detach":
             return self.tensor(self.value(func.value)).detach()  # e.detach()
         dotted = dotted_name(func)
         name = fn.resolve(dotted) if dotted else None
         if name is None:
             raise TextError(f"unknown function '{dotted}'")
         if name in fn.REDUCTION_NAMES:
-            first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "input"), None)
+            first = input_argument(node)
             if first is None:
                 raise TextError(f"{name}() is missing argument 'input'")
             return self.reduce(name, first)
