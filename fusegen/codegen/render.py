@@ -145,6 +145,8 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
         "math": [{"ctype": t, "forward": printed.forward.get(t), "backward": printed.backward.get(t)}
                  for t in COMPUTE_TYPES],
         "rows": _rows_context(spec, printed),
+        "random": list(spec.random),
+        "probabilities": [spec.scalars.index(p) for p in spec.probabilities],
     }
 
 

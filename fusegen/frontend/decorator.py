@@ -6,8 +6,9 @@
 
 The function is read as source (never run) by the same parser as the CLI, so the
 undecorated function stays valid eager PyTorch and serves as the reference.
-A parameter is a runtime scalar when it is annotated `float` or `int`, when its
-default is a number, or when `scalars=` names it; defaults work as in Python.
+A parameter is a runtime scalar when it is annotated `float`, `int` or `bool` (a dropout's
+`training`), when its default is a number or a bool, or when `scalars=` names it; defaults
+work as in Python.
 
 A body that updates parameters in place with `copy_` is a step op (fusegen.FusedStep):
 
@@ -47,12 +48,13 @@ from fusegen.frontend import statements
 from fusegen.frontend.parse import dotted_name
 from fusegen.errors import ParseError, SpecError
 
-_SCALAR_ANNOTATIONS = (float, int, "float", "int")
+# (`bool`: a dropout's `training`, passed to the op as 1.0 or 0.0)
+_SCALAR_ANNOTATIONS = (float, int, bool, "float", "int", "bool")
 
 
 def _is_scalar(param: inspect.Parameter) -> bool:
     default = param.default
-    number_default = isinstance(default, numbers.Real) and not isinstance(default, bool)
+    number_default = isinstance(default, numbers.Real)
     return param.annotation in _SCALAR_ANNOTATIONS or number_default
 
 

@@ -25,6 +25,7 @@ MAX_LENGTH = 4000      # characters of expression text
 MAX_DEPTH = 48         # nesting depth of the syntax tree
 MAX_NODES = 2000       # syntax nodes in one expression
 MAX_INT = 2 ** 53      # integer literals beyond this are not exact in double anyway
+MAX_RANDOM = 8         # random streams (rand_like, dropout) of one op
 
 # Python's operators on tensors, one eager op each (ir/primitives.py keeps them as written).
 _BINOPS = {
@@ -49,6 +50,8 @@ class _Converter:
         self.bindings = dict(bindings or {})
         self.line_offset = line_offset
         self.seen: list[str] = []  # input names in order of first appearance
+        self.streams = 0  # random streams drawn so far (rand_like, dropout), in text order
+        self.probabilities: list[str] = []  # scalar names used as a dropout's p
         # A @fused function's parameters and locals: Python would call or look into these,
         # not the function or module of that name (`def f(exp): return exp(exp)`).
         self.shadowing: dict[str, str] = {}
@@ -188,6 +191,8 @@ class _Converter:
         if name is None:
             self._unknown_function(node, dotted)
         self._check_shadowed(node, dotted)
+        if name in fn.RANDOM_NAMES:
+            return self._random(node, name)
         if name in fn.REDUCTION_NAMES:
             first = input_argument(node)
             if first is None:
@@ -225,6 +230,74 @@ class _Converter:
             self.fail(node, f"{name}() needs keepdim=True, got {got}: the reduced value broadcasts back over "
                       "its row", f"expected {form}")
         return fn.REDUCTION_NAMES[name](self.convert(operand))
+
+    def _random(self, node, name):
+        """torch.rand_like(x): one uniform in [0, 1) per element of the op's broadcast shape;
+        F.dropout(x, p=0.5, training=True) (and torch.dropout(x, p, train)): x scaled by
+        1/(1-p) where a fresh uniform is below 1 - p, else 0. Each call is its own stream."""
+        if name == "rand_like":
+            form = "torch.rand_like(x)"
+            if len(node.args) != 1 or node.keywords:
+                self.fail(node, "rand_like() takes one tensor argument and no keywords (it draws in "
+                          "the op's dtype and device)", f"expected {form}")
+            operand = self.convert(node.args[0])
+            return self._stream(node, operand, form)
+        form = "F.dropout(x, p=0.5, training=True)"
+        params = ("input", "p", "training", "inplace")
+        slots = dict(zip(params, node.args))
+        if len(node.args) > len(params):
+            self.fail(node, f"dropout() takes at most {len(params)} arguments, got {len(node.args)}", f"expected {form}")
+        for kw in node.keywords:
+            arg = "training" if kw.arg == "train" else kw.arg
+            if arg not in params:
+                self.fail(node, f"dropout() got an unexpected keyword argument {kw.arg!r}", f"expected {form}")
+            if arg in slots:
+                self.fail(node, f"dropout() got multiple values for argument '{arg}'")
+            slots[arg] = kw.value
+        if "input" not in slots:
+            self.fail(node, "dropout() is missing argument 'input'", f"expected {form}")
+        inplace = slots.get("inplace")
+        if inplace is not None and not (isinstance(inplace, ast.Constant) and inplace.value is False):
+            self.fail(node, "dropout() of an op cannot be in place: expected inplace=False", f"expected {form}")
+        p = slots.get("p")
+        if p is None:
+            prob = sympy.Float(0.5)
+        elif isinstance(p, ast.Name) and p.id not in self.bindings:
+            prob = self.convert(p)
+            if p.id not in self.probabilities:
+                self.probabilities.append(p.id)
+        else:
+            prob = self.convert(p)
+            if not fn.is_number(prob):
+                self.fail(p, "dropout()'s p must be a number or a scalar argument", f"expected {form}")
+            if not 0 <= float(prob) <= 1:
+                self.fail(p, f"dropout probability has to be between 0 and 1, but got {float(prob)!r}")
+        training = slots.get("training")
+        x = self.convert(slots["input"])
+        if training is not None:
+            if isinstance(training, ast.Constant) and isinstance(training.value, bool):
+                if not training.value:
+                    return x  # F.dropout in eval mode: the input itself
+            elif isinstance(training, ast.Name) and training.id not in self.bindings:
+                # a scalar argument: nonzero trains (a @fused function's `training: bool`)
+                prob = fn.where(fn.NotEqual(self.convert(training), sympy.Integer(0)), prob, sympy.Integer(0))
+            else:
+                self.fail(training, "dropout()'s training must be True, False or a scalar argument",
+                          f"expected {form}")
+        if fn.is_number(prob) and prob == 0:
+            return x  # nothing dropped, nothing drawn
+        u = self._stream(node, x, form)
+        return fn.dropout(x, prob, u)
+
+    def _stream(self, node, operand, form):
+        if not any(not fn.is_random(s) for s in dag.free_symbols([operand])):
+            self.fail(node, "a random draw needs a tensor argument: it draws one number per element "
+                      "of the op's broadcast shape", f"expected {form}")
+        if self.streams >= MAX_RANDOM:
+            self.fail(node, f"too many random draws (limit {MAX_RANDOM} per op)")
+        u = fn.random_stream(self.streams)
+        self.streams += 1
+        return u
 
     def _unknown_function(self, node, dotted: str):
         prefix, _, base = dotted.rpartition(".")
@@ -452,7 +525,17 @@ def parse(text: str, inputs=None, scalars=()) -> Parsed:
     for expr in outputs:
         _check_literals(text, expr)
     ordered, scalars = _order_names(text, conv.seen, inputs, scalars)
-    return Parsed(text.strip(), outputs, ordered, scalars, joined)
+    return Parsed(text.strip(), outputs, ordered, scalars, joined, *_random_of(conv, scalars))
+
+
+def _random_of(conv, scalars) -> tuple[int, tuple[str, ...]]:
+    """The random streams the text draws and the scalars that are dropout probabilities,
+    each of which must be a scalar (a tensor p is not F.dropout's)."""
+    for name in conv.probabilities:
+        if name not in scalars:
+            raise SpecError(f"dropout()'s p {name!r} must be a scalar argument, not a tensor input; "
+                            f"declare it with scalars=[{name!r}] (a @fused function: `{name}: float`)")
+    return conv.streams, tuple(conv.probabilities)
 
 
 # The concatenation an op may end in: its two outputs are then the halves of one tensor.
@@ -546,7 +629,8 @@ def parse_function(source: str, params: list[str], scalars: list[str]) -> Parsed
     if unknown:
         raise SpecError(f"@fused function '{func.name}' uses '{unknown[0]}', which is not a parameter")
     ordered, scalars = _order_names(text, seen, tensors, scalars)
-    return Parsed(_flatten_text(source, body, text), outputs, ordered, scalars, joined)
+    return Parsed(_flatten_text(source, body, text), outputs, ordered, scalars, joined,
+                  *_random_of(conv, scalars))
 
 
 def _unparse(source, node) -> str:

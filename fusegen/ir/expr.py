@@ -17,6 +17,8 @@ class Parsed:
     inputs: tuple[str, ...]
     scalars: tuple[str, ...]
     joined: bool = False  # the two outputs are the halves of one tensor (a final torch.cat, dim -1)
+    random: int = 0       # random streams drawn (rand_like, dropout): symbols rand0, rand1, ...
+    probabilities: tuple[str, ...] = ()  # the scalars that are a dropout's p (checked in [0, 1])
 
     @property
     def tree(self) -> sympy.Expr:

@@ -39,6 +39,7 @@ LOCALS = frozenset("""
     Forward Backward
     kInputs kOutputs x y zero data strides loop T
     row acc other v kRows kPasses init pass combine finish per_row pass_begin
+    u kRandom random kProbabilities rng_state
 """.split())
 
 # Temporaries of the straight-line math: t0, t1, ... (`t` is not a role).
@@ -50,6 +51,20 @@ ROW_PREFIX = "row"
 # several outputs has one per output, dout0, dout1, ... (dout()).
 DOUT = "dout"
 _DOUT_K = re.compile(r"dout[0-9]+")
+
+
+# An op's random streams in the math and its functors' parameters: rand0, rand1, ...
+RANDOM_PREFIX = "rand"
+_RANDOM_K = re.compile(r"rand[0-9]+")
+
+
+def random(k: int) -> str:
+    """The uniform of random stream k (primitives.random_stream)."""
+    return f"{RANDOM_PREFIX}{k}"
+
+
+def is_random(name: str) -> bool:
+    return _RANDOM_K.fullmatch(name) is not None
 
 
 def dout(k: int) -> str:

@@ -39,6 +39,32 @@ from fusegen.ir import names
 GRAD = sympy.Symbol(names.DOUT)
 
 
+# The random numbers of an op that draws them: stream k (the op's k-th torch.rand_like, or
+# the one a dropout draws) is one uniform in [0, 1) per element, the symbol `rand<k>`
+# (names.random), a Symbol without assumptions as GRAD (never a user's name); the kernels
+# draw it (templates/runtime/fusegen-random.h). No gradient flows into it.
+def random_stream(k: int) -> sympy.Symbol:
+    return sympy.Symbol(names.random(k))
+
+
+def is_random(expr) -> bool:
+    return isinstance(expr, sympy.Symbol) and not expr.is_real and names.is_random(expr.name)
+
+
+# torch's spellings of what draws random numbers (the parser reads their arguments itself).
+RANDOM_NAMES = ("rand_like", "dropout")
+
+
+def dropout(x, p, u):
+    """F.dropout(x, p) with the uniform u: x times 1/(1-p) where u < 1 - p, else times 0, as
+    torch's dropout multiplies by its scaled mask (so an infinite x dropped is NaN there too).
+    p = 1 multiplies by zero, as torch does, and draws nothing."""
+    if is_number(p) and p == 1:
+        return mul(x, _ZERO)
+    keep = Less(u, sub(_ONE, p))
+    return mul(x, Where(keep, div(_ONE, sub(_ONE, p)), _ZERO))
+
+
 def douts(count: int) -> tuple[sympy.Symbol, ...]:
     """The incoming gradients of an op's `count` outputs, in order: GRAD for one output,
     `dout0`, `dout1`, ... (names.dout) for several; Symbols without assumptions, as GRAD."""
@@ -619,12 +645,12 @@ def resolve(dotted: str) -> str | None:
     if prefix and prefix not in PREFIXES:
         return None
     base = ALIASES.get(base, base)
-    return base if base in FUNCTIONS or base in REDUCTION_NAMES else None
+    return base if base in FUNCTIONS or base in REDUCTION_NAMES or base in RANDOM_NAMES else None
 
 
 def known_names() -> list[str]:
     """Every spelling a user may call, for 'did you mean' suggestions."""
-    return sorted(set(FUNCTIONS) | set(ALIASES) | set(REDUCTION_NAMES))
+    return sorted(set(FUNCTIONS) | set(ALIASES) | set(REDUCTION_NAMES) | set(RANDOM_NAMES))
 
 
 # PyTorch functions a user may reach for that fusegen does not take, and what to say instead
@@ -642,8 +668,9 @@ UNSUPPORTED: dict[str, str] = {
     **{f: _NOT_ELEMENTWISE for f in ("matmul", "mm", "bmm", "linear", "conv1d", "conv2d", "einsum",
                                     "cat", "stack", "reshape", "view", "transpose", "flip", "roll",
                                     "gather", "index_select")},
-    **{f: "{f} draws random numbers, which fusegen does not support; expected a deterministic "
-          "expression" for f in ("dropout", "rand_like", "randn_like", "bernoulli")},
+    **{f: "{f} is not supported; fusegen draws uniform numbers: torch.rand_like(x) and "
+          "F.dropout(x, p)" for f in ("randn_like", "bernoulli", "rand", "randn", "normal",
+                                     "alpha_dropout", "dropout1d", "dropout2d", "dropout3d")},
     "silu": "{f} is not a built-in; write it: x * sigmoid(x)",
     "gelu": "{f} is not a built-in; write it: 0.5 * x * (1 + erf(x * 0.7071067811865476))",
     "mish": "{f} is not a built-in; write it: x * tanh(softplus(x))",

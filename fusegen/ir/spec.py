@@ -99,6 +99,9 @@ class OpSpec:
                                            # its last dimension (a final torch.cat): one result
     forward_rows: RowProgram | None = None   # a row op (it reduces over the last dimension):
     backward_rows: RowProgram | None = None  # its kernels' passes over each row (ir/rows.py)
+    random: tuple[str, ...] = ()           # its random streams (rand0, ...): drawn per call, the
+                                           # backward regenerates them (fusegen-random.h)
+    probabilities: tuple[str, ...] = ()    # the scalars that are a dropout's p
 
     @property
     def is_rows(self) -> bool:
@@ -138,6 +141,7 @@ class OpSpec:
             "scalars": list(self.scalars),
             "forward": _forward_doc(self),
             **({"joined": "torch.cat(forward, -1)"} if self.joined else {}),
+            **({"random": list(self.random)} if self.random else {}),
             "gradients": {g.input: text(g.expr) for g in self.gradients},
             "passthrough": [g.input for g in self.gradients if g.passthrough],
             "from_dout": {g.input: text(g.expr) for g in self.gradients
@@ -265,6 +269,9 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
     if command is None:
         command = default_command(parsed, name)
     forward_rows = backward_rows = None
+    if parsed.random and rows.has_reduction(outputs):
+        raise SpecError(f"op '{name}': random numbers (rand_like, dropout) in an op that reduces over "
+                        "the last dimension are not supported; apply the dropout in an op of its own")
     if rows.has_reduction(outputs):
         forward_rows = rows.schedule([(names.output(k, count), e) for k, e in enumerate(outputs)],
                                      parsed.scalars, name)
@@ -288,6 +295,8 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         joined=parsed.joined,
         forward_rows=forward_rows,
         backward_rows=backward_rows,
+        random=tuple(names.random(k) for k in range(parsed.random)),
+        probabilities=parsed.probabilities,
     )
 
 
@@ -491,7 +500,11 @@ def _check_size(tree, what: str):
 
 def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
     """The ops built beside `spec` into its library: <name>_grad2 (when it has a backward
-    kernel) and <name>_jvp (when some gradient is not zero)."""
+    kernel) and <name>_jvp (when some gradient is not zero). An op that draws random numbers
+    has none: its derivatives beyond first-order reverse mode are refused (the runtime's
+    Autograd kernel), as they would need its numbers again in ops of their own."""
+    if spec.random:
+        return ()
     return tuple(s for s in (grad2_spec(spec), jvp_spec(spec)) if s is not None)
 
 

@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) {
       if (base + u * kThreads >= n_vec) continue;
       Vec<T, kVec> y_v[kOut];
-      compute_vector(x_v[u], y_v, f);
+      compute_vector(x_v[u], y_v, f, NoVisit{}, static_cast<uint64_t>(base + u * kThreads) * kVec);
 #pragma unroll
       for (int k = 0; k < kOut; ++k) {
         if (p.p[k] != nullptr)
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads)
     acc_t<T> y[kOut];
 #pragma unroll
     for (int j = 0; j < kIn; ++j) x[j] = to_acc(reinterpret_cast<const T*>(p.p[kOut + j])[i]);
-    f(x, y);
+    call(f, x, y, static_cast<uint64_t>(i));
 #pragma unroll
     for (int k = 0; k < kOut; ++k) {
       if (p.p[k] != nullptr) reinterpret_cast<T*>(p.p[k])[i] = from_acc<T>(y[k]);

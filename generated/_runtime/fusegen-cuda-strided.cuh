@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
       acc_t<T> y[kOut];
 #pragma unroll
       for (int j = 0; j < kIn; ++j) in[j] = to_acc(x[0][j]);
-      f(in, y);
+      call(f, in, y, static_cast<uint64_t>(i));
 #pragma unroll
       for (int k = 0; k < kOut; ++k) {
         if (p.p[k] != nullptr) *reinterpret_cast<T*>(p.p[k] + out_offset[0][k]) = from_acc<T>(y[k]);

@@ -121,7 +121,7 @@ __device__ __forceinline__ void compute_crossing(
                                                     : next[k];
       x[j] = to_acc(*reinterpret_cast<const T*>(p.p[k] + at));
     }
-    f(x, y);
+    call(f, x, y, static_cast<uint64_t>(i) + e);
 #pragma unroll
     for (int k = 0; k < kOut; ++k) {
       if (p.p[k] != nullptr)
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_VECTOR_BLOCKS)
     for (int u = 0; u < kU; ++u) {
       if (!whole[u]) continue;
       Vec<T, kVec> y_v[kOut];
-      compute_vector(x_v[u], y_v, f);
+      compute_vector(x_v[u], y_v, f, NoVisit{}, static_cast<uint64_t>(base + u * kThreads) * kVec);
 #pragma unroll
       for (int k = 0; k < kOut; ++k) {
         if (p.p[k] != nullptr) store_operand<kGathers>(modes, k, p.p[k] + offset[u][k], y_v[k]);

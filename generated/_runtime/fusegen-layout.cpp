@@ -7,6 +7,7 @@
 
 #include "fusegen-half.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
@@ -17,6 +18,7 @@
 #include <c10/util/accumulate.h>
 
 #ifdef FUSEGEN_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -238,8 +240,12 @@ at::Tensor empty_as_iterator(const c10::SymDimVector& shape,
 // absent ones allocated.
 at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs,
                                  const std::vector<at::Tensor>& sums,
-                                 c10::ArrayRef<at::Tensor> given) {
+                                 c10::ArrayRef<at::Tensor> given, bool linear) {
   at::TensorIteratorConfig config;
+  // An op that draws random numbers numbers each element by its place in the broadcast
+  // shape (C order), forward and backward alike: the loop keeps that order, as torch's own
+  // random kernels do (and new outputs are contiguous).
+  if (linear) config.enforce_linear_iteration();
   config.set_check_mem_overlap(
       false);  // the outputs are new or disjoint; inputs may overlap each other
   if (!sums.empty())
@@ -289,9 +295,28 @@ void advise_huge_pages(const std::vector<at::Tensor>& outputs) {
 // The CPU kernel over the iterator: TensorIterator::for_each splits it over threads
 // (at::parallel_for) and calls back with 1-D runs; each run goes to the kernel with the
 // kernel's operand order (absent outputs null).
+// An op that draws random numbers (`random`) runs on one thread, in the loop's linear order,
+// so that each run knows the linear index of its first element (Random::first).
 void launch_cpu(at::TensorIterator& iter, const Operands& ops, CpuKernel kernel, Dtype dtype,
-                const double* scalars) {
+                const double* scalars, const Random* random) {
   const int count = ops.size();
+  if (random != nullptr) {
+    Random run = *random;
+    const int ntensors = iter.ntensors();
+    iter.serial_for_each([&](char** data, const int64_t* strides, int64_t size0, int64_t size1) {
+      c10::SmallVector<char*, 16> d(count);
+      c10::SmallVector<int64_t, 16> s(count);
+      for (int64_t outer = 0; outer < size1; ++outer, run.first += size0) {
+        for (int k = 0; k < count; ++k) {
+          const int i = ops.slot[k];
+          d[k] = i < 0 ? nullptr : data[i] + outer * strides[ntensors + i];
+          s[k] = i < 0 ? 0 : strides[i];
+        }
+        kernel(dtype, d.data(), s.data(), size0, scalars, &run);
+      }
+    }, {0, iter.numel()});
+    return;
+  }
   iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
     c10::SmallVector<char*, 16> d(count);
     c10::SmallVector<int64_t, 16> s(count);
@@ -300,7 +325,7 @@ void launch_cpu(at::TensorIterator& iter, const Operands& ops, CpuKernel kernel,
       d[k] = i < 0 ? nullptr : data[i];
       s[k] = i < 0 ? 0 : strides[i];
     }
-    kernel(dtype, d.data(), s.data(), n, scalars);
+    kernel(dtype, d.data(), s.data(), n, scalars, nullptr);
   }, kCpuGrain);
 }
 
@@ -308,7 +333,7 @@ void launch_cpu(at::TensorIterator& iter, const Operands& ops, CpuKernel kernel,
 // The CUDA kernel over the whole iterator, on the current stream: pointers, and sizes and
 // byte strides unless it is contiguous.
 void launch_cuda(const at::TensorIterator& iter, const Operands& ops, CudaKernel kernel,
-                 Dtype dtype, const double* scalars) {
+                 Dtype dtype, const double* scalars, const Random* random) {
   const int count = ops.size();
   std::vector<char*> data(count);
   for (int k = 0; k < count; ++k)
@@ -324,7 +349,8 @@ void launch_cuda(const at::TensorIterator& iter, const Operands& ops, CudaKernel
       if (ops.slot[k] >= 0) strides[d * count + k] = iter.strides(ops.slot[k])[d];
     }
   }
-  const CudaLoop loop{iter.numel(), ndim, count, sizes.data(), strides.data(), data.data()};
+  const CudaLoop loop{iter.numel(), ndim,        count, sizes.data(), strides.data(),
+                      data.data(),  random};
   kernel(dtype, loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -367,7 +393,7 @@ bool is_plain_contiguous(const Args& args, at::ScalarType dtype, c10::Device dev
 // threads would split to TensorIterator); returns the outputs, as run_kernel does.
 std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>& present,
                                        Device device, CpuKernel cpu, CudaKernel cuda, Dtype dtype,
-                                       const double* scalars) {
+                                       const double* scalars, const Random* random) {
   const at::Tensor& first = args.front().tensor;
   std::vector<at::Tensor> outputs(present.size());
   c10::SmallVector<char*, 16> data;
@@ -392,12 +418,12 @@ std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>
   const int64_t n = first.numel();
   if (device == Device::kCpu) {
     advise_huge_pages(outputs);
-    cpu(dtype, data.data(), strides.data(), n, scalars);
+    cpu(dtype, data.data(), strides.data(), n, scalars, random);
   } else {
 #ifdef FUSEGEN_WITH_CUDA
     // What launch_cuda hands the kernel for a contiguous iterator (ndim 0: no strides).
-    const CudaLoop loop{n,       0,          static_cast<int>(data.size()), first.sizes().data(),
-                        nullptr, data.data()};
+    const CudaLoop loop{n,       0,           static_cast<int>(data.size()), first.sizes().data(),
+                        nullptr, data.data(), random};
     cuda(dtype, loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 #else
@@ -545,7 +571,8 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
 std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const Args& args,
                                    const std::vector<bool>& present, CpuKernel cpu, CudaKernel cuda,
                                    const double* scalars,
-                                   const std::vector<at::Tensor>& given = {}) {
+                                   const std::vector<at::Tensor>& given = {},
+                                   const Random* random = nullptr) {
   const at::ScalarType dtype = check_args(name, args);
   const c10::Device on = device_arg(args).tensor.device();
 #ifdef FUSEGEN_WITH_CUDA
@@ -559,7 +586,7 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
                       at::get_num_threads() == 1;
   if (device != Device::kMeta && given.empty() && serial &&
       is_plain_contiguous(args, dtype, on)) {
-    return run_contiguous(args, present, device, cpu, cuda, kernel_dtype(dtype), scalars);
+    return run_contiguous(args, present, device, cpu, cuda, kernel_dtype(dtype), scalars, random);
   }
   const std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
   int num_outputs = 0;
@@ -568,7 +595,10 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   if (device == Device::kMeta && any_symbolic(inputs)) {
     const c10::SymDimVector shape = broadcast_shape(name, args);
     for (size_t k = 0; k < present.size(); ++k) {
-      if (present[k]) outputs[k] = empty_as_iterator(shape, inputs);
+      if (!present[k]) continue;
+      // (random: the linear loop's outputs are contiguous, make_iterator)
+      outputs[k] = random != nullptr ? at::empty_symint(shape, inputs.front().options())
+                                     : empty_as_iterator(shape, inputs);
     }
     return outputs;
   }
@@ -580,7 +610,7 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
       for (size_t k = 0; k < given.size(); ++k) {
         if (present[k]) into.push_back(given[k]);
       }
-      return make_iterator(num_outputs, inputs, {}, into);
+      return make_iterator(num_outputs, inputs, {}, into, random != nullptr);
     } catch (const c10::Error&) {
       broadcast_shape(name, args);  // throws the named error when the shapes are the cause
       throw;
@@ -593,10 +623,10 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   const Operands ops(present, static_cast<int>(inputs.size()));
   if (device == Device::kCpu) {
     advise_huge_pages(outputs);
-    launch_cpu(iter, ops, cpu, kernel_dtype(dtype), scalars);
+    launch_cpu(iter, ops, cpu, kernel_dtype(dtype), scalars, random);
   } else {
 #ifdef FUSEGEN_WITH_CUDA
-    launch_cuda(iter, ops, cuda, kernel_dtype(dtype), scalars);
+    launch_cuda(iter, ops, cuda, kernel_dtype(dtype), scalars, random);
 #else
     (void)cuda;
 #endif
@@ -604,12 +634,129 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
   return outputs;
 }
 
+// The random numbers of one call of an op that draws them: from the default generator of
+// the call's device, as torch's own random ops take them. On the CPU a fresh 64-bit seed
+// (CPUGeneratorImpl::random64: torch.manual_seed reproduces it, and the generator moves on);
+// on CUDA the Philox seed and offset (CUDAGeneratorImpl::philox_cuda_state, which under
+// graph capture hands out device pointers that each replay refills, and moves the offset on
+// by the streams' count, rounded up to the multiple of 4 it asks for). `state`, when asked
+// for: {seed, offset} as an int64 tensor of the call's device, which the CUDA kernel fills
+// (Random::save) so that it holds the values a replayed graph drew.
+struct Drawn {
+  Random random;
+  at::Tensor state;
+};
+
+Drawn draw_random(const OpDef& def, Device device, c10::Device on, bool sampled) {
+  Drawn d;
+  const at::TensorOptions state_options = at::TensorOptions().dtype(at::kLong).device(on);
+  if (device == Device::kMeta) {
+    if (sampled) d.state = at::empty({2}, state_options);
+    return d;
+  }
+  if (device == Device::kCpu) {
+    auto* gen = at::get_generator_or_default<at::CPUGeneratorImpl>(
+        std::nullopt, at::detail::getDefaultCPUGenerator());
+    {
+      std::lock_guard<std::mutex> lock(gen->mutex_);
+      d.random.seed = gen->random64();
+    }
+    if (sampled) {
+      d.state = at::empty({2}, state_options);
+      d.state.data_ptr<int64_t>()[0] = static_cast<int64_t>(d.random.seed);
+      d.state.data_ptr<int64_t>()[1] = 0;
+    }
+    return d;
+  }
+#ifdef FUSEGEN_WITH_CUDA
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+      std::nullopt, at::cuda::detail::getDefaultCUDAGenerator(on.index()));
+  const uint64_t increment = 4 * ((static_cast<uint64_t>(def.num_random) + 3) / 4);
+  at::PhiloxCudaState philox;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    philox = gen->philox_cuda_state(increment);
+  }
+  if (philox.captured_) {
+    d.random.seed_at = philox.seed_.ptr;
+    d.random.offset_at = philox.offset_.ptr;
+    d.random.offset_add = philox.offset_intragraph_;
+  } else {
+    d.random.seed = philox.seed_.val;
+    d.random.offset = philox.offset_.val;
+  }
+  if (sampled) {
+    d.state = at::empty({2}, state_options);
+    d.random.save = d.state.data_ptr<int64_t>();
+  }
+#else
+  (void)def;
+#endif
+  return d;
+}
+
+// A backward's random numbers: those its forward drew, from the state it returned.
+Random saved_random(const std::string& op, const at::Tensor& state, c10::Device on) {
+  TORCH_CHECK(state.defined() && state.scalar_type() == at::kLong && state.numel() == 2 &&
+                  state.is_contiguous() && state.device() == on,
+              "fusegen::", op, ": argument 'rng_state' must be the int64 tensor of 2 elements "
+              "on ", on, " that the forward (fusegen::<name>_sampled) returned, got ",
+              state.defined() ? state.toString() + " of " + std::to_string(state.numel()) +
+                                    " elements on " + state.device().str()
+                              : std::string("an undefined tensor"));
+  Random r;
+  if (on.is_cpu()) {
+    r.seed = static_cast<uint64_t>(state.data_ptr<int64_t>()[0]);
+    r.offset = static_cast<uint64_t>(state.data_ptr<int64_t>()[1]);
+  } else {
+    r.seed_at = state.const_data_ptr<int64_t>();
+    r.offset_at = r.seed_at + 1;
+  }
+  return r;
+}
+
+// A dropout's probability outside [0, 1] (or NaN) is refused, as F.dropout refuses it.
+void check_probabilities(const std::string& op, const OpDef& def, const ForwardArgs& a) {
+  for (int k = 0; k < def.num_probabilities; ++k) {
+    const int s = def.probabilities[k];
+    const double p = a.scalars[s];
+    TORCH_CHECK(p >= 0.0 && p <= 1.0, "fusegen::", op, ": argument '", def.scalar_names[s],
+                "' is a dropout probability: expected a value between 0 and 1, got ", p);
+  }
+}
+
 // The forward on one device: its outputs, in order; a joined op's two outputs are written
-// into the halves of one tensor (no concatenation), which is its one result.
-std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a) {
+// into the halves of one tensor (no concatenation), which is its one result. An op that
+// draws random numbers draws them here, and `sampled` adds the state it drew with.
+std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a,
+                                    bool sampled) {
   const OpDef& def = *op.def;
   const Args args = a.named(def);
   const std::vector<bool> all(def.num_outputs, true);
+  if (def.num_random > 0) {
+    check_probabilities(op.name, def, a);
+    check_defined(op.name, args);
+    const c10::Device on = device_arg(args).tensor.device();
+    Drawn d = draw_random(def, device, on, sampled);
+    std::vector<at::Tensor> out;
+    if (!def.joined) {
+      out = run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda,
+                       a.scalars.data(), {}, &d.random);
+    } else {
+      const at::ScalarType dtype = check_args(op.name, args);
+      c10::SymDimVector shape = broadcast_shape(op.name, args);
+      TORCH_CHECK(!shape.empty(), "fusegen::", op.name,
+                  ": torch.cat joins the outputs along the last dimension, and every tensor "
+                  "argument is 0-d; expected at least one dimension");
+      shape.back() = shape.back() * 2;
+      const at::Tensor whole = at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
+      run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
+                 halves_of(whole), &d.random);
+      out = {whole};
+    }
+    if (sampled) out.push_back(d.state);
+    return out;
+  }
   if (def.rows && !def.joined) {
     return run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu,
                     def.forward_cuda, a.scalars.data(), {});
@@ -644,6 +791,16 @@ std::vector<at::Tensor> run_backward(const Op& op, Device device, const Backward
   if (def.rows) {  // gradients at the broadcast shape: none is one value per row
     return requested(run_rows(op.backward_name, device, a.named(def), a.mask, nullptr,
                               def.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given));
+  }
+  if (def.num_random > 0) {
+    const Args args = a.named(def);
+    check_defined(op.backward_name, args);
+    const Random random =
+        device == Device::kMeta
+            ? Random{}
+            : saved_random(op.backward_name, a.tensors.back(), device_arg(args).tensor.device());
+    return requested(run_kernel(op.backward_name, device, args, a.mask, def.backward_cpu,
+                                def.backward_cuda, a.scalars.data(), given, &random));
   }
   return requested(run_kernel(op.backward_name, device, a.named(def), a.mask, def.backward_cpu,
                               def.backward_cuda, a.scalars.data(), given));

@@ -49,8 +49,10 @@ struct Op {
                   // the profiler's backward events; not "fusegen::...", which names ops)
   std::string
       double_node_name;  // "FusedDoubleBackward(fusegen::<name>_backward)": the backward's node
+  std::string sampled_name;    // "<name>_sampled": an op that draws random numbers
   std::optional<c10::OperatorHandle> forward_op;   // fusegen::<name>, looked up once
   std::optional<c10::OperatorHandle> backward_op;  // fusegen::<name>_backward
+  std::optional<c10::OperatorHandle> sampled_op;   // fusegen::<name>_sampled
   bool has_backward() const { return def->num_kernel_grads > 0; }
 };
 
@@ -78,8 +80,11 @@ struct ForwardArgs {
   }
 };
 
-// The backward's tensor arguments: one dout per output, then the inputs it reads.
-inline int backward_tensors(const OpDef& def) { return def.num_outputs + def.num_backward_inputs; }
+// The backward's tensor arguments: one dout per output, then the inputs it reads, then (an
+// op that draws random numbers) the state its forward drew with.
+inline int backward_tensors(const OpDef& def) {
+  return def.num_outputs + def.num_backward_inputs + (def.num_random > 0 ? 1 : 0);
+}
 
 // The forward's results: its outputs, or one tensor that holds two (OpDef::joined).
 inline int num_results(const OpDef& def) { return def.joined ? 1 : def.num_outputs; }
@@ -150,7 +155,9 @@ at::ScalarType check_args(const std::string& op, const Args& args);
 std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype,
                                       const c10::Device device);
 Dtype kernel_dtype(at::ScalarType t);
-std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a);
+// sampled: also return the random state drawn with (fusegen::<name>_sampled's last result).
+std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a,
+                                    bool sampled = false);
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given = {});
 
@@ -174,9 +181,9 @@ struct Operands {
 #ifdef FUSEGEN_WITH_CUDA
 at::TensorIterator make_iterator(int num_outputs, const std::vector<at::Tensor>& inputs,
                                  const std::vector<at::Tensor>& sums = {},
-                                 c10::ArrayRef<at::Tensor> given = {});
+                                 c10::ArrayRef<at::Tensor> given = {}, bool linear = false);
 void launch_cuda(const at::TensorIterator& iter, const Operands& ops, CudaKernel kernel,
-                 Dtype dtype, const double* scalars);
+                 Dtype dtype, const double* scalars, const Random* random = nullptr);
 #endif
 
 // ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #define FUSEGEN_RUNTIME_H_
 
 #include "fusegen-math.h"
+#include "fusegen-random.h"
 
 #ifndef __CUDACC_RTC__
 #include <cstddef>
@@ -32,8 +33,10 @@ namespace fusegen {
 //
 // CPU: one 1-D run of n elements, the inner loop of TensorIterator::for_each (which splits
 // the work over threads with at::parallel_for). strides[k] is operand k's step in bytes.
+// random: an op that draws random numbers (OpDef::num_random) gets its state and the run's
+// first linear index (fusegen-random.h); nullptr otherwise.
 using CpuKernel = void (*)(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-                           const double* scalars);
+                           const double* scalars, const Random* random);
 
 // CUDA: the whole iteration space. ndim == 0 when it is contiguous (after TensorIterator
 // has coalesced its dimensions); otherwise sizes[ndim] (dimension 0 the fastest) and
@@ -46,6 +49,7 @@ struct CudaLoop {
   const int64_t* sizes;
   const int64_t* strides;
   char* const* data;
+  const Random* random = nullptr;  // an op that draws random numbers: its state
 };
 using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
@@ -114,7 +118,7 @@ struct GradDef {
 constexpr int kResult = -1;
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 9;
+constexpr int kAbi = 10;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;
@@ -161,6 +165,17 @@ struct OpDef {
   const int* jvp_args = nullptr;
   int num_jvp_scalars = 0;
   const int* jvp_scalars = nullptr;
+  // An op that draws random numbers (torch.rand_like, dropout): num_random streams, drawn
+  // from the device's default generator on each call, element by element in the linear
+  // order of the broadcast shape (fusegen-random.h). The Autograd kernel calls
+  // `sampled_schema`, "<name>_sampled(...) -> (Tensor, ..., Tensor rng_state)", which
+  // also returns the state drawn with, and the backward (whose last tensor is that state)
+  // regenerates the same numbers from it. `probabilities`: the scalars that must lie in
+  // [0, 1] (a dropout's p), as indices into the scalars.
+  int num_random = 0;
+  const char* sampled_schema = nullptr;
+  int num_probabilities = 0;
+  const int* probabilities = nullptr;
 };
 
 // Defines fusegen::<name> (and <name>_backward) and registers the op's CPU, Meta, CUDA and

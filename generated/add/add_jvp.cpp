@@ -35,8 +35,8 @@ namespace {
 
 // add_jvp(Tensor t_a, Tensor t_b) -> Tensor
 void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Forward<T>{};
   });

@@ -45,8 +45,8 @@ namespace {
 
 // addmul_jvp(Tensor x, Tensor y, Tensor w, Tensor t_x, Tensor t_y, Tensor t_w) -> Tensor
 void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Forward<T>{};
   });
@@ -56,8 +56,8 @@ void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t
 //     in_t_y, Tensor in_t_w, bool[4] output_mask) -> Tensor[]
 // data: the gradients (null when not requested), dout, the inputs the backward reads.
 void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Backward<T>{};
   });

@@ -43,8 +43,8 @@ namespace {
 
 // fma_jvp(Tensor a, Tensor b, Tensor t_a, Tensor t_b, Tensor t_c) -> Tensor
 void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Forward<T>{};
   });
@@ -54,8 +54,8 @@ void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t
 //     output_mask) -> Tensor[]
 // data: the gradients (null when not requested), dout, the inputs the backward reads.
 void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Backward<T>{};
   });

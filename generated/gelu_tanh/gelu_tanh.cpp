@@ -46,8 +46,8 @@ namespace {
 
 // gelu_tanh(Tensor x) -> Tensor
 void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Forward<T>{};
   });
@@ -56,8 +56,8 @@ void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t
 // gelu_tanh_backward(Tensor dout, Tensor in_x, bool[1] output_mask) -> Tensor[]
 // data: the gradients (null when not requested), dout, the inputs the backward reads.
 void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Backward<T>{};
   });

@@ -81,8 +81,8 @@ namespace {
 
 // gelu_tanh_jvp(Tensor x, Tensor t_x) -> Tensor
 void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Forward<T>{};
   });
@@ -91,8 +91,8 @@ void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t
 // gelu_tanh_jvp_backward(Tensor dout, Tensor in_x, Tensor in_t_x, bool[2] output_mask) -> Tensor[]
 // data: the gradients (null when not requested), dout, the inputs the backward reads.
 void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Backward<T>{};
   });

@@ -50,8 +50,8 @@ namespace {
 // rope_pair_jvp(Tensor x1, Tensor c, Tensor x2, Tensor s, Tensor t_x1, Tensor t_c, Tensor t_x2,
 //     Tensor t_s) -> (Tensor, Tensor)
 void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Forward<T>{};
   });
@@ -62,8 +62,8 @@ void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t
 //     output_mask) -> Tensor[]
 // data: the gradients (null when not requested), dout, the inputs the backward reads.
 void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n,
-    const double* /*scalars*/) {
-  run_cpu(dtype, data, strides, n, [&](auto zero) {
+    const double* /*scalars*/, const Random* /*random*/) {
+  run_cpu(dtype, data, strides, n, 0, [&](auto zero) {
     using T = decltype(zero);  // the compute type
     return Backward<T>{};
   });

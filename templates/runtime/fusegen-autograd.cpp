@@ -599,8 +599,12 @@ class FusedBackward final : public torch::autograd::Node {
   SplitHalves split_;                                  // inputs that are the halves of one split
 
  private:
-  // Whether saved tensor i is the forward's output (saved as an output).
-  bool is_output(size_t i) const { return op_->def->backward_inputs[i] == kResult; }
+  // Whether saved tensor i is the forward's output (saved as an output); the random state
+  // of an op that draws comes after the backward's inputs.
+  bool is_output(size_t i) const {
+    return i < static_cast<size_t>(op_->def->num_backward_inputs) &&
+           op_->def->backward_inputs[i] == kResult;
+  }
 
   // The saved tensors; an output is saved without its grad_fn (this node: no cycle) and
   // gets it back here.
@@ -855,9 +859,16 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
   for (const at::Tensor& t : a.tensors) fn->meta_.emplace_back(t);
   for (int i = 0; i < def.num_backward_scalars; ++i)
     fn->scalars_.push_back(a.scalars[def.backward_scalars[i]]);
+  at::Tensor state;  // an op that draws random numbers: the state it drew with
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    if (def.num_random > 0) {
+      op.sampled_op->redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+      state = stack->back().toTensor();
+      stack->pop_back();
+    } else {
+      handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    }
   }
   if (num_results(def) == 1) {  // one result: no vector on the common path
     const at::Tensor& out = stack->back().toTensor();
@@ -868,12 +879,13 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
     torch::autograd::set_history(outs, node);
     if (tangents) set_tangents(op, a, outs);
   }
-  fn->saved_.reserve(def.num_backward_inputs);
+  fn->saved_.reserve(def.num_backward_inputs + 1);
   for (int i = 0; i < def.num_backward_inputs; ++i) {
     const int k = def.backward_inputs[i];  // kResult: an op of one output
     fn->saved_.emplace_back(k == kResult ? stack->back().toTensor() : a.tensors[k],
                             /*is_output=*/k == kResult);
   }
+  if (state.defined()) fn->saved_.emplace_back(state, /*is_output=*/false);
 }
 
 // The backward with autograd (create_graph, or a torch.func transform): its node
@@ -933,6 +945,14 @@ void run_autograd(const Op& op, bool backward, const c10::OperatorHandle& handle
   const OpDef& def = *op.def;
   const bool graph = records_graph(def, backward, *stack);
   const bool tangents = has_tangents(def, backward, *stack);
+  // An op that draws random numbers has first-order reverse mode only: its derivatives
+  // beyond would need the same numbers again in ops of their own.
+  TORCH_CHECK(def.num_random == 0 || !tangents, "fusegen::", backward ? op.backward_name : op.name,
+              ": forward-mode AD (torch.func.jvp, jacfwd, forward_ad) of an op that draws random "
+              "numbers is not supported; differentiate it in reverse mode");
+  TORCH_CHECK(def.num_random == 0 || !backward || !graph, "fusegen::", op.backward_name,
+              ": double backward (create_graph=True) of an op that draws random numbers is not "
+              "supported; its first-order gradients are");
   if (!graph && !tangents) {
     // Nothing to differentiate (no_grad, or no tensor requires grad, and no tangent): no
     // autograd node, no saved state; on to the next kernel (the device's), as eager's

@@ -95,25 +95,45 @@ void host_dispatch(Dtype dtype, F&& f) {
 // pointer) is written to one and dropped.
 constexpr int64_t kCpuBlock = 256;  // elements per block: the buffers of a block stay in L1
 
+// `first`: the linear index of element 0 of the block (a functor that draws random numbers
+// draws them per element, fusegen-random.h).
 template <typename A, typename F>
-FUSEGEN_CPU_TARGETS void compute_block(const A* const* x, A* const* y, int64_t m, const F& f) {
+FUSEGEN_CPU_TARGETS void compute_block(const A* const* x, A* const* y, int64_t m, const F& f,
+                                       int64_t first) {
   // Local copies: the compiler then knows the stores through y[k] cannot move a pointer.
-  const A* xs[F::kInputs];
+  const A* xs[F::kInputs > 0 ? F::kInputs : 1];
   A* ys[F::kOutputs];
   for (int j = 0; j < F::kInputs; ++j) xs[j] = x[j];
   for (int k = 0; k < F::kOutputs; ++k) ys[k] = y[k];
+  if constexpr (kRandomOf<F> > 0) {
+    // The uniforms of the block first, four elements to a Philox block (the math loop
+    // below then vectorizes as for any other op).
+    A u[kCpuBlock][kRandomOf<F>];
+    uniforms<kRandomOf<F>, kCpuBlock, false>(f.random, static_cast<uint64_t>(first), u);
 #pragma GCC ivdep
-  for (int64_t i = 0; i < m; ++i) {
-    A xi[F::kInputs];
-    A yi[F::kOutputs];
-    for (int j = 0; j < F::kInputs; ++j) xi[j] = xs[j][i];
-    f(xi, yi);
-    for (int k = 0; k < F::kOutputs; ++k) ys[k][i] = yi[k];
+    for (int64_t i = 0; i < m; ++i) {
+      A xi[F::kInputs > 0 ? F::kInputs : 1];
+      A yi[F::kOutputs];
+      for (int j = 0; j < F::kInputs; ++j) xi[j] = xs[j][i];
+      f(xi, u[i], yi);
+      for (int k = 0; k < F::kOutputs; ++k) ys[k][i] = yi[k];
+    }
+  } else {
+    (void)first;
+#pragma GCC ivdep
+    for (int64_t i = 0; i < m; ++i) {
+      A xi[F::kInputs > 0 ? F::kInputs : 1];
+      A yi[F::kOutputs];
+      for (int j = 0; j < F::kInputs; ++j) xi[j] = xs[j][i];
+      f(xi, yi);
+      for (int k = 0; k < F::kOutputs; ++k) ys[k][i] = yi[k];
+    }
   }
 }
 
 template <typename T, typename F>
-void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const F& f) {
+void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const F& f,
+                     int64_t first) {
   using A = typename Host<T>::acc;
   constexpr int kIn = F::kInputs;
   constexpr int kOut = F::kOutputs;
@@ -127,12 +147,12 @@ void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const
   bool direct = !kNarrow;  // every operand contiguous and present: no buffer at all
   for (int k = 0; k < kOut; ++k) direct = direct && out[k] != nullptr && out_strides[k] == kSize;
   for (int j = 0; j < kIn; ++j) direct = direct && in_strides[j] == kSize;
-  if (direct) {
+  if (direct && kRandomOf<F> == 0) {  // (a functor that draws goes by blocks: its uniforms')
     const A* x[kIn > 0 ? kIn : 1];
     A* y[kOut];
     for (int j = 0; j < kIn; ++j) x[j] = reinterpret_cast<const A*>(in[j]);
     for (int k = 0; k < kOut; ++k) y[k] = reinterpret_cast<A*>(out[k]);
-    compute_block(x, y, n, f);
+    compute_block(x, y, n, f, first);
     return;
   }
 
@@ -178,7 +198,7 @@ void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const
     }
     for (int k = 0; k < kOut; ++k)
       y[k] = out_place[k] ? reinterpret_cast<A*>(out[k]) + begin : out_buf[k];
-    compute_block(x, y, m, f);
+    compute_block(x, y, m, f, first + begin);
     for (int k = 0; k < kOut; ++k) {
       if (out_place[k] || out[k] == nullptr) continue;
       char* p = out[k] + begin * out_strides[k];
@@ -200,11 +220,13 @@ void elementwise_cpu(char* const* data, const int64_t* strides, int64_t n, const
 
 // A CpuKernel for the elementwise function F, in the compute type of `dtype`. `make(tag)`
 // builds F for the compute type of tag's storage type (the scalars converted to it).
+// `first`: the run's first linear index (Random::first; 0 for an op that draws nothing).
 template <typename Make>
-void run_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, Make&& make) {
+void run_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t n, int64_t first,
+             Make&& make) {
   host_dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    elementwise_cpu<T>(data, strides, n, make(typename Host<T>::acc{}));
+    elementwise_cpu<T>(data, strides, n, make(typename Host<T>::acc{}), first);
   });
 }
 

@@ -386,17 +386,27 @@ __device__ __forceinline__ acc_t<T> element(const Vec<T, kVec>& v, int e) {
   }
 }
 
+// `first`: the linear index of the vector's element 0, for a functor that draws random
+// numbers (fusegen-random.h): one Philox block per stream and four elements.
 template <typename T, int kVec, typename F, typename Visit = NoVisit>
 __device__ __forceinline__ void compute_vector(
     const Vec<T, kVec> (&x_v)[F::kInputs > 0 ? F::kInputs : 1], Vec<T, kVec> (&y_v)[F::kOutputs],
-    const F& f, Visit visit = {}) {
+    const F& f, Visit visit = {}, uint64_t first = 0) {
+  constexpr int kStreams = kRandomOf<F> > 0 ? kRandomOf<F> : 1;
+  acc_t<T> u[kVec][kStreams];
+  if constexpr (kRandomOf<F> > 0) uniforms<kStreams, kVec, kVec % 4 == 0>(f.random, first, u);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {
     acc_t<T> x[F::kInputs > 0 ? F::kInputs : 1];
     acc_t<T> y[F::kOutputs];
 #pragma unroll
     for (int j = 0; j < F::kInputs; ++j) x[j] = element(x_v[j], e);
-    f(x, y);
+    if constexpr (kRandomOf<F> > 0) {
+      f(x, u[e], y);
+    } else {
+      (void)u;
+      f(x, y);
+    }
     visit(e, x, y);
 #pragma unroll
     for (int k = 0; k < F::kOutputs; ++k) y_v[k].v[e] = from_acc<T>(y[k]);

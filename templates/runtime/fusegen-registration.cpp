@@ -21,22 +21,25 @@ namespace fusegen::rt {
 namespace {
 
 // ---------------------------------------------------------------------------------------
-// Boxed kernels: one class, told which op, which of its two schemas and which dispatch key.
+// Boxed kernels: one class, told which op, which of its schemas and which dispatch key.
+
+enum class Schema { kForward, kBackward, kSampled };
 
 class Kernel final : public c10::OperatorKernel {
  public:
-  Kernel(const Op* op, bool backward, Key key) : op_(op), backward_(backward), key_(key) {}
+  Kernel(const Op* op, Schema schema, Key key) : op_(op), schema_(schema), key_(key) {}
 
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet keys,
                   torch::jit::Stack* stack) {
+    const bool backward = schema_ == Schema::kBackward;
     if (key_ == Key::kAutograd) {
-      run_autograd(*op_, backward_, handle, keys, stack);
+      run_autograd(*op_, backward, handle, keys, stack);
       return;
     }
     const OpDef& def = *op_->def;
-    if (!backward_) {
+    if (!backward) {
       ForwardArgs a(def, *stack);
-      std::vector<at::Tensor> out = run_forward(*op_, device(), a);
+      std::vector<at::Tensor> out = run_forward(*op_, device(), a, schema_ == Schema::kSampled);
       torch::jit::drop(*stack, def.num_inputs + def.num_scalars);
       for (at::Tensor& t : out) stack->emplace_back(std::move(t));
     } else {
@@ -53,7 +56,7 @@ class Kernel final : public c10::OperatorKernel {
   }
 
   const Op* op_;
-  bool backward_;
+  Schema schema_;
   Key key_;
 };
 
@@ -119,12 +122,22 @@ bool register_op_or_throw(const OpDef& def) {
                   "fusegen::" + std::string(def.name) + "_backward",
                   "FusedBackward(fusegen::" + std::string(def.name) + ")",
                   "FusedDoubleBackward(fusegen::" + std::string(def.name) + "_backward)",
+                  std::string(def.name) + "_sampled",
+                  std::nullopt,
                   std::nullopt,
                   std::nullopt};
   const char* file = "fusegen-registration.cpp";
   auto* defs =
       new torch::Library(torch::Library::FRAGMENT, "fusegen", std::nullopt, file, __LINE__);
-  defs->def(def.schema);
+  // An op that draws random numbers is tagged as torch's random ops are, so that
+  // torch.compile and opcheck treat a call as a fresh draw, not a pure function.
+  const bool random = def.num_random > 0;
+  TORCH_CHECK(!random || def.sampled_schema != nullptr, "fusegen::", def.name,
+              ": an op that draws random numbers needs its sampled schema");
+  const std::vector<at::Tag> tags =
+      random ? std::vector<at::Tag>{at::Tag::nondeterministic_seeded} : std::vector<at::Tag>{};
+  defs->def(def.schema, tags);
+  if (random) defs->def(def.sampled_schema, tags);
   if (op->has_backward()) defs->def(def.backward_schema);
   libraries().push_back(defs);
   registry()[op->name] = op;
@@ -134,17 +147,27 @@ bool register_op_or_throw(const OpDef& def) {
     op->backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(
         ("fusegen::" + op->backward_name).c_str(), "");
   }
+  if (random) {
+    op->sampled_op = c10::Dispatcher::singleton().findSchemaOrThrow(
+        ("fusegen::" + op->sampled_name).c_str(), "");
+  }
   for (const auto& [dispatch_key, key] : kKeys) {
 #ifndef FUSEGEN_WITH_CUDA
     if (key == Key::kCuda) continue;  // a runtime built without CUDA
 #endif
     if (key == Key::kCuda && def.forward_cuda == nullptr) continue;  // an op built without CUDA
     auto* impls = new torch::Library(torch::Library::IMPL, "fusegen", dispatch_key, file, __LINE__);
-    impls->impl(op->name.c_str(),
-                torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(op, false, key)));
+    impls->impl(op->name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                      std::make_unique<Kernel>(op, Schema::kForward, key)));
     if (op->has_backward()) {
       impls->impl(op->backward_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
-                                                 std::make_unique<Kernel>(op, true, key)));
+                                                 std::make_unique<Kernel>(op, Schema::kBackward, key)));
+    }
+    // The sampled form is what the forward's Autograd kernel calls below autograd: it has
+    // no Autograd kernel of its own (its state output has no gradient).
+    if (random && key != Key::kAutograd) {
+      impls->impl(op->sampled_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                                std::make_unique<Kernel>(op, Schema::kSampled, key)));
     }
     libraries().push_back(impls);
   }

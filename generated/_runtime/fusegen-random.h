@@ -1,0 +1,133 @@
+// fusegen-random.h: the random numbers of an op that draws them (torch.rand_like, dropout),
+// host and device. No torch headers: the kernels include it.
+//
+// Counter-based Philox4x32-10, as torch's CUDA generator feeds curand: the key is the
+// generator's seed, and element i of stream s (the op's s-th rand_like) takes word i % 4 of
+// the block at counter {i / 4, offset + s}, where `offset` is the generator's offset for
+// this call. A value is a function of (seed, offset, i, s) alone, so every kernel kind, the
+// CPU loop and the backward (which regenerates a mask instead of saving it) draw the same
+// numbers for the same element, whatever their launch shape; four neighbouring elements
+// share one Philox block, which the vectorized kernels compute once.
+#ifndef FUSEGEN_RANDOM_H_
+#define FUSEGEN_RANDOM_H_
+
+#include "fusegen-math.h"
+
+namespace fusegen {
+
+// The state a call draws with. On the CPU and for an eager CUDA call the runtime sets
+// seed and offset; under CUDA graph capture (and in a backward, from the state its forward
+// saved) the kernel reads them from device memory at seed_at and offset_at (plus
+// offset_add), so that a replayed graph draws fresh numbers, as torch's own kernels do with
+// at::cuda::philox::unpack. `save`: where the kernel writes {seed, offset} as it used them
+// (the element of linear index 0 does), the state a backward regenerates from. `first`:
+// the CPU loop's linear index of its run's first element.
+struct Random {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  const int64_t* seed_at = nullptr;
+  const int64_t* offset_at = nullptr;
+  uint64_t offset_add = 0;
+  int64_t* save = nullptr;
+  int64_t first = 0;
+};
+
+// Philox4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
+struct PhiloxBlock {
+  uint32_t word[4];
+};
+
+FUSEGEN_HD PhiloxBlock philox(uint64_t seed, uint64_t group, uint64_t stream) {
+  uint32_t c0 = static_cast<uint32_t>(group), c1 = static_cast<uint32_t>(group >> 32);
+  uint32_t c2 = static_cast<uint32_t>(stream), c3 = static_cast<uint32_t>(stream >> 32);
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c0;
+    const uint64_t p1 = uint64_t(0xCD9E8D57u) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return PhiloxBlock{{c0, c1, c2, c3}};
+}
+
+// A 32-bit word as a float in [0, 1): its top 24 bits times 2^-24, exact in float, never 1,
+// so `u < 1 - p` keeps every element at p = 0 and none at p = 1.
+template <typename A>
+FUSEGEN_HD A uniform_of(uint32_t bits) {
+  return static_cast<A>(static_cast<float>(bits >> 8) * 5.9604644775390625e-08f);
+}
+
+// The seed and offset the call draws with (device memory first), and the state saved for
+// the backward by the element of index 0.
+FUSEGEN_HD void random_state(const Random& r, uint64_t first, uint64_t& seed,
+                                    uint64_t& offset) {
+  if (r.seed_at != nullptr) {
+    seed = static_cast<uint64_t>(*r.seed_at);
+    offset = static_cast<uint64_t>(*r.offset_at) + r.offset_add;
+  } else {
+    seed = r.seed;
+    offset = r.offset;
+  }
+  if (r.save != nullptr && first == 0) {
+    r.save[0] = static_cast<int64_t>(seed);
+    r.save[1] = static_cast<int64_t>(offset);
+  }
+}
+
+// kStreams uniforms for each of the kCount elements from linear index `first` on: one
+// Philox block per stream and four elements. kAligned: `first` is a multiple of 4 and so
+// is kCount (the vector kernels), so the blocks fall at fixed places.
+template <int kStreams, int kCount, bool kAligned, typename A>
+FUSEGEN_HD void uniforms(const Random& r, uint64_t first, A (&u)[kCount][kStreams]) {
+  uint64_t seed, offset;
+  random_state(r, first, seed, offset);
+  PhiloxBlock block[kStreams];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int e = 0; e < kCount; ++e) {
+    const uint64_t i = first + static_cast<uint64_t>(e);
+    if (kAligned ? e % 4 == 0 : (e == 0 || i % 4 == 0)) {
+      for (int s = 0; s < kStreams; ++s) block[s] = philox(seed, i / 4, offset + s);
+    }
+    for (int s = 0; s < kStreams; ++s) u[e][s] = uniform_of<A>(block[s].word[i % 4]);
+  }
+}
+
+// How many random streams a functor draws (F::kRandom; 0 for a functor without one).
+template <typename F>
+constexpr auto random_streams(int) -> decltype(int(F::kRandom)) {
+  return F::kRandom;
+}
+template <typename F>
+constexpr int random_streams(long) {
+  return 0;
+}
+template <typename F>
+constexpr int kRandomOf = random_streams<F>(0);
+
+// F on one element of linear index i: a functor that draws takes its uniforms, f(x, u, y).
+template <typename F, typename A>
+FUSEGEN_HD void call(const F& f, const A* x, A* y, uint64_t i) {
+  if constexpr (kRandomOf<F> > 0) {
+    A u[1][kRandomOf<F>];
+    uniforms<kRandomOf<F>, 1, false>(f.random, i, u);
+    f(x, u[0], y);
+  } else {
+    (void)i;
+    f(x, y);
+  }
+}
+
+}  // namespace fusegen
+
+#endif  // FUSEGEN_RANDOM_H_
