@@ -145,6 +145,8 @@ GOLDEN["rope_pair"] = "(x1*c - x2*s, x2*c + x1*s)"
 GOLDEN["rms_norm"] = "x * torch.rsqrt((x*x).mean(-1, keepdim=True) + 1e-6) * w"
 GOLDEN["softmax"] = ("torch.exp(x - torch.amax(x, -1, keepdim=True)) / "
                      "torch.exp(x - torch.amax(x, -1, keepdim=True)).sum(-1, keepdim=True)")
+# An op that draws random numbers: Megatron's bias-dropout-add.
+GOLDEN["bias_dropout_add"] = "torch.nn.functional.dropout(x + bias, 0.1) + residual"
 
 # Step ops (ir/step.py), rendered into generated/<name>/ beside the seeds: name -> (program,
 # inputs, scalars), as `fusegen PROGRAM --name NAME --inputs .. --scalar ..` writes them.

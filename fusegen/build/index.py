@@ -70,8 +70,8 @@ def lookup(request) -> Entry | None:
         library = _library(data)
         if library is None:
             return None  # gone, or not the library published: the long way rebuilds it
-        family = tuple(Member(str(n), int(t), bool(b), bool(c), int(o), bool(j), bool(r))
-                       for n, t, b, c, o, j, r in data["family"])
+        family = tuple(Member(str(n), int(t), bool(b), bool(c), int(o), bool(j), bool(r), bool(u))
+                       for n, t, b, c, o, j, r, u in data["family"])
         if not family or family[0].name != data["name"]:
             return None
         auxiliary = tuple((str(n), str(k)) for n, k in sorted(data.get("auxiliary", {}).items()))
@@ -87,7 +87,7 @@ def record(request, entry: Entry):
     data = {"format": keys.INDEX_FORMAT, "name": entry.name, "inputs": list(entry.inputs),
             "scalars": list(entry.scalars), "text": entry.text, "backward_kernel": entry.backward_kernel,
             "digest": entry.digest, "library": entry.library.key,
-            "family": [[m.name, m.tensors, m.backward, m.composite, m.outputs, m.joined, m.rows]
+            "family": [[m.name, m.tensors, m.backward, m.composite, m.outputs, m.joined, m.rows, m.random]
                        for m in entry.family],
             "runtime": entry.library.runtime.parent.name.removeprefix("runtime-"),
             "auxiliary": dict(entry.auxiliary),

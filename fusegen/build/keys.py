@@ -28,7 +28,7 @@ from fusegen.build import toolchain
 from fusegen.files import templates_dir
 from fusegen.version import FUSEGEN_VERSION
 
-INDEX_FORMAT = 6  # of a request index entry: bump when its fields change (a new key, a miss)
+INDEX_FORMAT = 7  # of a request index entry: bump when its fields change (a new key, a miss)
 
 # The environment variables that change what the compilers make (read by gcc/clang, nvcc or
 # torch.utils.cpp_extension): part of every cache key, and of the request index's key.

@@ -133,7 +133,10 @@ def parse_program(text: str, inputs=None, scalars=(), shadowing=None) -> ParsedP
                              hint="end it with an expression, or assign to an input to update it in place")
         for e in outputs:
             _parse._check_literals(flat, e)
-        return Parsed(flat, outputs, ordered, scalars, joined)
+        return Parsed(flat, outputs, ordered, scalars, joined, *_parse._random_of(conv, scalars))
+    if conv.streams:
+        raise SpecError(f"program {flat!r} updates {', '.join(values)} in place and draws random numbers; "
+                        "a step op draws none: apply the dropout in an op of its own")
     if result is not None:
         raise SpecError(f"program {flat!r} updates {', '.join(values)} in place and also ends in an expression; "
                         "a step op has no result: assign the value to an input, or drop the last expression")

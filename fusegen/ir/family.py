@@ -20,3 +20,5 @@ class Member:
                               # backward op's douts (its forward's outputs)
     joined: bool = False      # its two outputs are the halves of one result (torch.cat, dim -1)
     rows: bool = False        # it reduces over the last dimension (a row op)
+    random: bool = False      # it draws random numbers (its backward op's last tensor is the
+                              # forward's random state, counted in `tensors`)

@@ -60,6 +60,7 @@ from typing import Callable
 import torch
 from torch.autograd import forward_ad
 
+from fusegen.errors import FusegenError
 from fusegen.ir.family import Member
 from fusegen.ir import names
 from fusegen.pytorch import dtensor as _dtensor
@@ -158,6 +159,10 @@ def call(name: str, *args):
             return op(*args)  # the op's own checks name the argument
     if not (_functorch_active() or _has_tangent(tensors)):
         return op(*args)
+    if _MEMBERS[name].random:
+        raise FusegenError(f"fusegen op '{name}' draws random numbers: torch.func transforms (vmap, grad, "
+                           "jacrev, ...) and forward-mode AD of it are not supported; call it under "
+                           "plain autograd (loss.backward(), torch.autograd.grad)")
     info = _info(name)
     if info.backward:
         from fusegen.pytorch.derivatives import _Mask
@@ -182,6 +187,10 @@ def _composite_kernel(member: Member):
         tensors = [t for t in args[:member.tensors] if isinstance(t, torch.Tensor)]
         if len(tensors) == member.tensors and (
                 (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors)) or _has_tangent(tensors)):
+            if member.random:  # its composite would draw other numbers than the forward did
+                raise FusegenError(f"fusegen::{member.name}: double backward (create_graph=True) and forward-mode "
+                                   "AD of an op that draws random numbers are not supported; its first-order "
+                                   "gradients are")
             from fusegen.pytorch.derivatives import _composite_forward
             return _composite_forward(_info(member.name), args)
         with torch._C._AutoDispatchBelowAutograd():
@@ -195,6 +204,8 @@ def _vmap_rule(member: Member):
     n = member.tensors
 
     def rule(vinfo, in_dims, *args):
+        if member.random:  # as torch.vmap's randomness="error"
+            raise FusegenError(f"fusegen op '{member.name}' draws random numbers: vmap of it is not supported")
         dims = in_dims[:n]
         tensors = list(args[:n])
         rank = max(t.dim() - (d is not None) for t, d in zip(tensors, dims))
@@ -292,8 +303,9 @@ def register(spec, auxiliary, auxiliary_loader: Callable | None = None) -> tuple
         infos = derivatives.infos(spec, auxiliary, _call_op, _op)
         for info in infos:
             _INFOS[info.name] = info
-        _register(tuple(Member(i.name, len(i.tensors), i.backward, i.vjp is None, i.count, i.joined,
-                               rows.has_reduction(i.outputs))
+        random = bool(spec.random)
+        _register(tuple(Member(i.name, len(i.tensors) + (random and i.backward), i.backward, i.vjp is None,
+                               i.count, i.joined, rows.has_reduction(i.outputs), random)
                         for i in infos),
                   auxiliary_loader)
     return _FAMILIES[spec.name]

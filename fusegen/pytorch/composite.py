@@ -45,7 +45,12 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
     def value(node):
         if node in memo:
             return memo[node]
-        if isinstance(node, sympy.Symbol):
+        if fn.is_random(node):
+            # torch's random numbers, one draw per stream and call (not the kernels' bits), in
+            # float as the kernels compare them (float64 for float64)
+            result = torch.rand(tuple(shape), device=device,
+                                dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+        elif isinstance(node, sympy.Symbol):
             result = values[node]
         elif fn.is_number(node):
             result = float(node)

@@ -107,6 +107,10 @@ def _register_now(members) -> None:
     """Register, or warn: a DTensor whose private API moved must not break `fusegen.fuse`
     nor the user's `import torch.distributed.tensor` (DTensor inputs then fail, naming
     the op, as they did before this module)."""
+    if any(m.random for m in members):
+        # Each rank would draw its shard's numbers from the same seed and local indices (the
+        # same mask on every rank): no rule, so DTensor refuses the op, naming it.
+        return
     try:
         _register_rules(members)
     except Exception as error:

@@ -48,6 +48,7 @@ except ModuleNotFoundError as err:  # an optional feature: say which extra bring
     raise ModuleNotFoundError(f"fusegen's ONNX export needs {err.name}: pip install 'fusegen[onnx]' "
                               f"(onnx, onnxscript, onnxruntime)", name=err.name) from err
 
+from fusegen.ir import dag
 from fusegen.ir import primitives as fn
 from fusegen.errors import FusegenError
 from fusegen.ir.expr import symbol
@@ -258,6 +259,11 @@ def _translation(name: str, inputs, scalars, outputs, joined: bool = False) -> C
     data-dependent one there), which becomes a constant."""
     signature = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                    for p in (*inputs, *scalars)])
+
+    if any(fn.is_random(s) for s in dag.free_symbols(list(outputs))):
+        raise FusegenError(f"fusegen::{name} draws random numbers (rand_like, dropout): its ONNX export "
+                           "is not supported; export the model in eval mode (dropout off) or without "
+                           "the translation table (torch's own random ops are then exported)")
 
     def translate(*args, **kwargs):
         bound = signature.bind(*args, **kwargs).arguments

@@ -1,0 +1,199 @@
+"""Random numbers in an expression (torch.rand_like, F.dropout): the kernels' draws against
+eager's formula on the same mask, their statistics, reproducibility under torch.manual_seed,
+fresh numbers per call, and the errors of what is not supported."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusegen
+from fusegen.errors import FusegenError, ParseError, SpecError
+
+BDA = "torch.nn.functional.dropout(x + bias, p) + residual"
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return {
+        "bda": fusegen.fuse(BDA, name="rnd_bias_dropout_add", scalars=["p"]),
+        "rand": fusegen.fuse("x + torch.rand_like(x)", name="rnd_plus_uniform"),
+        "two": fusegen.fuse("torch.rand_like(x) - torch.rand_like(x) + 0*x", name="rnd_two_streams"),
+    }
+
+
+def _args(dtype=torch.float64, rows=64, hidden=1000, grad=True):
+    x = torch.randn(rows, hidden, dtype=dtype, requires_grad=grad)
+    b = torch.randn(hidden, dtype=dtype, requires_grad=grad)
+    r = torch.randn(rows, hidden, dtype=dtype, requires_grad=grad)
+    return x, b, r
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_statistics_and_scale(ops, p):
+    """The fraction kept is 1 - p within 5 standard deviations of a binomial over 2^20
+    elements, and every kept element is (x + bias) / (1 - p), exactly as eager computes it."""
+    x, b, r = _args(torch.float32, 1024, 1024, grad=False)
+    y = ops["bda"](x, b, r, p)
+    kept = (y - r) != 0
+    n = kept.numel()
+    assert abs(kept.double().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    want = (x + b) * (1 / (1 - p)) + r
+    assert torch.allclose(y[kept], want[kept], rtol=1e-6, atol=1e-6)
+    assert torch.equal(y[~kept], r[~kept])
+
+
+def test_uniforms_are_uniform(ops):
+    """rand_like: values in [0, 1), mean 1/2 and variance 1/12 within 5 standard errors, the
+    deciles each near a tenth, and two streams of one op independent (their correlation)."""
+    x = torch.zeros(1 << 20)
+    u = ops["rand"](x)
+    assert u.min() >= 0 and u.max() < 1
+    n = u.numel()
+    assert abs(u.mean().item() - 0.5) < 5 * math.sqrt(1 / 12 / n)
+    assert abs(u.var().item() - 1 / 12) < 5 * math.sqrt(1 / 180 / n)
+    deciles = torch.histc(u, bins=10, min=0, max=1) / n
+    assert (deciles - 0.1).abs().max() < 5 * math.sqrt(0.09 / n)
+    d = ops["two"](x)  # u0 - u1: mean 0, variance 1/6 when independent
+    assert abs(d.var().item() - 1 / 6) < 5 * math.sqrt(0.03 / n)
+
+
+def test_manual_seed_reproduces_and_calls_draw_fresh(ops):
+    x, b, r = _args()
+    torch.manual_seed(7)
+    y1 = ops["bda"](x, b, r, 0.5)
+    y2 = ops["bda"](x, b, r, 0.5)
+    torch.manual_seed(7)
+    assert torch.equal(ops["bda"](x, b, r, 0.5), y1)
+    assert not torch.equal(y1, y2)
+    assert torch.equal(ops["bda"](x, b, r, 0.5), y2)  # the generator moved on as before
+
+
+def test_backward_is_eager_formula_on_the_same_mask(ops):
+    """The backward regenerates the forward's mask: d/dx = grad * mask / (1 - p), d/dbias its
+    sum over rows, d/dresidual = grad, in float64; and each call's own mask."""
+    x, b, r = _args()
+    p = 0.3
+    for _ in range(2):
+        y = ops["bda"](x, b, r, p)
+        mask = ((y - r) != 0).double()
+        g = torch.randn_like(y)
+        gx, gb, gr = torch.autograd.grad(y, (x, b, r), g)
+        assert torch.allclose(gx, g * mask / (1 - p), rtol=1e-15, atol=0)
+        assert torch.allclose(gb, (g * mask / (1 - p)).sum(0), rtol=1e-12)
+        assert torch.equal(gr, g)
+
+
+def test_backward_through_a_layout_the_forward_did_not_have(ops):
+    """The numbers are those of each element's place in the broadcast shape: a transposed
+    input draws what a contiguous one does, and a backward whose dout is transposed still
+    finds its forward's mask."""
+    x, b, r = _args(grad=False)
+    xt = x.t().contiguous().t()  # same values, column-major
+    torch.manual_seed(3)
+    y1 = ops["bda"](x, b, r, 0.5)
+    torch.manual_seed(3)
+    y2 = ops["bda"](xt, b, r, 0.5)
+    assert torch.equal(y1, y2)
+    x.requires_grad_()
+    y = ops["bda"](x, b, r, 0.5)
+    mask = (y - r) != 0
+    g = torch.randn(y.shape[1], y.shape[0], dtype=y.dtype).t()
+    (gx,) = torch.autograd.grad(y, x, g)
+    assert torch.equal(gx, g * mask.double() * 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dtypes(ops, dtype):
+    x, b, r = _args(dtype, 128, 512, grad=False)
+    y = ops["bda"](x, b, r, 0.25)
+    assert y.dtype == dtype
+    kept = (y - r).float() != 0
+    want = ((x.float() + b.float()) * (1 / 0.75)).to(dtype).float() + r.float()
+    assert torch.allclose(y.float()[kept], want.to(dtype).float()[kept], rtol=1e-2, atol=1e-2)
+
+
+def test_p_zero_is_the_identity_and_p_one_drops_everything(ops):
+    x, b, r = _args()
+    assert torch.equal(ops["bda"](x, b, r, 0.0), x + b + r)
+    assert torch.equal(ops["bda"](x, b, r, 1.0), (x + b) * 0 + r)
+    (gx,) = torch.autograd.grad(ops["bda"](x, b, r, 1.0).sum(), x)
+    assert torch.equal(gx, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5, float("nan")])
+def test_p_outside_0_1_is_refused(ops, p):
+    x, b, r = _args()
+    with pytest.raises(RuntimeError, match="argument 'p' is a dropout probability"):
+        ops["bda"](x, b, r, p)
+
+
+def test_constant_p_and_training_flag():
+    """p as a literal, training=False as the input itself, and a @fused function's
+    `training: bool` as a scalar (True draws, False is the identity)."""
+    off = fusegen.fuse("F.dropout(x, 0.5, training=False) * 2", name="rnd_eval_mode")
+    x = torch.randn(100, dtype=torch.float64)
+    assert torch.equal(off(x), x * 2)
+
+    @fusegen.fused
+    def rnd_flagged(x, p: float, training: bool):
+        return F.dropout(x, p, training) + 1
+
+    y = rnd_flagged(x, 0.5, True)
+    assert ((y - 1) == 0).any() and torch.equal(rnd_flagged(x, 0.5, False), x + 1)
+
+
+def test_parse_errors():
+    with pytest.raises(ParseError, match="between 0 and 1"):
+        fusegen.fuse("F.dropout(x, 1.5)", name="rnd_bad_p")
+    with pytest.raises(ParseError, match="one tensor argument"):
+        fusegen.fuse("torch.rand_like(x, dtype=float)", name="rnd_bad_kw")
+    with pytest.raises(ParseError, match="in place"):
+        fusegen.fuse("F.dropout(x, 0.1, inplace=True)", name="rnd_inplace")
+    with pytest.raises(SpecError, match="must be a scalar argument"):
+        fusegen.fuse("F.dropout(x, p)", name="rnd_tensor_p")
+    with pytest.raises(SpecError, match="reduces over the last dimension"):
+        fusegen.fuse("F.dropout(x, 0.1) / x.sum(-1, keepdim=True)", name="rnd_rows")
+    with pytest.raises(ParseError, match="randn_like is not supported"):
+        fusegen.fuse("torch.randn_like(x)", name="rnd_normal")
+
+
+def test_higher_orders_and_transforms_are_refused(ops):
+    x, b, r = _args()
+    y = ops["bda"](x, b, r, 0.5)
+    g = torch.randn_like(y, requires_grad=True)  # a gradient penalty's dout
+    with pytest.raises((RuntimeError, FusegenError), match="double backward"):
+        torch.autograd.grad(y, x, g, create_graph=True)
+    with pytest.raises((RuntimeError, FusegenError), match="random numbers"):
+        torch.func.jvp(lambda t: ops["bda"](t, b, r, 0.5), (x.detach(),), (torch.ones_like(x),))
+    with pytest.raises((RuntimeError, FusegenError), match="random numbers"):
+        torch.func.vmap(lambda t: ops["bda"](t, b, r, 0.5))(x.detach()[None])
+
+
+def test_schema_and_tags(ops):
+    op = torch.ops.fusegen.rnd_bias_dropout_add.default
+    assert torch.Tag.nondeterministic_seeded in op.tags
+    sampled = torch.ops.fusegen.rnd_bias_dropout_add_sampled.default
+    x, b, r = _args(grad=False)
+    out, state = sampled(x, b, r, 0.5)
+    assert state.dtype == torch.int64 and state.shape == (2,)
+    g = torch.randn_like(out)
+    (gx,) = torch.ops.fusegen.rnd_bias_dropout_add_backward(g, state, 0.5, [True])
+    assert torch.equal(gx, g * ((out - r) != 0) * 2)
+
+
+@pytest.mark.parametrize("mode", ["decompose", "opaque"])
+def test_compile(mode):
+    """Under torch.compile: decompose draws with torch's random ops (the same distribution,
+    other bits), opaque keeps the kernel and its backward's regenerated mask."""
+    op = fusegen.fuse(BDA, name=f"rnd_bda_{mode}", scalars=["p"], compile=mode)
+    x, b, r = _args(torch.float32, 256, 256)
+    f = torch.compile(lambda x, b, r: op(x, b, r, 0.4), backend="aot_eager", fullgraph=True)
+    y = f(x, b, r)
+    kept = (y - r) != 0
+    assert abs(kept.float().mean().item() - 0.6) < 0.02
+    g = torch.randn_like(y)
+    gx, gb = torch.autograd.grad(y, (x, b), g)
+    assert torch.allclose(gx, g * kept / 0.6, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(f(x, b, r), y)  # fresh numbers on every compiled call
