@@ -310,7 +310,7 @@ def test_subcommands_are_a_table(tmp_path):
 
     assert set(cli.COMMANDS) == {"cache", "package", "bench"}
     assert set(cli.CACHE_COMMANDS) == {"list", "clear", "trim"}
-    assert set(command.SUBCOMMANDS) == {"build", "cpu", "layouts", "gp", "ffn", "compile", "optim", "rope", "rows", "block"}
+    assert set(command.SUBCOMMANDS) == {"build", "cpu", "layouts", "gp", "ffn", "compile", "optim", "rope", "rows", "block", "dropout"}
     assert main(["(cache)", "--no-build", "--out", str(tmp_path), "-q"]) == 0
     assert any(tmp_path.iterdir())  # the op of one input named cache
 

@@ -1,7 +1,7 @@
 """`fusegen bench` (and `python -m fusegen.bench`): the subcommands, one table.
 
     fusegen bench [EXPR ...] [--quick] ...     # the race of implementations (core.py)
-    fusegen bench build | cpu | layouts | gp | ffn | compile | optim | rope | rows | block
+    fusegen bench build | cpu | layouts | gp | ffn | compile | optim | rope | rows | block | dropout
 
 Each subcommand's module is imported only when it runs."""
 
@@ -64,6 +64,11 @@ def _rows(argv) -> int:  # RMSNorm, LayerNorm, softmax, residual + RMSNorm: ops 
     return rows.main(argv)
 
 
+def _dropout(argv) -> int:  # bias-dropout-add: random numbers drawn in the kernels
+    from fusegen.bench import dropout
+    return dropout.main(argv)
+
+
 def _block(argv) -> int:  # a Llama-style decoder's training step: eager, compile, fusegen, Liger
     from fusegen.bench import block
     return block.main(argv)
@@ -71,7 +76,7 @@ def _block(argv) -> int:  # a Llama-style decoder's training step: eager, compil
 
 SUBCOMMANDS = {"build": _build, "cpu": _layouts("cpu"), "layouts": _layouts("layouts"), "gp": _gp,
                "ffn": _ffn, "compile": _compile, "optim": _optim, "rope": _rope,
-               "rows": _rows, "block": _block}
+               "rows": _rows, "block": _block, "dropout": _dropout}
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|block|compile|narrow|tiles|accumulating|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|dropout|block|compile|narrow|tiles|accumulating|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
 # 3, build 1.5, rows 3.5); `all` is more than the 10 minutes a call may run and brings
 # back more than the 8 files a call returns, so split it over calls.
@@ -55,6 +55,12 @@ fi
 if [[ $what == rows || $what == all ]]; then
   python3 -m pytest -q -m cuda tests/gpu/test_rows_cuda.py 2>&1 | tee "$OUT/pytest_rows.log"; status=$((status | ${PIPESTATUS[0]}))
   python3 -m fusegen.bench rows --json "$OUT/bench_rows.json" 2>&1 | tee "$OUT/bench_rows.log"
+  status=$((status | ${PIPESTATUS[0]}))
+fi
+# Random numbers in the kernels (dropout): their CUDA tests, then `fusegen bench dropout`.
+if [[ $what == dropout || $what == all ]]; then
+  python3 -m pytest -q -m cuda tests/gpu/test_random_cuda.py 2>&1 | tee "$OUT/pytest_random.log"; status=$((status | ${PIPESTATUS[0]}))
+  python3 -m fusegen.bench dropout --json "$OUT/bench_dropout.json" 2>&1 | tee "$OUT/bench_dropout.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
 # A Llama-style decoder's training step, five variants (`fusegen bench block`, default model);

@@ -1,0 +1,138 @@
+"""On a GPU: ops that draw random numbers (torch.rand_like, F.dropout). The mask of every
+kernel kind (contiguous 16-byte, vector with a broadcast bias, strided through a transposed
+input, a misaligned slice) against eager's formula on that mask, forward and backward, in
+every dtype; one (seed, offset) draws the same bits whatever the layout; the statistics;
+torch.manual_seed reproduces; CUDA graph capture draws fresh numbers on every replay and its
+backward regenerates each replay's mask; torch.compile in both modes.
+
+    PYTHONPATH=. python -m pytest -q -m cuda tests/gpu/test_random_cuda.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fusegen
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+BDA = "torch.nn.functional.dropout(x + bias, p) + residual"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def op():
+    return fusegen.fuse(BDA, name="gpu_bias_dropout_add", scalars=["p"])
+
+
+def _layouts(dtype, rows=512, hidden=1024):
+    dev = "cuda"
+    x = torch.randn(rows, hidden, dtype=dtype, device=dev)
+    b = torch.randn(hidden, dtype=dtype, device=dev)
+    r = torch.randn(rows, hidden, dtype=dtype, device=dev)
+    full_b = b.expand(rows, hidden).contiguous()
+    return {
+        "contiguous": (x, full_b, r),
+        "bias": (x, b, r),
+        "transposed": (x.t().contiguous().t(), b, r),
+        "sliced": (torch.randn(rows, hidden + 1, dtype=dtype, device=dev)[:, 1:], b, r),
+        "odd": (x[:, :1023], b[:1023], r[:, :1023]),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "bias", "transposed", "sliced", "odd"])
+def test_forward_and_backward_on_the_kernels_mask(op, dtype, layout):
+    x, b, r = (t.clone().requires_grad_() if t.is_contiguous() else t.detach().requires_grad_()
+               for t in _layouts(dtype)[layout])
+    p = 0.3
+    y = op(x, b, r, p)
+    kept = (y.float() - r.float()) != 0
+    frac = kept.float().mean().item()
+    assert abs(frac - 0.7) < 5 * math.sqrt(0.21 / kept.numel()) + 2e-3  # + bf16 zeros of x + b
+    scale = 1 / (1 - p)
+    want = ((x.float() + b.float()).to(dtype).float() * scale).to(dtype).float()
+    got = (y.float() - r.float())
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 3e-3}[dtype]
+    assert torch.allclose(got[kept], want[kept], rtol=tol, atol=tol)
+    g = torch.randn_like(y)
+    gx, gb, gr = torch.autograd.grad(y, (x, b, r), g)
+    expect = (g.float() * kept * scale)
+    assert torch.allclose(gx.float(), expect, rtol=tol, atol=tol)
+    assert torch.allclose(gb.float(), expect.sum(0), rtol=5e-2, atol=5e-2 * math.sqrt(x.shape[0]))
+    assert torch.equal(gr, g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_seed_draws_the_same_bits_in_every_layout(op, dtype):
+    outs = []
+    for layout in ("contiguous", "bias", "transposed"):
+        x, b, r = _layouts(dtype)[layout]
+        x, b, r = x.float().to(dtype), b, r  # same values
+        torch.manual_seed(11)
+        outs.append(((op(x, b, r, 0.5).float() - r.float()) != 0))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_statistics_reproducibility_and_fresh_draws(op):
+    x = torch.zeros(1 << 22, device="cuda")
+    u = fusegen.fuse("x + torch.rand_like(x)", name="gpu_uniform")(x)
+    n = u.numel()
+    assert u.min() >= 0 and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 5 * math.sqrt(1 / 12 / n)
+    deciles = torch.histc(u, bins=10, min=0, max=1) / n
+    assert (deciles - 0.1).abs().max().item() < 5 * math.sqrt(0.09 / n)
+    x, b, r = _layouts(torch.float32)["bias"]
+    torch.manual_seed(5)
+    y1, y2 = op(x, b, r, 0.5), op(x, b, r, 0.5)
+    torch.manual_seed(5)
+    assert torch.equal(op(x, b, r, 0.5), y1) and not torch.equal(y1, y2)
+    assert torch.equal(op(x, b, r, 0.0), x + b + r)
+    assert torch.equal(op(x, b, r, 1.0), (x + b) * 0 + r)
+
+
+def test_cuda_graph_replays_draw_fresh_masks_and_their_backward_follows(op):
+    x, b, r = (t.clone().requires_grad_() for t in _layouts(torch.float32)["bias"])
+    g = torch.randn(512, 1024, device="cuda")
+    static = {}
+
+    def step():
+        y = op(x, b, r, 0.5)
+        gx, = torch.autograd.grad(y, (x,), g)
+        static["y"], static["gx"] = y, gx
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up: the kernels compile on their first launch
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    masks = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        kept = (static["y"] - r) != 0
+        assert torch.equal(static["gx"], g * kept * 2)
+        masks.append(kept.clone())
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+
+
+@pytest.mark.parametrize("mode", ["decompose", "opaque"])
+def test_compile_on_cuda(mode):
+    op = fusegen.fuse(BDA, name=f"gpu_bda_{mode}", scalars=["p"], compile=mode)
+    x, b, r = (t.clone().requires_grad_() for t in _layouts(torch.bfloat16)["bias"])
+    f = torch.compile(lambda x, b, r: op(x, b, r, 0.2), fullgraph=True)
+    y = f(x, b, r)
+    kept = (y.float() - r.float()) != 0
+    assert abs(kept.float().mean().item() - 0.8) < 0.01
+    g = torch.randn_like(y)
+    gx, = torch.autograd.grad(y, (x,), g)
+    assert torch.allclose(gx.float(), g.float() * kept * 1.25, rtol=2e-2, atol=2e-2)
