@@ -81,7 +81,7 @@ def test_error_caret_column(text, col, message):
     ("torch.sum(x)", "sum() reduces over the last dimension only", "expected torch.sum(x, -1, keepdim=True)"),
     ("torch.mean(x)", "mean() reduces over the last dimension only", "expected torch.mean(x, -1, keepdim=True)"),
     ("torch.matmul(x, y)", "unsupported function 'torch.matmul'", "matmul is not elementwise"),
-    ("F.dropout(x)", "unsupported function 'F.dropout'", "random numbers"),
+    ("torch.randn_like(x)", "unsupported function 'torch.randn_like'", "fusegen draws uniform numbers"),
     ("F.gelu(x)", "unsupported function 'F.gelu'", "write it: 0.5 * x * (1 + erf(x * 0.7071067811865476))"),
     ("torch.atan2(x, y)", "unsupported function 'torch.atan2'", "atan2 is not supported; the functions fusegen knows: abs"),
     ("np.exp(x)", "unknown function 'np.exp'", "'np' is not a module fusegen reads; write exp(...) or torch.exp(...)"),

@@ -749,7 +749,8 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
                   ": torch.cat joins the outputs along the last dimension, and every tensor "
                   "argument is 0-d; expected at least one dimension");
       shape.back() = shape.back() * 2;
-      const at::Tensor whole = at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
+      const at::Tensor whole =
+          at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
       run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
                  halves_of(whole), &d.random);
       out = {whole};

@@ -157,18 +157,15 @@ bool register_op_or_throw(const OpDef& def) {
 #endif
     if (key == Key::kCuda && def.forward_cuda == nullptr) continue;  // an op built without CUDA
     auto* impls = new torch::Library(torch::Library::IMPL, "fusegen", dispatch_key, file, __LINE__);
-    impls->impl(op->name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
-                                      std::make_unique<Kernel>(op, Schema::kForward, key)));
-    if (op->has_backward()) {
-      impls->impl(op->backward_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
-                                                 std::make_unique<Kernel>(op, Schema::kBackward, key)));
-    }
+    const auto kernel = [&](Schema schema) {
+      return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(op, schema, key));
+    };
+    impls->impl(op->name.c_str(), kernel(Schema::kForward));
+    if (op->has_backward()) impls->impl(op->backward_name.c_str(), kernel(Schema::kBackward));
     // The sampled form is what the forward's Autograd kernel calls below autograd: it has
     // no Autograd kernel of its own (its state output has no gradient).
-    if (random && key != Key::kAutograd) {
-      impls->impl(op->sampled_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
-                                                std::make_unique<Kernel>(op, Schema::kSampled, key)));
-    }
+    if (random && key != Key::kAutograd)
+      impls->impl(op->sampled_name.c_str(), kernel(Schema::kSampled));
     libraries().push_back(impls);
   }
   return true;
