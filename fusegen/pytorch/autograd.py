@@ -304,7 +304,7 @@ def register(spec, auxiliary, auxiliary_loader: Callable | None = None) -> tuple
         for info in infos:
             _INFOS[info.name] = info
         random = bool(spec.random)
-        _register(tuple(Member(i.name, len(i.tensors) + (random and i.backward), i.backward, i.vjp is None,
+        _register(tuple(Member(i.name, len(i.tensors) + int(random and i.backward), i.backward, i.vjp is None,
                                i.count, i.joined, rows.has_reduction(i.outputs), random)
                         for i in infos),
                   auxiliary_loader)

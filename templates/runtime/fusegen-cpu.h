@@ -105,29 +105,27 @@ FUSEGEN_CPU_TARGETS void compute_block(const A* const* x, A* const* y, int64_t m
   A* ys[F::kOutputs];
   for (int j = 0; j < F::kInputs; ++j) xs[j] = x[j];
   for (int k = 0; k < F::kOutputs; ++k) ys[k] = y[k];
+  // A functor that draws takes the block's uniforms, drawn first, four elements to a Philox
+  // block (the math loop then vectorizes as for any other op).
+  constexpr int kStreams = kRandomOf<F> > 0 ? kRandomOf<F> : 1;
+  A u[kRandomOf<F> > 0 ? kCpuBlock : 1][kStreams];
   if constexpr (kRandomOf<F> > 0) {
-    // The uniforms of the block first, four elements to a Philox block (the math loop
-    // below then vectorizes as for any other op).
-    A u[kCpuBlock][kRandomOf<F>];
-    uniforms<kRandomOf<F>, kCpuBlock, false>(f.random, static_cast<uint64_t>(first), u);
-#pragma GCC ivdep
-    for (int64_t i = 0; i < m; ++i) {
-      A xi[F::kInputs > 0 ? F::kInputs : 1];
-      A yi[F::kOutputs];
-      for (int j = 0; j < F::kInputs; ++j) xi[j] = xs[j][i];
-      f(xi, u[i], yi);
-      for (int k = 0; k < F::kOutputs; ++k) ys[k][i] = yi[k];
-    }
+    uniforms<kStreams, kCpuBlock, false>(f.random, static_cast<uint64_t>(first), u);
   } else {
+    (void)u;
     (void)first;
+  }
 #pragma GCC ivdep
-    for (int64_t i = 0; i < m; ++i) {
-      A xi[F::kInputs > 0 ? F::kInputs : 1];
-      A yi[F::kOutputs];
-      for (int j = 0; j < F::kInputs; ++j) xi[j] = xs[j][i];
+  for (int64_t i = 0; i < m; ++i) {
+    A xi[F::kInputs > 0 ? F::kInputs : 1];
+    A yi[F::kOutputs];
+    for (int j = 0; j < F::kInputs; ++j) xi[j] = xs[j][i];
+    if constexpr (kRandomOf<F> > 0) {
+      f(xi, u[i], yi);
+    } else {
       f(xi, yi);
-      for (int k = 0; k < F::kOutputs; ++k) ys[k][i] = yi[k];
     }
+    for (int k = 0; k < F::kOutputs; ++k) ys[k][i] = yi[k];
   }
 }
 

@@ -372,10 +372,10 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   const bool index32 = fits_32bit(loop, n, kN, sizeof(T));
   // An op that draws random numbers numbers its elements in the loop's linear order (the
   // runtime enforces it): the tiled kernel's order is another.
-  if constexpr (sizeof(T) != 8 && kKernels == Kernels::kEvery && kRandomOf<F> == 0) {
-    if (launch_tiled<T>(loop, p, f, stream) || launch_vector<T>(loop, p, f, index32, stream))
-      return;
-  } else if constexpr (sizeof(T) != 8 && kKernels == Kernels::kEvery) {
+  if constexpr (sizeof(T) != 8 && kKernels == Kernels::kEvery) {
+    if constexpr (kRandomOf<F> == 0) {
+      if (launch_tiled<T>(loop, p, f, stream)) return;
+    }
     if (launch_vector<T>(loop, p, f, index32, stream)) return;
   }
   if (index32) {

@@ -733,78 +733,61 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
   const OpDef& def = *op.def;
   const Args args = a.named(def);
   const std::vector<bool> all(def.num_outputs, true);
+  Drawn drawn;  // (an op that draws random numbers is never a row op: spec.py refuses it)
   if (def.num_random > 0) {
     check_probabilities(op.name, def, a);
     check_defined(op.name, args);
-    const c10::Device on = device_arg(args).tensor.device();
-    Drawn d = draw_random(def, device, on, sampled);
-    std::vector<at::Tensor> out;
-    if (!def.joined) {
-      out = run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda,
-                       a.scalars.data(), {}, &d.random);
-    } else {
-      const at::ScalarType dtype = check_args(op.name, args);
-      c10::SymDimVector shape = broadcast_shape(op.name, args);
-      TORCH_CHECK(!shape.empty(), "fusegen::", op.name,
-                  ": torch.cat joins the outputs along the last dimension, and every tensor "
-                  "argument is 0-d; expected at least one dimension");
-      shape.back() = shape.back() * 2;
-      const at::Tensor whole =
-          at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
-      run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
-                 halves_of(whole), &d.random);
-      out = {whole};
-    }
-    if (sampled) out.push_back(d.state);
-    return out;
+    drawn = draw_random(def, device, device_arg(args).tensor.device(), sampled);
   }
+  const Random* random = def.num_random > 0 ? &drawn.random : nullptr;
+  std::vector<at::Tensor> out;
   if (def.rows && !def.joined) {
-    return run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu,
-                    def.forward_cuda, a.scalars.data(), {});
-  }
-  if (!def.joined) {
-    return run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda,
-                      a.scalars.data());
-  }
-  const at::ScalarType dtype = check_args(op.name, args);
-  c10::SymDimVector shape = broadcast_shape(op.name, args);
-  TORCH_CHECK(!shape.empty(), "fusegen::", op.name,
-              ": torch.cat joins the outputs along the last dimension, and every tensor "
-              "argument is 0-d; expected at least one dimension");
-  shape.back() = shape.back() * 2;
-  const at::Tensor whole =
-      at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
-  if (def.rows) {
-    run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu, def.forward_cuda,
-             a.scalars.data(), halves_of(whole));
+    out = run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu,
+                   def.forward_cuda, a.scalars.data(), {});
+  } else if (!def.joined) {
+    out = run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda,
+                     a.scalars.data(), {}, random);
   } else {
-    run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
-               halves_of(whole));
+    const at::ScalarType dtype = check_args(op.name, args);
+    c10::SymDimVector shape = broadcast_shape(op.name, args);
+    TORCH_CHECK(!shape.empty(), "fusegen::", op.name,
+                ": torch.cat joins the outputs along the last dimension, and every tensor "
+                "argument is 0-d; expected at least one dimension");
+    shape.back() = shape.back() * 2;
+    const at::Tensor whole =
+        at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
+    if (def.rows) {
+      run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu, def.forward_cuda,
+               a.scalars.data(), halves_of(whole));
+    } else {
+      run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
+                 halves_of(whole), random);
+    }
+    out = {whole};
   }
-  return {whole};
+  if (sampled) out.push_back(drawn.state);
+  return out;
 }
 
 // The backward on one device: the gradients selected by output_mask, in order, at the
-// broadcast shape (the autograd Function sums them to each input's shape).
+// broadcast shape (the autograd Function sums them to each input's shape). An op that
+// draws random numbers regenerates its forward's from the state given last.
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given) {
   const OpDef& def = *op.def;
+  const Args args = a.named(def);
   if (def.rows) {  // gradients at the broadcast shape: none is one value per row
-    return requested(run_rows(op.backward_name, device, a.named(def), a.mask, nullptr,
+    return requested(run_rows(op.backward_name, device, args, a.mask, nullptr,
                               def.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given));
   }
-  if (def.num_random > 0) {
-    const Args args = a.named(def);
+  Random random;  // (Meta: no kernel runs, only the linear layout matters)
+  if (def.num_random > 0 && device != Device::kMeta) {
     check_defined(op.backward_name, args);
-    const Random random =
-        device == Device::kMeta
-            ? Random{}
-            : saved_random(op.backward_name, a.tensors.back(), device_arg(args).tensor.device());
-    return requested(run_kernel(op.backward_name, device, args, a.mask, def.backward_cpu,
-                                def.backward_cuda, a.scalars.data(), given, &random));
+    random = saved_random(op.backward_name, a.tensors.back(), device_arg(args).tensor.device());
   }
-  return requested(run_kernel(op.backward_name, device, a.named(def), a.mask, def.backward_cpu,
-                              def.backward_cuda, a.scalars.data(), given));
+  return requested(run_kernel(op.backward_name, device, args, a.mask, def.backward_cpu,
+                              def.backward_cuda, a.scalars.data(), given,
+                              def.num_random > 0 ? &random : nullptr));
 }
 
 }  // namespace fusegen::rt
