@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from fusegen.build import builder
 
@@ -33,8 +34,11 @@ OPTIONS = ["--gpu-architecture=sm_90", "-std=c++17", "-default-device", "-DFUSEG
 
 
 def _units(monkeypatch, name: str, cores: int = 16) -> dict[str, str]:
+    """An op's launch units, as an op of more operands than the runtime's launchers take
+    (kMaxLaunchedOperands) gets them: its launchers of its own."""
     monkeypatch.setenv("FUSEGEN_CUDA_COMPILER", "nvrtc")
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(builder, "LAUNCHED_MARK", "\0")  # in no .cpp
     folder = GENERATED / name
     files = {f.name: f.read_text() for f in folder.iterdir() if f.suffix in (".cu", ".cpp")}
     return {u: text for u, text in builder._units([(name, files)], cuda=True).items()
@@ -113,8 +117,9 @@ void run(fusegen::CudaKernel kernel, Dtype dtype, int operands, int inputs_from,
     }
   if (layout == 1) data[inputs_from] += e;
   const bool flat = layout <= 1;
+  static const fusegen::Random random;  // an op that draws: its state
   const CudaLoop loop{sizes[0] * sizes[1], flat ? 0 : 2, operands, sizes.data(), strides.data(),
-                      data.data()};
+                      data.data(), &random};
   const double scalars[16] = {0.5, 0.25, 2.0, 1.0, 0.5, 0.25, 2.0, 1.0,
                               0.5, 0.25, 2.0, 1.0, 0.5, 0.25, 2.0, 1.0};
   kernel(dtype, loop, scalars, nullptr);
@@ -132,9 +137,9 @@ int main() {
 """
 
 
-def _harness(tmp_path: Path, name: str, units: dict[str, str]) -> list[tuple[str, str]]:
-    """Builds the op's launch units with the stand-in runtime, runs them; the (source file,
-    kernel) pairs asked for."""
+def _harness(tmp_path: Path, name: str, units: dict[str, str], objects=(), lines: bool = False) -> list:
+    """Builds the op's launch units with the stand-in runtime (and `objects`), runs them;
+    the (source file, kernel) pairs asked for, or with `lines`, every launch's line."""
     header = (GENERATED / name / f"{name}.h").read_text()
     counts = [int(n) for n in re.findall(r"static constexpr int k(?:Inputs|Outputs) = (\d+);", header)]
     ns = f"op_{name}"
@@ -147,21 +152,26 @@ def _harness(tmp_path: Path, name: str, units: dict[str, str]) -> list[tuple[str
                             "void*); }")
         calls.append(f"      run(fusegen::{ns}::backward_cuda, Dtype(dtype), {b_in + b_out}, {b_out}, layout, -1);")
         acc = b_in + b_out
-        calls.append(f"      if (dtype != 1) run(fusegen::{ns}::backward_cuda, Dtype(dtype), {acc + b_out + 1}, "
-                     f"{b_out}, 6, {acc});")
+        if "def.backward_accumulates = true;" in (GENERATED / name / f"{name}.cpp").read_text():
+            calls.append(f"      if (dtype != 1) run(fusegen::{ns}::backward_cuda, Dtype(dtype), {acc + b_out + 1}, "
+                         f"{b_out}, 6, {acc});")
     main = tmp_path / "harness.cpp"
     main.write_text(HARNESS.replace("@DECLARATIONS@", "\n".join(declarations)).replace("@CALLS@", "\n".join(calls)))
-    objects = []
+    objects = list(objects)
     for unit, text in units.items():
         if f'"{name}/{name}.cu"' not in text:
             continue  # the auxiliary ops' units: compiled by the test above
         (tmp_path / unit).write_text(text)
         objects.append(tmp_path / unit)
     exe = tmp_path / "harness"
-    result = _compile(main, *map(str, objects), "-O1", "-o", str(exe))
+    torch_lib = Path(torch.__file__).parent / "lib"
+    links = [f"-L{torch_lib}", "-lc10", f"-Wl,-rpath,{torch_lib}"] if objects else []
+    result = _compile(main, *map(str, objects), "-O1", "-o", str(exe), *links)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+    if lines:
+        return sorted(set(run.stdout.splitlines()))
     asked = sorted({tuple(line[len("launch "):].split("|")[:2]) for line in run.stdout.splitlines()})
     assert all(line.endswith("|1") for line in run.stdout.splitlines())  # every launch has parameters
     return asked
@@ -301,3 +311,67 @@ def test_nvrtc_compiles_ptx_for_a_device_newer_than_it(tmp_path, lib):
         assert f".entry {lowered}" in ptx
 
     assert _nvrtc_compile(lib, folder / "fma" / "fma.cu", kernel, options, has_entry) is None
+
+
+# What the runtime's stand-in leaves to an op's .cpp when the harness links it: its CPU
+# kernels' conversions and its registration (never called: the harness launches on CUDA).
+STUBS = r"""
+#include "fusegen-cpu.h"
+#include "fusegen-runtime.h"
+namespace fusegen {
+bool register_op(const OpDef&) { return true; }
+void convert(const Half*, float*, int64_t) {}
+void convert(const BFloat16*, float*, int64_t) {}
+void convert(const float*, Half*, int64_t) {}
+void convert(const float*, BFloat16*, int64_t) {}
+}  // namespace fusegen
+"""
+
+
+@pytest.fixture(scope="module")
+def runtime_launchers(tmp_path_factory) -> list[Path]:
+    """The runtime's launchers (fusegen-launch.cpp), each part as the runtime's build makes
+    it, compiled warning-free under -Wpedantic."""
+    folder = tmp_path_factory.mktemp("launch")
+    units = {u: t for u, t in builder._runtime_units(16, cuda=True).items() if u.startswith("fusegen-launch-")}
+    assert len(units) == builder.RUNTIME_LAUNCH_PARTS
+
+    def build(unit: str) -> Path:
+        (folder / unit).write_text(units[unit])
+        obj = folder / (unit + ".o")
+        result = _compile(folder / unit, "-O1", f"-isystem{Path(torch.__file__).parent / 'include'}", "-c",
+                          "-o", str(obj))
+        assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+        return obj
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return list(pool.map(build, sorted(units)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fma", "addmul", "rope_pair", "bias_dropout_add"])
+def test_runtime_launchers_launch_as_an_ops_own(tmp_path, monkeypatch, name, runtime_launchers):
+    """An op built for the NVRTC route has no launcher code: its .cpp (with FUSEGEN_RTC_FILE,
+    as the build's unit defines it) hands each loop to the runtime's launchers, which ask for
+    the very kernels, grids, blocks and shared memory its own launchers ask for, over every
+    layout kind and dtype (forward, backward, the accumulating backward)."""
+    monkeypatch.setenv("FUSEGEN_CUDA_COMPILER", "nvrtc")
+    folder = GENERATED / name
+    files = {f.name: f.read_text() for f in folder.iterdir() if f.suffix in (".cu", ".cpp")}
+    units = builder._units([(name, files)], cuda=True)
+    assert not any(u.endswith("_launch.cpp") for u in units)  # no launcher of its own
+    (unit,) = [t for u, t in units.items() if u.endswith(".cpp")]
+    assert f'#define FUSEGEN_RTC_FILE "{name}/{name}.cu"\n#include "{name}/{name}.cpp"' in unit
+    (tmp_path / "stubs.cpp").write_text(STUBS)
+    (tmp_path / "op.cpp").write_text(unit)
+    objects = []
+    for source in ("stubs.cpp", "op.cpp"):
+        obj = tmp_path / (source + ".o")
+        result = _compile(tmp_path / source, "-O1", "-c", "-o", str(obj))
+        assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+        objects.append(obj)
+    for variant in ("launched", "own"):
+        (tmp_path / variant).mkdir()
+    launched = _harness(tmp_path / "launched", name, {}, objects + runtime_launchers, lines=True)
+    own = _harness(tmp_path / "own", name, _units(monkeypatch, name), lines=True)
+    assert launched and launched == own

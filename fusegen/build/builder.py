@@ -114,7 +114,13 @@ CPP_PER_UNIT = 6
 # The runtime's translation units (templates/runtime/*.cpp), compiled in parallel: each
 # includes only the torch headers of its own concern.
 RUNTIME_UNITS = ("fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-registration.cpp", "fusegen-rtc.cpp",
-                 "fusegen-step.cpp")
+                 "fusegen-step.cpp", "fusegen-launch.cpp")
+# The NVRTC route's launchers of elementwise ops (fusegen-launch.cpp, host code at -O1, empty
+# without CUDA): about 19 s of the host compiler in all, so a CUDA build compiles it as one
+# unit per part (FUSEGEN_LAUNCH_PART: the dispatcher, then one per storage type), beside the
+# others and never in the shared unit.
+RUNTIME_LAUNCH_UNIT = "fusegen-launch.cpp"
+RUNTIME_LAUNCH_PARTS = 5
 # With fewer cores than units, the runtime's torch headers dominate: about 3 s of every
 # unit's 5-7 s is ATen's Tensor and the dispatcher's stack. There every unit but the
 # longest (autograd, 13 s alone) shares one (RUNTIME_SHARED_UNIT), which parses them once:
@@ -215,14 +221,22 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
         return "".join(f'#include "{p}"\n' for p in paths)
 
     units = {}
+    rtc = cuda and cuda_compiler() != "nvcc"
+    # On the NVRTC route an op whose .cpp runs its kernels through the runtime's launchers
+    # (run_launched, fusegen-launch.cpp) has no launch unit: its .cpp names its .cu
+    # (FUSEGEN_RTC_FILE), from which the runtime compiles the kernels.
+    launched = {f"{n}/{f}" for n, files in ops for f in _own(files, ".cpp")
+                if rtc and LAUNCHED_MARK in files[f]}
     cpp = [f"{n}/{f}" for n, files in ops for f in _own(files, ".cpp")]
     for index, chunk in enumerate(chunks(cpp, CPP_PER_UNIT)):
-        units[f"unit{index}.cpp"] = include(chunk)
+        units[f"unit{index}.cpp"] = "".join(_rtc_file(p[:-len(".cpp")] + ".cu", include([p])) if p in launched
+                                            else include([p]) for p in chunk)
     if not cuda:
         return units
     # Each unit of .cu files: (the paths it includes, the macros that select its part).
     parts: list[tuple[list[str], tuple[str, ...]]] = []
-    cu = [(f"{n}/{f}", files[f]) for n, files in ops for f in _own(files, ".cu")]
+    cu = [(f"{n}/{f}", files[f]) for n, files in ops for f in _own(files, ".cu")
+          if f"{n}/{f[:-len('.cu')]}.cpp" not in launched]
     cores = os.cpu_count() or 1
     if 2 * len(cu) <= cores:
         # Cores to spare (a new op on the GPU machine): each .cu that has a backward is
@@ -259,12 +273,22 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
                 text += include([path])
                 continue
             defined.add(path)
-            if not _PLAIN_PATH.fullmatch(path):
-                raise BuildError(f"fusegen: a kernel source's path {path!r} holds characters a C string "
-                                 "cannot take as they are")
-            text += f'#define FUSEGEN_RTC_FILE "{path}"\n' + include([path]) + "#undef FUSEGEN_RTC_FILE\n"
+            text += _rtc_file(path, include([path]))
         units[f"unit{index}_launch.cpp"] = text
     return units
+
+
+# What an op's .cpp holds when the runtime's launchers run its kernels (op.cpp.j2).
+LAUNCHED_MARK = "run_launched("
+
+
+def _rtc_file(path: str, text: str) -> str:
+    """`text` (an #include) with FUSEGEN_RTC_FILE defined as the kernel source's path in the
+    library's folder (names.py allows only [A-Za-z0-9_] in an op name)."""
+    if not _PLAIN_PATH.fullmatch(path):
+        raise BuildError(f"fusegen: a kernel source's path {path!r} holds characters a C string "
+                         "cannot take as they are")
+    return f'#define FUSEGEN_RTC_FILE "{path}"\n' + text + "#undef FUSEGEN_RTC_FILE\n"
 
 
 @contextmanager
@@ -425,7 +449,7 @@ def runtime_library(verbose: bool = False) -> Library:
 
     def compile_into(tmp: Path):
         write(runtime_sources(), tmp)
-        units = _runtime_units(os.cpu_count() or 1)
+        units = _runtime_units(os.cpu_count() or 1, cuda)
         write({u: text for u, text in units.items() if text is not None}, tmp)
         flags = build_flags(cuda)
         # The soname is what op libraries record (DT_NEEDED): the dynamic loader then finds
@@ -437,13 +461,21 @@ def runtime_library(verbose: bool = False) -> Library:
                    _Meta("runtime", (), cuda))
 
 
-def _runtime_units(cores: int) -> dict[str, str | None]:
+def _runtime_units(cores: int, cuda: bool = False) -> dict[str, str | None]:
     """The runtime's translation units for a machine of `cores`: unit -> its text, or None
-    for a source compiled as it is (RUNTIME_SPLIT_CORES)."""
+    for a source compiled as it is (RUNTIME_SPLIT_CORES); with CUDA, the launchers' parts
+    (RUNTIME_LAUNCH_PARTS)."""
+    units = [u for u in RUNTIME_UNITS if not (cuda and u == RUNTIME_LAUNCH_UNIT)]
     if cores >= RUNTIME_SPLIT_CORES:
-        return dict.fromkeys(RUNTIME_UNITS)
-    longest, *rest = RUNTIME_UNITS
-    return {longest: None, RUNTIME_SHARED_UNIT: "".join(f'#include "{u}"\n' for u in rest)}
+        found: dict[str, str | None] = dict.fromkeys(units)
+    else:
+        longest, *rest = units
+        found = {longest: None, RUNTIME_SHARED_UNIT: "".join(f'#include "{u}"\n' for u in rest)}
+    if cuda:
+        for part in range(RUNTIME_LAUNCH_PARTS):
+            found[f"fusegen-launch-{part}.cpp"] = \
+                f'#define FUSEGEN_LAUNCH_PART {part}\n#include "{RUNTIME_LAUNCH_UNIT}"\n'
+    return found
 
 
 def _runtime_function(name: str, restype, argtypes):

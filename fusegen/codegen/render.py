@@ -28,6 +28,7 @@ from fusegen.codegen.escape import c_comment, c_string
 from fusegen.files import templates_dir
 from fusegen.codegen.printer import PrintedOp
 from fusegen.codegen.wrap import wrap
+from fusegen.ir.limits import MAX_LAUNCHED_OPERANDS
 from fusegen.ir.spec import OpSpec
 from fusegen.version import FUSEGEN_VERSION
 
@@ -147,6 +148,11 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
         "rows": _rows_context(spec, printed),
         "random": list(spec.random),
         "probabilities": [spec.scalars.index(p) for p in spec.probabilities],
+        # The NVRTC route runs it through the runtime's launchers (fusegen-launch.cpp): an
+        # elementwise op whose loops fit the operand counts they are instantiated for.
+        "launched": printed.forward_rows is None and max(
+            len(spec.inputs) + len(spec.outputs),
+            len(spec.douts) + len(spec.backward_inputs) + len(spec.kernel_gradients)) <= MAX_LAUNCHED_OPERANDS,
     }
 
 

@@ -34,6 +34,9 @@ MAX_GRAPH_NODES = 10_000
 # Outputs of one op: the forward kernel's operands are its outputs and inputs, and the
 # vector kernels mark each operand's access in one bit of 32 (fusegen-runtime.h).
 MAX_OUTPUTS = 8
+# Operands of a loop the runtime's launchers run for an op on the NVRTC route
+# (kMaxLaunchedOperands, fusegen-runtime.h); an op of more keeps launchers of its own.
+MAX_LAUNCHED_OPERANDS = 32
 MAX_SOURCE_BYTES = 4_000_000
 # Values per row of a row op's kernel (its reductions' accumulators): each thread holds them
 # all, and a block combines them through shared memory (8 warps x 64 doubles: 4 KiB).

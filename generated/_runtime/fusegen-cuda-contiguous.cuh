@@ -57,10 +57,14 @@ __global__ void __launch_bounds__(kThreads)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, int kVec, typename F>
-const KernelRef& contiguous_kernel_ref() {
-  static const KernelRef ref =
-      kernel_ref<F>("fusegen::contiguous_kernel", TypeName<T>::get(), kVec, TypeName<F>::get());
-  return ref;
+const KernelRef& contiguous_kernel_ref(const F& f) {
+  struct Name {
+    static std::string get([[maybe_unused]] const LaunchDef* def) {
+      return kernel_name("fusegen::contiguous_kernel", TypeName<T>::get(), kVec,
+                         functor_name<F>(def));
+    }
+  };
+  return kernel_ref<Name>(f);
 }
 #endif
 

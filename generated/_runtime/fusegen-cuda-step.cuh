@@ -275,10 +275,13 @@ __global__ void __launch_bounds__(kStepThreads, 2)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, typename F, bool kNarrow>
-const KernelRef& step_kernel_ref() {
-  static const KernelRef ref =
-      kernel_ref<F>("fusegen::step_kernel", TypeName<T>::get(), TypeName<F>::get(), kNarrow);
-  return ref;
+const KernelRef& step_kernel_ref(const F& f) {
+  struct Name {
+    static std::string get([[maybe_unused]] const LaunchDef* def) {
+      return kernel_name("fusegen::step_kernel", TypeName<T>::get(), functor_name<F>(def), kNarrow);
+    }
+  };
+  return kernel_ref<Name>(f);
 }
 #endif
 
@@ -309,15 +312,16 @@ void run_step_cuda(const StepLaunch& l, cudaStream_t stream) {
     narrow = narrow && (l.dtypes[k] == Dtype::kFloat16 || l.dtypes[k] == Dtype::kBFloat16);
   }
   if (wide) {
-    launch(FUSEGEN_KERNEL(step_kernel, double, F<double>, false), {blocks}, kStepThreads, 0,
-           stream, a, l.aligned);
+    launch(FUSEGEN_KERNEL(F<double>{}, step_kernel, double, F<double>, false), {blocks},
+           kStepThreads, 0, stream, a, l.aligned);
   } else if (FUSEGEN_STEP_NARROW && narrow && l.aligned) {
-    launch(FUSEGEN_KERNEL(step_kernel, float, F<float>, true), {blocks}, kStepThreads, 0, stream,
-           a, l.aligned);
+    launch(FUSEGEN_KERNEL(F<float>{}, step_kernel, float, F<float>, true), {blocks}, kStepThreads,
+           0, stream, a, l.aligned);
   } else {
-    launch(FUSEGEN_KERNEL(step_kernel, float, F<float>, false), {blocks}, kStepThreads, 0, stream,
-           a, l.aligned);
+    launch(FUSEGEN_KERNEL(F<float>{}, step_kernel, float, F<float>, false), {blocks}, kStepThreads,
+           0, stream, a, l.aligned);
   }
+
 }
 
 #endif  // FUSEGEN_HOST_CODE

@@ -59,11 +59,14 @@ __global__ void __launch_bounds__(kThreads)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, typename F, typename Index>
-const KernelRef& strided_kernel_ref() {
-  static const KernelRef ref =
-      kernel_ref<F>("fusegen::strided_kernel", TypeName<T>::get(), TypeName<F>::get(),
-                    TypeName<Index>::get());
-  return ref;
+const KernelRef& strided_kernel_ref(const F& f) {
+  struct Name {
+    static std::string get([[maybe_unused]] const LaunchDef* def) {
+      return kernel_name("fusegen::strided_kernel", TypeName<T>::get(), functor_name<F>(def),
+                         TypeName<Index>::get());
+    }
+  };
+  return kernel_ref<Name>(f);
 }
 #endif
 

@@ -298,10 +298,13 @@ __global__ void __launch_bounds__(kThreads)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, int P, typename F>
-const KernelRef& tiled_kernel_ref() {
-  static const KernelRef ref =
-      kernel_ref<F>("fusegen::tiled_kernel", TypeName<T>::get(), P, TypeName<F>::get());
-  return ref;
+const KernelRef& tiled_kernel_ref(const F& f) {
+  struct Name {
+    static std::string get([[maybe_unused]] const LaunchDef* def) {
+      return kernel_name("fusegen::tiled_kernel", TypeName<T>::get(), P, functor_name<F>(def));
+    }
+  };
+  return kernel_ref<Name>(f);
 }
 #endif
 

@@ -183,11 +183,14 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_VECTOR_BLOCKS)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, int kVec, bool kGathers, typename F>
-const KernelRef& vector_kernel_ref() {
-  static const KernelRef ref =
-      kernel_ref<F>("fusegen::vector_kernel", TypeName<T>::get(), kVec, kGathers,
-                    TypeName<F>::get());
-  return ref;
+const KernelRef& vector_kernel_ref(const F& f) {
+  struct Name {
+    static std::string get([[maybe_unused]] const LaunchDef* def) {
+      return kernel_name("fusegen::vector_kernel", TypeName<T>::get(), kVec, kGathers,
+                         functor_name<F>(def));
+    }
+  };
+  return kernel_ref<Name>(f);
 }
 #endif
 

@@ -14,6 +14,44 @@
 #if FUSEGEN_HOST_CODE
 namespace fusegen {
 
+// What the launchers ask of a functor: an op's own F, whose counts are compile-time, or a
+// launched one (Launched), whose operand count is and whose outputs and random draws are
+// its LaunchDef's.
+template <typename F>
+constexpr int operands_of() {
+  if constexpr (kLaunched<F>) {
+    return F::kOperands;
+  } else {
+    return F::kInputs + F::kOutputs;
+  }
+}
+template <typename F> constexpr int kOperandsOf = operands_of<F>();
+// A backward's operands with its accumulators (Accumulating).
+template <typename F>
+constexpr int accumulating_operands() {
+  if constexpr (kLaunched<F>) {
+    return F::kOperands;
+  } else {
+    return Accumulating<F>::kOperands;
+  }
+}
+template <typename F>
+int outputs_of([[maybe_unused]] const F& f) {
+  if constexpr (kLaunched<F>) {
+    return f.def->outputs;
+  } else {
+    return F::kOutputs;
+  }
+}
+template <typename F>
+bool draws_random([[maybe_unused]] const F& f) {
+  if constexpr (kLaunched<F>) {
+    return f.def->random > 0;
+  } else {
+    return kRandomOf<F> > 0;
+  }
+}
+
 // The kernels after the contiguous one, each with the test that picks it: the first that
 // takes the loop runs it (launch_elementwise). Strides are operand k's byte steps,
 // loop.strides[d * num_operands + k]; a null operand (an output not wanted) takes any path.
@@ -108,19 +146,19 @@ bool flat_modes(const CudaLoop& loop, const Pointers<kN>& p, int num_outputs, Mo
 }
 
 template <typename T, int kVec, bool kGathers, typename F>
-bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+bool launch_vector_of(const CudaLoop& loop, const Pointers<kOperandsOf<F>>& p, const F& f,
                       cudaStream_t stream) {
-  Modes<F::kInputs + F::kOutputs> modes;
+  Modes<kOperandsOf<F>> modes;
   const bool flat = loop.sizes[0] % kVec != 0;
-  if (flat && !flat_modes<T, kVec>(loop, p, F::kOutputs, modes)) return false;
-  if (!flat) modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
+  if (flat && !flat_modes<T, kVec>(loop, p, outputs_of(f), modes)) return false;
+  if (!flat) modes = vector_modes<T, kVec>(loop, p, outputs_of(f));
   if (!kGathers && modes.gathered != 0) return false;
   const int64_t n_vec = loop.numel / kVec;
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, 1);
   constexpr int64_t kChunk = int64_t(kThreads) * (kGathers ? kUnroll : kVectorUnroll);
   const unsigned grid = grid_size((n_vec + kChunk - 1) / kChunk);
-  launch(FUSEGEN_KERNEL(vector_kernel, T, kVec, kGathers, F), {grid}, kThreads, 0, stream, p, calc,
-         static_cast<uint32_t>(n_vec), modes, flat, f);
+  launch(FUSEGEN_KERNEL(f, vector_kernel, T, kVec, kGathers, F), {grid}, kThreads, 0, stream, p,
+         calc, static_cast<uint32_t>(n_vec), modes, flat, f);
   return true;
 }
 
@@ -134,9 +172,9 @@ bool launch_vector_of(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutp
 // Only with 32-bit index math (`index32`: fits_32bit, which the caller needs as well);
 // more than kMaxVectorOperands operands (a backward of about 16 inputs): the strided kernel.
 template <typename T, typename F>
-bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+bool launch_vector(const CudaLoop& loop, const Pointers<kOperandsOf<F>>& p, const F& f,
                    bool index32, cudaStream_t stream) {
-  if constexpr (F::kInputs + F::kOutputs > kMaxVectorOperands) {
+  if constexpr (kOperandsOf<F> > kMaxVectorOperands) {
     return false;
   } else {
     if (loop.ndim == 0 || !index32) return false;
@@ -157,17 +195,18 @@ bool launch_vector(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs
 // thread sums many vectors before it flushes.
 template <typename T, typename F>
 void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) {
-  using A = Accumulating<F>;
-  constexpr int kN = A::kOperands;
+  constexpr int kN = accumulating_operands<F>();
+  const int accumulators = outputs_of(f) + 1;  // Accumulating<F>::kAccumulators
+  const int first = kN - accumulators;         // ... kFirst
   constexpr int kVec = kAccumulatingWidth;
   static_assert(kVec <= kVectorWidth<T>, "whole vectors of the vector kernel's");
   constexpr int64_t kSlots = int64_t(kThreads) * kAccumulatingUnroll;
   const auto p = pointers_of<kN>(loop);
-  Modes<kN> modes = vector_modes<T, kVec>(loop, p, F::kOutputs);
+  Modes<kN> modes = vector_modes<T, kVec>(loop, p, outputs_of(f));
   bool along_rows = false;
   uint32_t by_column = 0;
-  for (int a = 0; a < A::kAccumulators; ++a) {
-    const int k = A::kFirst + a;
+  for (int a = 0; a < accumulators; ++a) {
+    const int k = first + a;
     modes.repeated &= ~(1u << k);
     modes.gathered &= ~(1u << k);
     modes.step[k] = p.p[k] != nullptr ? static_cast<int32_t>(step(loop, 0, k)) : 0;
@@ -183,7 +222,8 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   const int64_t num_rows = (n_vec + row - 1) / row;
   const int64_t segments = (row + width - 1) / width;
   const int64_t steps = (num_rows + rows_per_step - 1) / rows_per_step;
-  const int64_t wave = int64_t(sm_count()) * FUSEGEN_BLOCKS_PER_SM(accumulating_kernel, T, kVec, F);
+  const int64_t wave =
+      int64_t(sm_count()) * FUSEGEN_BLOCKS_PER_SM(f, accumulating_kernel, T, kVec, F);
   int64_t groups = (wave + segments - 1) / segments;
   groups = groups < steps ? groups : steps;
   groups = groups < kMaxGridY ? groups : kMaxGridY;
@@ -206,15 +246,15 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   const size_t shared = shared_bytes();
   const auto calc = offset_calculator<uint32_t>(loop, p, 0, kVec);
   const Grid grid{static_cast<unsigned>(segments), static_cast<unsigned>(groups)};
-  launch(FUSEGEN_KERNEL(accumulating_kernel, T, kVec, F), grid, kThreads, shared, stream, p, calc,
-         rl, modes, f);
+  launch(FUSEGEN_KERNEL(f, accumulating_kernel, T, kVec, F), grid, kThreads, shared, stream, p,
+         calc, rl, modes, f);
 }
 
 // tiled_kernel with P elements per access over `tl` (`tiles` tiled inputs, `outer` the
 // count over dimensions 2 and up), unless its grid or shared memory does not fit.
 template <typename T, int P, typename F>
-bool launch_tiles(const Pointers<F::kInputs + F::kOutputs>& p,
-                  TileLoop<F::kInputs + F::kOutputs> tl, int tiles, int64_t outer, const F& f,
+bool launch_tiles(const Pointers<kOperandsOf<F>>& p,
+                  TileLoop<kOperandsOf<F>> tl, int tiles, int64_t outer, const F& f,
                   cudaStream_t stream) {
   constexpr size_t kTileBytes = sizeof(TileAccess<T, P>) * kTile * kTileStride<T, P>;
   const int64_t tiles0 = (tl.size0 + kTileHeight<P> - 1) / kTileHeight<P>;
@@ -227,7 +267,7 @@ bool launch_tiles(const Pointers<F::kInputs + F::kOutputs>& p,
   // tiled_kernel's places, (m, n, q) = (0, 0, 1), (0, 1, 0) and (1, 0, 0) (a step along an
   // index that is always 0, q for P = 1 and n for S = 1, adds nothing). A direct place is
   // linear in e: its accesses are step_q apart.
-  for (int k = 0; k < F::kInputs + F::kOutputs; ++k) {
+  for (int k = 0; k < kOperandsOf<F>; ++k) {
     const auto offset = [&](int e) {
       const TilePlace at = tl.slot[k] >= 0 ? tiled_place<P>(0, 0, e) : direct_place<P>(0, 0, e);
       return at.d0 * tl.stride0[k] + at.d1 * tl.stride1[k];
@@ -238,8 +278,8 @@ bool launch_tiles(const Pointers<F::kInputs + F::kOutputs>& p,
   }
   const Grid grid{static_cast<unsigned>(tiles0), static_cast<unsigned>(tiles1),
                   static_cast<unsigned>(outer)};
-  launch(FUSEGEN_KERNEL(tiled_kernel, T, P, F), grid, kThreads, tiles * kTileBytes, stream, p, tl,
-         f);
+  launch(FUSEGEN_KERNEL(f, tiled_kernel, T, P, F), grid, kThreads, tiles * kTileBytes, stream, p,
+         tl, f);
   return true;
 }
 
@@ -270,8 +310,8 @@ bool accesses_fit(const CudaLoop& loop, const Pointers<kN>& p, const TileLoop<kN
 // tiled_kernel with the widest P, from P down to 1, whose accesses fit the loop and whose
 // grid and shared memory fit the device (three tiled inputs of fours would take 49 KiB).
 template <typename T, int P, typename F>
-bool launch_widest(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p,
-                   const TileLoop<F::kInputs + F::kOutputs>& tl, int tiles, int64_t outer,
+bool launch_widest(const CudaLoop& loop, const Pointers<kOperandsOf<F>>& p,
+                   const TileLoop<kOperandsOf<F>>& tl, int tiles, int64_t outer,
                    const F& f, cudaStream_t stream) {
   if (accesses_fit<T>(loop, p, tl, P) && launch_tiles<T, P>(p, tl, tiles, outer, f, stream))
     return true;
@@ -290,11 +330,12 @@ bool launch_widest(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs
 // 4, bytes); else one element per access (rows of odd length, a sliced or misaligned
 // operand: the kernel of P = 1, as for fp32).
 template <typename T, typename F>
-bool launch_tiled(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+bool launch_tiled(const CudaLoop& loop, const Pointers<kOperandsOf<F>>& p, const F& f,
                   cudaStream_t stream) {
-  constexpr int kN = F::kInputs + F::kOutputs;
+  constexpr int kN = kOperandsOf<F>;
   constexpr int64_t kElement = sizeof(T);
   if (loop.ndim < 2 || loop.sizes[0] < kTile / 2 || loop.sizes[1] < kTile / 2) return false;
+  const int outputs = outputs_of(f);
   TileLoop<kN> tl;
   int tiles = 0;
   for (int k = 0; k < kN; ++k) {
@@ -302,11 +343,11 @@ bool launch_tiled(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>
     tl.stride0[k] = p.p[k] ? step(loop, 0, k) : 0;
     tl.stride1[k] = p.p[k] ? step(loop, 1, k) : 0;
     if (p.p[k] == nullptr) continue;
-    if (k < F::kOutputs && tl.stride0[k] != kElement) return false;
-    if (k >= F::kOutputs && tl.stride1[k] == kElement && tl.stride0[k] != kElement &&
+    if (k < outputs && tl.stride0[k] != kElement) return false;
+    if (k >= outputs && tl.stride1[k] == kElement && tl.stride0[k] != kElement &&
         tl.stride0[k] != 0) {
       tl.slot[k] = static_cast<int8_t>(tiles++);
-    } else if (k >= F::kOutputs && tl.stride0[k] == 0) {
+    } else if (k >= outputs && tl.stride0[k] == 0) {
       tl.slot[k] = kRepeated;
     }
   }
@@ -320,9 +361,9 @@ bool launch_tiled(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>
 
 // The offset-calculator kernel over the loop, with Index-wide index math: any layout.
 template <typename T, typename F, typename Index>
-void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutputs>& p, const F& f,
+void launch_strided(const CudaLoop& loop, const Pointers<kOperandsOf<F>>& p, const F& f,
                     cudaStream_t stream) {
-  constexpr int kN = F::kInputs + F::kOutputs;
+  constexpr int kN = kOperandsOf<F>;
   using Calc = OffsetCalculator<kN, Index>;
   using Offset = typename Calc::Offset;
   const int64_t n = loop.numel;
@@ -334,9 +375,10 @@ void launch_strided(const CudaLoop& loop, const Pointers<F::kInputs + F::kOutput
   } else {
     calc = offset_calculator<Index>(loop, p, 0, 1);
   }
-  const int blocks = FUSEGEN_BLOCKS_PER_SM(strided_kernel, T, F, Index);
+  const int blocks = FUSEGEN_BLOCKS_PER_SM(f, strided_kernel, T, F, Index);
   const unsigned grid = wave_grid_size((n + kThreads - 1) / kThreads, blocks);
-  launch(FUSEGEN_KERNEL(strided_kernel, T, F, Index), {grid}, kThreads, 0, stream, p, calc, n, f);
+  launch(FUSEGEN_KERNEL(f, strided_kernel, T, F, Index), {grid}, kThreads, 0, stream, p, calc, n,
+         f);
 }
 
 // The kernels an entry point instantiates: every layout's (kEvery: an op's own), or the
@@ -353,7 +395,7 @@ enum class Kernels { kEvery, kPlain };
 // vectors, and the offset-calculator kernel for anything else.
 template <typename T, Kernels kKernels, typename F>
 void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
-  constexpr int kN = F::kInputs + F::kOutputs;
+  constexpr int kN = kOperandsOf<F>;
   const auto p = pointers_of<kN>(loop);
   bool aligned = true;
   for (int k = 0; k < kN; ++k)
@@ -364,7 +406,7 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
     constexpr int kVec = kVecWidth<T>;
     constexpr int64_t kChunk = int64_t(kThreads) * kUnroll;
     const unsigned grid = grid_size((n / kVec + kChunk - 1) / kChunk);
-    launch(FUSEGEN_KERNEL(contiguous_kernel, T, kVec, F), {grid}, kThreads, 0, stream, p, n, f);
+    launch(FUSEGEN_KERNEL(f, contiguous_kernel, T, kVec, F), {grid}, kThreads, 0, stream, p, n, f);
     return;
   }
   // fp64 (gradcheck's dtype, rarely a fast path's) skips the tiled and vector kernels:
@@ -373,8 +415,8 @@ void launch_elementwise(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   // An op that draws random numbers numbers its elements in the loop's linear order (the
   // runtime enforces it): the tiled kernel's order is another.
   if constexpr (sizeof(T) != 8 && kKernels == Kernels::kEvery) {
-    if constexpr (kRandomOf<F> == 0) {
-      if (launch_tiled<T>(loop, p, f, stream)) return;
+    if constexpr (kLaunched<F> || kRandomOf<F> == 0) {
+      if (!draws_random(f) && launch_tiled<T>(loop, p, f, stream)) return;
     }
     if (launch_vector<T>(loop, p, f, index32, stream)) return;
   }

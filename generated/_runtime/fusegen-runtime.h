@@ -85,7 +85,58 @@ void rtc_launch(const RtcSource& source, const char* kernel, const RtcShape& sha
                 cudaStream_t stream, void** params);
 int rtc_blocks_per_sm(const RtcSource& source, const char* kernel, int threads);
 int rtc_sm_count();
+
+// The bytes of an op's functor F<C> as run_launched passes them: `scalars` members of C,
+// then a Random when it draws (its alignment is its uint64_t's). Each op's .h checks its
+// functors against it (static_assert), so a layout the launchers do not know fails to
+// compile.
+template <typename C>
+constexpr size_t functor_bytes(int scalars, bool random) {
+  const size_t own = size_t(scalars) * sizeof(C);
+  if (!random) return own > 0 ? own : 1;  // an empty struct's size is 1
+  const size_t at = (own + alignof(Random) - 1) / alignof(Random) * alignof(Random);
+  return at + sizeof(Random);
+}
+
+// Whether F<float> and F<double> have the layout run_launched passes: `scalars` members,
+// then a Random when they draw (an op's .cpp checks its functors with it).
+template <template <typename> class F>
+constexpr bool launchable(int scalars) {
+  return sizeof(F<float>) == functor_bytes<float>(scalars, kRandomOf<F<float>> > 0) &&
+         sizeof(F<double>) == functor_bytes<double>(scalars, kRandomOf<F<double>> > 0);
+}
+
+// An elementwise op's functor (Forward or Backward in its .h) as the runtime's launchers
+// run it on the NVRTC route (fusegen-launch.cpp): an op whose loops have at most
+// kMaxLaunchedOperands operands holds no launcher code of its own, only its kernel source.
+// Its CUDA entry point calls run_launched, which picks each loop's kernel as the op's own
+// launchers would (fusegen-cuda.cuh) and passes the functor as bytes: its scalars in the
+// compute type, then its Random (functor_bytes).
+struct LaunchDef {
+  const RtcSource* source;
+  const char* functor;     // "fusegen::op_fma::Forward": the kernels take functor<C>
+  int inputs;              // F::kInputs
+  int outputs;             // F::kOutputs
+  int scalars;             // F's members of the compute type, in order
+  int random;              // F::kRandom (0: F has no Random member)
+  bool accumulates;        // a backward whose loops may carry accumulators
+  bool every_kernel;       // every kernel kind (an op's own), or the plain ones (Kernels)
+};
+void run_launched(const LaunchDef& def, Dtype dtype, const CudaLoop& loop, const double* scalars,
+                  void* stream);
+
+// F's LaunchDef, its counts and name from F itself.
+template <template <typename> class F>
+constexpr LaunchDef launch_def(const RtcSource* source, int scalars, bool accumulates,
+                               bool every_kernel) {
+  return {source, F<float>::kName, F<float>::kInputs, F<float>::kOutputs, scalars,
+          kRandomOf<F<float>>, accumulates, every_kernel};
+}
 #endif
+
+// The launched operand counts the runtime instantiates its launchers for: a loop of the
+// accumulating kernel has at most kMaxVectorOperands (below).
+constexpr int kMaxLaunchedOperands = 32;
 
 // A backward's CUDA kernel that sums gradients of broadcast inputs (fusegen-cuda.cuh,
 // accumulating_kernel) moves vectors of this many elements along the loop's dimension 0;

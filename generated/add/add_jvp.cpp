@@ -23,7 +23,17 @@
 
 namespace fusegen::op_add_jvp {
 
-#ifdef FUSEGEN_WITH_CUDA
+#if defined(FUSEGEN_WITH_CUDA) && defined(FUSEGEN_RTC_FILE)
+// The NVRTC route: the runtime's launchers run this op's kernels (run_launched), compiled
+// from its .cu, at FUSEGEN_RTC_FILE in the library's folder: no launcher code here.
+const RtcSource kSource{FUSEGEN_RTC_FILE, &kSource};
+static_assert(launchable<Forward>(0), "Forward as the bytes run_launched passes");
+const LaunchDef kForwardLaunch =
+    launch_def<Forward>(&kSource, 0, /*accumulates=*/false, /*every_kernel=*/false);
+void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_launched(kForwardLaunch, dtype, loop, scalars, stream);
+}
+#elif defined(FUSEGEN_WITH_CUDA)
 // Defined in add_jvp.cu, which holds the kernels and includes no torch header.
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 #endif

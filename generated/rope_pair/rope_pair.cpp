@@ -31,7 +31,23 @@
 
 namespace fusegen::op_rope_pair {
 
-#ifdef FUSEGEN_WITH_CUDA
+#if defined(FUSEGEN_WITH_CUDA) && defined(FUSEGEN_RTC_FILE)
+// The NVRTC route: the runtime's launchers run this op's kernels (run_launched), compiled
+// from its .cu, at FUSEGEN_RTC_FILE in the library's folder: no launcher code here.
+const RtcSource kSource{FUSEGEN_RTC_FILE, &kSource};
+static_assert(launchable<Forward>(0), "Forward as the bytes run_launched passes");
+const LaunchDef kForwardLaunch =
+    launch_def<Forward>(&kSource, 0, /*accumulates=*/false, /*every_kernel=*/true);
+void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_launched(kForwardLaunch, dtype, loop, scalars, stream);
+}
+static_assert(launchable<Backward>(0), "Backward as the bytes run_launched passes");
+const LaunchDef kBackwardLaunch =
+    launch_def<Backward>(&kSource, 0, /*accumulates=*/true, /*every_kernel=*/true);
+void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  run_launched(kBackwardLaunch, dtype, loop, scalars, stream);
+}
+#elif defined(FUSEGEN_WITH_CUDA)
 // Defined in rope_pair.cu, which holds the kernels and includes no torch header.
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);

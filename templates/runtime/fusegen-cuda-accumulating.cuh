@@ -229,10 +229,14 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename T, int kVec, typename F>
-const KernelRef& accumulating_kernel_ref() {
-  static const KernelRef ref =
-      kernel_ref<F>("fusegen::accumulating_kernel", TypeName<T>::get(), kVec, TypeName<F>::get());
-  return ref;
+const KernelRef& accumulating_kernel_ref(const F& f) {
+  struct Name {
+    static std::string get([[maybe_unused]] const LaunchDef* def) {
+      return kernel_name("fusegen::accumulating_kernel", TypeName<T>::get(), kVec,
+                         functor_name<F>(def));
+    }
+  };
+  return kernel_ref<Name>(f);
 }
 #endif
 

@@ -140,19 +140,44 @@ struct Grid {
   unsigned z = 1;
 };
 
+#if FUSEGEN_HOST_CODE
+// Whether F is a launched functor (Launched, the NVRTC route's runtime launchers).
+template <typename F> struct IsLaunched : std::false_type {};
+template <typename F> constexpr bool kLaunched = IsLaunched<F>::value;
+#endif
+
 #ifdef FUSEGEN_RTC_HOST
-// The NVRTC route. A kernel is its name expression in the op's kernel source (the op's .cu,
-// which F::source() names), compiled for the device on its first launch by the runtime
-// (fusegen-rtc.cpp), which caches the cubin on disk; each launch passes the bytes of its
-// arguments, which are the kernel's parameter types exactly (the nvcc route checks that).
-// FUSEGEN_KERNEL(kernel, template arguments) is the kernel; every kernel header defines
-// `<kernel>_ref`, its name from the template arguments, built once per instantiation (the
-// runtime keys its kernels by that name's address: no string work per launch).
+// The NVRTC route. A kernel is its name expression in the op's kernel source (the op's .cu),
+// compiled for the device on its first launch by the runtime (fusegen-rtc.cpp), which
+// caches the cubin on disk; each launch passes the bytes of its arguments, which are the
+// kernel's parameter types exactly (the nvcc route checks that).
+// FUSEGEN_KERNEL(f, kernel, template arguments) is the kernel; every kernel header defines
+// `<kernel>_ref(f)`, its name from the template arguments, built once per instantiation and
+// op (the runtime keys its kernels by that name's address: no string work per launch).
 struct KernelRef {
   std::string name;
   const RtcSource* source;
 };
-#define FUSEGEN_KERNEL(kernel, ...) kernel##_ref<__VA_ARGS__>()
+#define FUSEGEN_KERNEL(f, kernel, ...) kernel##_ref<__VA_ARGS__>(f)
+
+// An op's functor as the runtime's launchers run it (fusegen-launch.cpp, LaunchDef): the
+// operand count of its loops, kN, at compile time, the rest at run time; its bytes are
+// those of F<C>, the op's functor in the compute type C (its scalars, then its Random),
+// which a launch passes as the kernel's last parameter. The launchers below take it where
+// they take an op's own F: one instantiation per operand count serves every op.
+template <typename C, int kN>
+struct Launched {
+  using Compute = C;
+  static constexpr int kOperands = kN;
+  const LaunchDef* def;
+  const void* bytes;
+};
+template <typename C, int kN> struct IsLaunched<Launched<C, kN>> : std::true_type {};
+
+// The kernels the runtime's launchers asked for, per op and per place in the launchers
+// (`site`: one per instantiation), each built once (fusegen-launch.cpp).
+const KernelRef& launched_kernel(const LaunchDef& def, const void* site,
+                                 std::string (*name)(const LaunchDef* def));
 
 // C++ spellings of the kernels' template arguments, as the kernel source declares them: the
 // storage types, the index types, ints and bools, and an op's functors (F::kName<T>).
@@ -168,26 +193,60 @@ struct TypeName<F<T>> {
   static std::string get() { return std::string(F<T>::kName) + "<" + TypeName<T>::get() + ">"; }
 };
 
+// The functor's spelling in a kernel's name: F<T>'s, or a launched op's F<C>.
+template <typename F>
+std::string functor_name([[maybe_unused]] const LaunchDef* def) {
+  if constexpr (kLaunched<F>) {
+    return std::string(def->functor) + "<" + TypeName<typename F::Compute>::get() + ">";
+  } else {
+    return TypeName<F>::get();
+  }
+}
+
 inline std::string template_argument(const std::string& type) { return type; }
 inline std::string template_argument(bool value) { return value ? "true" : "false"; }
 inline std::string template_argument(int value) { return std::to_string(value); }
 
-// `kernel<arguments...>` of F's source.
-template <typename F, typename... Arguments>
-KernelRef kernel_ref(const char* kernel, const Arguments&... arguments) {
+// `kernel<arguments...>`.
+template <typename... Arguments>
+std::string kernel_name(const char* kernel, const Arguments&... arguments) {
   std::string name = kernel;
   const char* separator = "<";
   for (const std::string& a : {template_argument(arguments)...}) {
     name += separator + a;
     separator = ", ";
   }
-  return {name + ">", &F::source()};
+  return name + ">";
+}
+
+// The kernel `Name::get(def)` names, for F: built once per instantiation for an op's own F
+// (Name is a type of the calling *_ref instantiation), once per op for a launched one.
+template <typename Name, typename F>
+const KernelRef& kernel_ref(const F& f) {
+  if constexpr (kLaunched<F>) {
+    static const char site = 0;
+    return launched_kernel(*f.def, &site, &Name::get);
+  } else {
+    (void)f;
+    static const KernelRef ref{Name::get(nullptr), &F::source()};
+    return ref;
+  }
+}
+
+// A launch's parameter: its bytes; a launched functor's are those it points at.
+template <typename A>
+const void* parameter(const A& arg) {
+  return &arg;
+}
+template <typename C, int kN>
+const void* parameter(const Launched<C, kN>& f) {
+  return f.bytes;
 }
 
 template <typename... Args>
 void launch(const KernelRef& kernel, Grid grid, int threads, size_t shared, cudaStream_t stream,
             const Args&... args) {
-  void* params[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+  void* params[] = {const_cast<void*>(parameter(args))...};
   const RtcShape shape{{grid.x, grid.y, grid.z}, threads, shared};
   rtc_launch(*kernel.source, kernel.name.c_str(), shape, stream, params);
 }
@@ -198,9 +257,9 @@ inline int sm_count() { return rtc_sm_count(); }
 inline int blocks_per_sm(const KernelRef& kernel) {
   return rtc_blocks_per_sm(*kernel.source, kernel.name.c_str(), kThreads);
 }
-#define FUSEGEN_BLOCKS_PER_SM(kernel, ...) blocks_per_sm(kernel##_ref<__VA_ARGS__>())
+#define FUSEGEN_BLOCKS_PER_SM(f, kernel, ...) blocks_per_sm(kernel##_ref<__VA_ARGS__>(f))
 #else
-#define FUSEGEN_KERNEL(kernel, ...) &kernel<__VA_ARGS__>
+#define FUSEGEN_KERNEL(f, kernel, ...) &kernel<__VA_ARGS__>
 
 // The kernel with arguments of its parameters' types exactly, which the NVRTC route passes
 // as bytes: a launch that converts an argument fails to compile here.
@@ -242,7 +301,7 @@ int blocks_per_sm() {
   }();
   return blocks;
 }
-#define FUSEGEN_BLOCKS_PER_SM(kernel, ...) blocks_per_sm<&kernel<__VA_ARGS__>>()
+#define FUSEGEN_BLOCKS_PER_SM(f, kernel, ...) blocks_per_sm<&kernel<__VA_ARGS__>>()
 #endif  // FUSEGEN_RTC_HOST
 
 // The strided kernel is the exception: its software pipeline (below) needs several

@@ -150,10 +150,14 @@ __global__ void __launch_bounds__(kRowBlock)
 
 #ifdef FUSEGEN_RTC_HOST
 template <typename S, typename F, int kRowThreads, bool kVector>
-const KernelRef& rows_kernel_ref() {
-  static const KernelRef ref = kernel_ref<F>("fusegen::rows_kernel", TypeName<S>::get(),
-                                             TypeName<F>::get(), kRowThreads, kVector);
-  return ref;
+const KernelRef& rows_kernel_ref(const F& f) {
+  struct Name {
+    static std::string get([[maybe_unused]] const LaunchDef* def) {
+      return kernel_name("fusegen::rows_kernel", TypeName<S>::get(), functor_name<F>(def),
+                         kRowThreads, kVector);
+    }
+  };
+  return kernel_ref<Name>(f);
 }
 #endif
 
@@ -188,7 +192,7 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       constexpr int kRowThreads = decltype(threads)::value;
       constexpr int64_t kPerBlock = kRowBlock / kRowThreads;
       const unsigned grid = static_cast<unsigned>((a.rows + kPerBlock - 1) / kPerBlock);
-      launch(FUSEGEN_KERNEL(rows_kernel, S, F, kRowThreads, decltype(vectors)::value), {grid},
+      launch(FUSEGEN_KERNEL(f, rows_kernel, S, F, kRowThreads, decltype(vectors)::value), {grid},
              kRowBlock, 0, stream, a, f);
     };
     using Warp = std::integral_constant<int, 32>;
