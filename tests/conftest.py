@@ -22,6 +22,10 @@ if str(TESTS) not in sys.path:
 # (the CLI tests) inherit it.
 if not os.environ.get("FUSEGEN_CACHE_DIR"):
     os.environ["FUSEGEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="fusegen-test-cache-")
+# Nor on a runtime `fusegen setup` installed: the run builds its own into its cache (the
+# cache's tests see what a user without `fusegen setup` sees); test_setup.py installs one.
+if not os.environ.get("FUSEGEN_RUNTIME_DIR"):
+    os.environ["FUSEGEN_RUNTIME_DIR"] = os.path.join(os.environ["FUSEGEN_CACHE_DIR"], "no-installed-runtime")
 
 BUILD_SECONDS: dict[str, float] = {}
 

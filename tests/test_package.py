@@ -176,8 +176,9 @@ def test_project_has_one_runtime_and_each_op_once(tmp_path):
     csrc = sorted(p.name for p in (tmp_path / "myops" / "csrc").iterdir())
     assert set(package.RUNTIME) <= set(csrc)  # from generated/_runtime/, once
     assert [n for n in csrc if n.endswith(".cpp")] == [
-        "fma.cpp", "fma_grad2.cpp", "fma_jvp.cpp", "fusegen-autograd.cpp", "fusegen-layout.cpp", "fusegen-module.cpp",
-        "fusegen-registration.cpp", "fusegen-rtc.cpp", "fusegen-step.cpp", "silu.cpp", "silu_grad2.cpp", "silu_jvp.cpp"]
+        "fma.cpp", "fma_grad2.cpp", "fma_jvp.cpp", "fusegen-autograd.cpp", "fusegen-launch.cpp", "fusegen-layout.cpp",
+        "fusegen-module.cpp", "fusegen-registration.cpp", "fusegen-rtc.cpp", "fusegen-step.cpp", "silu.cpp",
+        "silu_grad2.cpp", "silu_jvp.cpp"]
     assert not any(n.endswith(".cu") for n in csrc)
     package.write_project(folders, "myops", tmp_path / "cuda", cuda=True)
     assert (tmp_path / "cuda" / "csrc" / "cuda" / "fma.cu").is_file()  # not beside fma.cpp: one fma.o each

@@ -7,7 +7,8 @@ user's program has it), with the median and the spread (min..max) of the runs:
    does not hold (the cache holds the shared runtime only), then its first forward and
    backward call (synchronized on a GPU);
 2. the first op ever: the same in an empty cache, so the shared runtime (once per
-   torch/CUDA/compiler version) is built as well;
+   torch/CUDA/compiler version) is built as well; and with the runtime `fusegen setup`
+   built at install time (its time is a figure of its own), where the op alone is built;
 3. a cached load in a new process: `import fusegen` and `fusegen.fuse(...)` of the op of 1;
 4. torch.compile's first forward+backward call of the same expression, with fresh Inductor
    and Triton caches.
@@ -16,7 +17,8 @@ Each is printed with its target and whether it is met: a new op within 1.0 s of 
 result on a GPU (0.15 x torch.compile's first call on a CPU), the first op ever no slower
 than torch.compile's first call, a cached load within 20 ms. The load average before and
 after the runs says how busy the machine was (a shared machine's figures vary with it).
-`--only` picks steps (new,first,load,compile,batch; batch: the 7 seed ops in one library).
+`--only` picks steps (new,first,setup,load,compile,batch; setup: `fusegen setup`, then the
+first op ever with its runtime; batch: the 7 seed ops in one library).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 from fusegen.files import write_text
@@ -47,8 +50,8 @@ SEEDS = {
 }
 
 LOAD_RUNS = 7
-STEPS = ("new", "first", "load", "compile", "batch")
-DEFAULT_STEPS = ("new", "first", "load", "compile")
+STEPS = ("new", "first", "setup", "load", "compile", "batch")
+DEFAULT_STEPS = ("new", "first", "setup", "load", "compile")
 
 # Targets: seconds, or a factor of torch.compile's first call.
 NEW_OP_CUDA_S = 1.0
@@ -104,11 +107,12 @@ CODE = {
 }
 
 
-def run_step(code: str, cache: str, inductor: str) -> dict:
+def run_step(code: str, cache: str, inductor: str, runtime_dir: str = "") -> dict:
     source = PRELUDE + f"EXPR = {COLD_EXPR!r}\nSEEDS = {SEEDS!r}\nEAGER = {COLD_EAGER}\n" \
         + textwrap.dedent(CODE[code]) + "\nprint('RESULT ' + json.dumps(out))\n"
     env = dict(os.environ, FUSEGEN_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=inductor,
-               TRITON_CACHE_DIR=os.path.join(inductor, "triton"), FUSEGEN_QUIET="1")
+               TRITON_CACHE_DIR=os.path.join(inductor, "triton"), FUSEGEN_QUIET="1",
+               FUSEGEN_RUNTIME_DIR=runtime_dir or os.path.join(cache, "no-installed-runtime"))
     # Python's own bytecode cache on, as on a user's machine (some sandboxes turn it off, and
     # then every process recompiles fusegen's sources: 35 ms of a 60 ms cached load).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -153,6 +157,9 @@ def targets(results: dict, device: str) -> list[tuple[str, dict | None, str, flo
     return [
         ("new op -> first fwd+bwd result", results.get("new"), new_words, new_target),
         ("first op ever (runtime built too)", results.get("first"), "<= compile"
+         + (f" = {compile_s:.2f} s" if compile_s else ""), compile_s),
+        ("fusegen setup (runtime, at install)", results.get("setup"), "(once per install)", None),
+        ("first op ever after fusegen setup", results.get("installed"), "<= compile"
          + (f" = {compile_s:.2f} s" if compile_s else ""), compile_s),
         ("cached load (new process)", results.get("load"), f"<= {CACHED_LOAD_S * 1e3:.0f} ms", CACHED_LOAD_S),
         ("torch.compile first fwd+bwd call", results.get("compile"), "(reference)", None),
@@ -230,6 +237,16 @@ def main(argv=None):
             results["load"] = summary(runs) | {"import_median_s": summary(runs, "import_s")["median_s"],
                                                "fuse_median_s": summary(runs, "fuse_s")["median_s"],
                                                "cached": all(r["cached"] for r in runs)}
+        if "setup" in steps:
+            installed = str(work / "installed")
+            env = dict(os.environ, FUSEGEN_RUNTIME_DIR=installed, FUSEGEN_CACHE_DIR=_seeded_cache(work, None))
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "fusegen", "setup"], capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(f"fusegen setup failed:\n{proc.stdout}\n{proc.stderr}")
+            results["setup"] = summary([{"wall_s": time.perf_counter() - start}])
+            runs = [run_step("op", _seeded_cache(work, None), inductor(), installed) for _ in range(max(1, args.runs))]
+            results["installed"] = summary(runs) | {"detail": runs}
         if "compile" in steps:
             runs = [run_step("compile", _seeded_cache(work, None), inductor()) for _ in range(max(1, args.runs))]
             results["compile"] = summary(runs) | {"detail": runs}

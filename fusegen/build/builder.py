@@ -140,12 +140,13 @@ class Library:
     runtime: Path | None = None  # an op library: the runtime library it links against
 
 
-def _check_private(path: Path, what: str, fix: str, error: type[FusegenError]):
-    """Raise `error` unless `path` is owned by this user and not writable by group or others:
-    whoever can write there can put code into every process that loads from the cache."""
+def _check_private(path: Path, what: str, fix: str, error: type[FusegenError], root_ok: bool = False):
+    """Raise `error` unless `path` is owned by this user (or, `root_ok`, by root: an
+    installed runtime) and not writable by group or others: whoever can write there can put
+    code into every process that loads from the cache."""
     st = os.stat(path)
     me = os.geteuid()
-    if st.st_uid != me:
+    if st.st_uid != me and not (root_ok and st.st_uid == 0):
         raise error(f"fusegen: refusing to use the {what} {path}: it is owned by uid {st.st_uid}, "
                     f"not by you (uid {me}), and fusegen loads the libraries in it into this "
                     f"process. Set FUSEGEN_CACHE_DIR to a directory you own.")
@@ -177,12 +178,53 @@ def _cache_root(error: type[FusegenError]) -> Path:
 
 
 def _check_entry(library: Path, error: type[FusegenError]):
-    """The cache directory, the entry and the library itself, before loading the library."""
+    """The cache directory, the entry and the library itself, before loading the library
+    (an installed runtime's may be root's)."""
     entry = library.parent
-    _check_private(entry.parent, "cache directory", f"chmod 700 {entry.parent}", error)
-    _check_private(entry, "cache entry", f"chmod 700 {entry} (or delete it: it is rebuilt)", error)
+    root_ok = entry.parent == installed_dir()
+    _check_private(entry.parent, "cache directory", f"chmod 700 {entry.parent}", error, root_ok)
+    _check_private(entry, "cache entry", f"chmod 700 {entry} (or delete it: it is rebuilt)", error, root_ok)
     _check_private(library, "cached library", f"chmod go-w {library} (or delete {entry}: it is "
-                   "rebuilt)", error)
+                   "rebuilt)", error, root_ok)
+
+
+def installed_dir() -> Path:
+    """Where `fusegen setup` builds the shared runtime once, at install time: beside the
+    package (`fusegen/_installed/`), or $FUSEGEN_RUNTIME_DIR. The first op in an empty cache
+    then builds the op alone."""
+    where = os.environ.get("FUSEGEN_RUNTIME_DIR")
+    return Path(os.path.abspath(where)) if where else Path(__file__).resolve().parent.parent / "_installed"
+
+
+def _installed_runtime(key: str, folder: str, filename: str) -> Library | None:
+    """The runtime `fusegen setup` built for this key, when it is there whole and nobody
+    but its owner (this user or root) can have written it; else None (the cache's then)."""
+    lib = installed_dir() / folder / filename
+    if not _PLAIN_PATH.fullmatch(str(lib.parent)) or not _intact(lib):
+        return None  # an op links against its folder by a plain path (the link's response file)
+    try:
+        _check_entry(lib, LoadError)
+    except (LoadError, OSError) as err:
+        log.warning("%s; building the runtime in the cache instead", err)
+        return None
+    return Library(lib, key, 0.0, True)
+
+
+def install_runtime(verbose: bool = False) -> Library:
+    """Build the shared runtime for this torch/CUDA/compiler into installed_dir() (`fusegen
+    setup`), or find it there."""
+    cuda = cuda_enabled()
+    key = runtime_key(cuda)
+    root = installed_dir()
+    try:
+        root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as err:
+        raise BuildError(f"fusegen: cannot create {root} for the runtime: {err.strerror}. Set "
+                         "FUSEGEN_RUNTIME_DIR to a directory you can write.") from None
+    _check_private(root, "runtime directory", f"chmod go-w {root}", BuildError)
+    _cache.adopt(root, BuildError)
+    return _build_in(root, key, f"runtime-{key}", f"libfusegen_runtime_{key}.so",
+                     _runtime_compile(cuda, key, verbose), "the fusegen runtime", _Meta("runtime", (), cuda))
 
 
 def runtime_sources() -> dict[str, str]:
@@ -442,9 +484,20 @@ def _seal(library: Path):
 
 
 def runtime_library(verbose: bool = False) -> Library:
-    """The shared runtime for this torch/CUDA/compiler, built once and cached."""
+    """The shared runtime for this torch/CUDA/compiler: the one `fusegen setup` installed,
+    or built once into the cache."""
     cuda = cuda_enabled()
     key = runtime_key(cuda)
+    name = f"libfusegen_runtime_{key}"
+    installed = _installed_runtime(key, f"runtime-{key}", f"{name}.so")
+    if installed is not None:
+        return installed
+    return _cached(key, f"runtime-{key}", f"{name}.so", _runtime_compile(cuda, key, verbose),
+                   "the fusegen runtime (once per torch version)", _Meta("runtime", (), cuda))
+
+
+def _runtime_compile(cuda: bool, key: str, verbose: bool):
+    """The runtime's build into a temp folder (for _build_in)."""
     name = f"libfusegen_runtime_{key}"
 
     def compile_into(tmp: Path):
@@ -457,8 +510,7 @@ def runtime_library(verbose: bool = False) -> Library:
         _cpp_extension(name, list(units), flags["cflags"], [], [f"-Wl,-soname,{name}.so"],
                        tmp, cuda, verbose, "the fusegen runtime", [str(tmp / f) for f in runtime_sources()])
 
-    return _cached(key, f"runtime-{key}", f"{name}.so", compile_into, "the fusegen runtime (once per torch version)",
-                   _Meta("runtime", (), cuda))
+    return compile_into
 
 
 def _runtime_units(cores: int, cuda: bool = False) -> dict[str, str | None]:
@@ -636,7 +688,11 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Libra
     # moved. In a response file (gcc and clang read it themselves), because `$ORIGIN`
     # written among the flags would be expanded by ninja and again by the shell.
     folder = runtime.path.parent.name
-    write_text(tmp / LINK_FLAGS, f"-L../{folder}\n-l{runtime.path.stem[3:]}\n-Wl,-rpath,$ORIGIN/../{folder}\n")
+    installed = "" if runtime.path.parent.parent == tmp.parent else str(runtime.path.parent)
+    # The installed runtime (fusegen setup) by its absolute path (a plain one: _installed_runtime)
+    # and the cache's copy after it, where it is found once the installed one is gone.
+    write_text(tmp / LINK_FLAGS, (f"-L{installed}\n-Wl,-rpath,{installed}\n" if installed else f"-L../{folder}\n")
+               + f"-l{runtime.path.stem[3:]}\n-Wl,-rpath,$ORIGIN/../{folder}\n")
     ldflags = [f"@{LINK_FLAGS}"] + (["-lmvec"] if libmvec() else [])
     names = ", ".join(n for n, _ in ops)
     _LOADED_FROM[key] = _cpp_extension(f"fusegen_{key}", list(units), flags["cflags"], flags["cuda_cflags"], ldflags,

@@ -435,7 +435,29 @@ def _bench_main(argv: list[str]) -> int:
 
 # The subcommands: a first word that is one of these is the command, not an expression (an
 # op whose expression is the bare name is written in parentheses: fusegen "(cache)").
-COMMANDS = {"cache": _cache_main, "package": _package_main, "bench": _bench_main}
+def _setup_main(argv: list[str]) -> int:
+    p = Parser(prog="fusegen setup",
+               description="Build fusegen's shared runtime for this torch, CUDA and compiler once, at "
+                           "install time, beside the package (fusegen/_installed/, or "
+                           "$FUSEGEN_RUNTIME_DIR), so that the first op in any cache builds the op "
+                           "alone. Without it the first op builds the runtime into the cache.")
+    p.add_argument("-v", "--verbose", action="store_true", help="show the compiler's commands")
+    args = p.parse_args(argv)
+    from fusegen.build import builder
+    try:
+        lib = builder.install_runtime(verbose=args.verbose)
+    except FusegenError as err:
+        _error(err)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    import torch
+    done = f"built in {lib.seconds:.1f} s" if not lib.cached else "already built"
+    print(f"fusegen: the runtime for torch {torch.__version__} is in {lib.path.parent} ({done})")
+    return 0
+
+
+COMMANDS = {"cache": _cache_main, "package": _package_main, "bench": _bench_main, "setup": _setup_main}
 CACHE_COMMANDS = {"list": _cache_list, "clear": _cache_remove, "trim": _cache_remove}
 
 
