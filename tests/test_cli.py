@@ -308,7 +308,7 @@ def test_subcommands_are_a_table(tmp_path):
     from fusegen.tools import cli
     from fusegen.bench import command
 
-    assert set(cli.COMMANDS) == {"cache", "package", "bench"}
+    assert set(cli.COMMANDS) == {"cache", "package", "bench", "setup"}
     assert set(cli.CACHE_COMMANDS) == {"list", "clear", "trim"}
     assert set(command.SUBCOMMANDS) == {"build", "cpu", "layouts", "gp", "ffn", "compile", "optim", "rope", "rows", "block", "dropout"}
     assert main(["(cache)", "--no-build", "--out", str(tmp_path), "-q"]) == 0

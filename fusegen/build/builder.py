@@ -39,6 +39,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -236,8 +237,21 @@ def runtime_key(cuda: bool) -> str:
     return _keys.runtime_key(cuda, runtime_sources())
 
 
-def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> str:
-    return _keys.cache_key(ops, cuda, runtime_key(cuda))
+def cache_key(ops: list[tuple[str, dict[str, str]]], cuda: bool, cpu_later: bool = False) -> str:
+    return _keys.cache_key(ops, cuda, runtime_key(cuda) + (CPU_LATER_MARK if cpu_later else ""))
+
+
+def cpu_later(cuda: bool) -> bool:
+    """Whether an op's library leaves its CPU kernels for later (OpDef::cpu_later): on the
+    NVRTC route with CUDA, where a new op's build is then its descriptor alone (about 0.12 s
+    of host compiler instead of 0.5-0.7 s); its first CPU call builds the op whole
+    (load_cpu_kernels)."""
+    return cuda and cuda_compiler() != "nvcc"
+
+
+def _defers_cpu(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> bool:
+    """Whether a library of `ops` leaves their CPU kernels for later: every op can."""
+    return cpu_later(cuda) and all(LAUNCHED_MARK in files[f] for _, files in ops for f in _own(files, ".cpp"))
 
 
 _locked = _cache.build_lock  # taken by builds; `fusegen cache` takes it without waiting
@@ -249,7 +263,7 @@ def _own(files: dict[str, str], suffix: str) -> list[str]:
     return [f for f in files if f.endswith(suffix)]
 
 
-def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
+def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool, later: bool = False) -> dict[str, str]:
     """Translation units that #include the ops' sources: CPP_PER_UNIT .cpp files each, and
     the .cu files spread over as many units as there are cores (nvcc is the long pole of a
     CUDA build: the .cu files of a batch then compile in parallel); with at least two cores
@@ -271,8 +285,10 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
                 if rtc and LAUNCHED_MARK in files[f]}
     cpp = [f"{n}/{f}" for n, files in ops for f in _own(files, ".cpp")]
     for index, chunk in enumerate(chunks(cpp, CPP_PER_UNIT)):
-        units[f"unit{index}.cpp"] = "".join(_rtc_file(p[:-len(".cpp")] + ".cu", include([p])) if p in launched
-                                            else include([p]) for p in chunk)
+        text = "".join(_rtc_file(p[:-len(".cpp")] + ".cu", include([p])) if p in launched
+                       else include([p]) for p in chunk)
+        # `later`: the CPU kernels are left to the ops built whole (_defers_cpu).
+        units[f"unit{index}.cpp"] = "#define FUSEGEN_CPU_LATER\n" + text if later else text
     if not cuda:
         return units
     # Each unit of .cu files: (the paths it includes, the macros that select its part).
@@ -320,8 +336,45 @@ def _units(ops: list[tuple[str, dict[str, str]]], cuda: bool) -> dict[str, str]:
     return units
 
 
-# What an op's .cpp holds when the runtime's launchers run its kernels (op.cpp.j2).
+# Ops loaded from a library that left their CPU kernels for later: name -> the sources of
+# that library's ops (its build's, or those in its entry).
+_CPU_LATER: dict[str, object] = {}
+_CPU_LATER_LOCK = threading.Lock()
+
+
+def _later(names, sources):
+    with _CPU_LATER_LOCK:
+        for name in names:
+            _CPU_LATER.setdefault(name, sources)
+
+
+def _entry_sources(entry: Path) -> list[tuple[str, dict[str, str]]]:
+    """The ops of an op library's entry with their files, as its build wrote them."""
+    return [(n, {f.name: f.read_text() for f in sorted((entry / n).iterdir()) if f.is_file()})
+            for n in _cache.entry_ops(entry)]
+
+
+def load_cpu_kernels(name: str):
+    """The CPU kernels of op `name`, whose library left them for later, on its first CPU
+    call (the runtime asks through fusegen::__cpu_kernels, cpu_kernels_of): the ops of that
+    library built whole and loaded; their register_op hands the runtime their CPU kernels.
+    Nothing for an op that has them."""
+    with _CPU_LATER_LOCK:
+        sources = _CPU_LATER.get(name)
+        if sources is None:
+            return
+        ops = sources()
+        load(build(ops, whole=True))
+        for n, _ in ops:
+            _CPU_LATER.pop(n, None)
+
+
+# What an op's .cpp holds when the runtime's launchers run its kernels (op.cpp.j2); such an
+# op can leave its CPU kernels for later (FUSEGEN_CPU_LATER).
 LAUNCHED_MARK = "run_launched("
+# An op library's entry that left its ops' CPU kernels for later (a file in it), and the
+# part of its key that says so.
+CPU_LATER_MARK = "cpu-later"
 
 
 def _rtc_file(path: str, text: str) -> str:
@@ -570,11 +623,13 @@ def rtc_events() -> list[str]:
     return text.value.decode().splitlines()
 
 
-def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Library:
+def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False, whole: bool = False) -> Library:
     """Compile the ops into one shared library in the cache (or find it there). A cache
-    deleted during the build is recreated and the build runs again, once."""
+    deleted during the build is recreated and the build runs again, once. `whole`: with
+    their CPU kernels even where a library may leave them for later (_defers_cpu)."""
     cuda = cuda_enabled()
-    key = cache_key(ops, cuda)
+    later = not whole and _defers_cpu(ops, cuda)
+    key = cache_key(ops, cuda, later)
     # Also for a cached op: its library needs the runtime's (found through its rpath), which
     # a trimmed cache may have lost. A cache hit costs one stat.
     runtime = [runtime_library(verbose)]
@@ -588,7 +643,7 @@ def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False) -> Libra
             runtime[0] = runtime_library(verbose)
             with _pinned(runtime[0].path.parent):
                 if runtime[0].path.is_file():
-                    _compile(ops, cuda, tmp, key, verbose, runtime[0])
+                    _compile(ops, cuda, tmp, key, verbose, runtime[0], later)
                     return
         raise BuildError(f"fusegen: the shared runtime {runtime[0].path.parent} was removed three times "
                          "while an op was being built; stop whatever removes it")
@@ -674,13 +729,15 @@ def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda:
     return os.path.realpath(tmp)
 
 
-def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Library):
+def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Library, later: bool = False):
     for name, files in ops:
         write(files, tmp / name)
     # The runtime's headers, which the ops' sources include (-I_runtime), as in generated/.
     write({f: text for f, text in runtime_sources().items() if not f.endswith(".cpp")}, tmp / RUNTIME_FOLDER)
-    units = _units(ops, cuda)
+    units = _units(ops, cuda, later)
     write(units, tmp)
+    if later:
+        write_text(tmp / CPU_LATER_MARK, "the CPU kernels: the library of these ops built whole\n")
     flags = build_flags(cuda)
     # The runtime by relative paths, never the cache's own: the linker runs in the build
     # folder, beside the runtime's entry (-L../runtime-<key>), and the loader finds the
@@ -695,6 +752,8 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Libra
                + f"-l{runtime.path.stem[3:]}\n-Wl,-rpath,$ORIGIN/../{folder}\n")
     ldflags = [f"@{LINK_FLAGS}"] + (["-lmvec"] if libmvec() else [])
     names = ", ".join(n for n, _ in ops)
+    if later:
+        _later([n for n, _ in ops], lambda: ops)
     _LOADED_FROM[key] = _cpp_extension(f"fusegen_{key}", list(units), flags["cflags"], flags["cuda_cflags"], ldflags,
                    tmp, any(u.endswith(".cu") for u in units), verbose, f"op(s) {names}",
                    [str(tmp / n / f) for n, files in ops for f in files], (RUNTIME_FOLDER,))
@@ -747,6 +806,8 @@ def load(library: Library):
         raise FusegenError(f"fusegen: loading {library.path} left op(s) unregistered: " + "; ".join(failed)
                            + " (an op of that name from another expression is already in this process: "
                            "rename one of them, or run them in separate processes)")
+    if (library.path.parent / CPU_LATER_MARK).is_file():
+        _later(_cache.entry_ops(library.path.parent), lambda entry=library.path.parent: _entry_sources(entry))
     # Last use, for `fusegen cache trim`: the runtime is used by every op library loaded, so
     # it is never older than the ops that need it. One utime each; never fails the load.
     for path in (library.path,) + ((library.runtime,) if library.runtime else ()):

@@ -52,6 +52,8 @@ from fusegen.files import write_text
 log = logging.getLogger("fusegen")
 
 ENTRY_FILE = "entry.json"
+# In an entry: the stat of its library and entry.json when a load last found them intact.
+VERIFIED_FILE = "verified"
 OWNER_FILE = "fusegen-owner"  # not "lock": cpp_extension's FileBaton uses that name in the build folder
 LOCKS = "locks"
 INDEX = "index"
@@ -189,7 +191,8 @@ def verify(library: Path) -> str | None:
     """Why the cache entry holding `library` must not be loaded (its entry.json or library
     missing, their size or sha256 not the ones recorded at publish), or None when it is
     intact. A truncated library would crash the process at load (SIGBUS), and a changed one
-    could run anything: every load is checked first. About 1.5 ms per MB."""
+    could run anything: every load is checked first. About 1.5 ms per MB, once per
+    library and entry as they are (VERIFIED_FILE)."""
     try:
         st = os.stat(library)
     except FileNotFoundError:
@@ -197,6 +200,17 @@ def verify(library: Path) -> str | None:
     stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if _VERIFIED.get(str(library)) == stamp:
         return None
+    # Verified by an earlier process: the stamp it left matches the library and entry.json
+    # as they are (any write to either changes its ctime, which nothing can set back).
+    try:
+        em = os.stat(library.parent / ENTRY_FILE)
+        both = repr(stamp + (em.st_ino, em.st_size, em.st_mtime_ns, em.st_ctime_ns))
+        with open(library.parent / VERIFIED_FILE) as fh:
+            if fh.read(512) == both:
+                _VERIFIED[str(library)] = stamp
+                return None
+    except OSError:
+        both = None
     meta = _read_json(library.parent / ENTRY_FILE)
     if not meta:
         return f"its {ENTRY_FILE} is missing or unreadable"
@@ -208,6 +222,13 @@ def verify(library: Path) -> str | None:
     if _digest(library) != (size, digest):
         return f"the sha256 of {library.name} differs from the one recorded when it was built"
     _VERIFIED[str(library)] = stamp
+    if both is not None:
+        try:  # for the next process (a read-only entry, an installed runtime's, hashes each time)
+            tmp = library.parent / f".{VERIFIED_FILE}.{os.getpid()}"
+            tmp.write_text(both)
+            os.replace(tmp, library.parent / VERIFIED_FILE)
+        except OSError:
+            pass
     return None
 
 
@@ -422,6 +443,12 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def entry_ops(path: Path) -> list[str]:
+    """The op names an op library's entry.json lists ([] for anything else)."""
+    ops = _read_json(path / ENTRY_FILE).get("ops")
+    return [str(o) for o in ops] if isinstance(ops, list) else []
 
 
 def _entry(path: Path) -> Entry | None:

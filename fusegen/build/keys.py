@@ -136,13 +136,19 @@ def generator_digest() -> str:
     changed only misses the index, and the cache key, which hashes the generated sources,
     decides whether to rebuild."""
     h = hashlib.sha256()
-    package = Path(__file__).resolve().parent.parent
-    for folder in (package, templates_dir()):
-        for path in sorted(folder.rglob("*")):
-            if path.suffix in (".py", ".j2", ".h", ".cuh", ".cpp") and path.is_file():
-                st = path.stat()
-                stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-                h.update(path.relative_to(folder).as_posix().encode() + b"\0" + repr(stamp).encode() + b"\0")
+    package = str(Path(__file__).resolve().parent.parent)
+    for folder in (package, str(templates_dir())):
+        found = []
+        for top, dirs, files in os.walk(folder):
+            # Not the bytecode, nor the runtime `fusegen setup` built (many files, none ours).
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", "_installed")]
+            rel = os.path.relpath(top, folder)
+            found += [(os.path.join(top, f), f if rel == "." else f"{rel}/{f}") for f in files
+                      if f.endswith((".py", ".j2", ".h", ".cuh", ".cpp"))]
+        for path, rel in sorted(found, key=lambda pair: pair[1]):
+            st = os.stat(path)
+            stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            h.update(rel.encode() + b"\0" + repr(stamp).encode() + b"\0")
     return h.hexdigest()
 
 

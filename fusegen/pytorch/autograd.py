@@ -233,6 +233,14 @@ COMPOSITE_SCHEMA = "__composite(str op, Tensor[] tensors, float[] scalars, bool[
 # The shared runtime calls this op when an op of a family needs an auxiliary op that is not
 # loaded (templates/runtime/fusegen-autograd.cpp, find_auxiliary): `load_auxiliary`.
 AUXILIARY_SCHEMA = "__auxiliary(str op) -> ()"
+# ... and this one on the first CPU call of an op whose library left its CPU kernels for
+# later (templates/runtime/fusegen-registration.cpp, cpu_kernels_of): builder.load_cpu_kernels.
+CPU_KERNELS_SCHEMA = "__cpu_kernels(str op) -> ()"
+
+
+def _load_cpu_kernels(name: str):
+    from fusegen.build import builder
+    builder.load_cpu_kernels(name)
 
 
 def _composite_op(op: str, tensors, scalars, mask):
@@ -250,6 +258,8 @@ def _define_composite():
     lib.impl("__composite", _composite_op, "CompositeImplicitAutograd")
     lib.define(AUXILIARY_SCHEMA)
     lib.impl("__auxiliary", load_auxiliary, "CompositeImplicitAutograd")
+    lib.define(CPU_KERNELS_SCHEMA)
+    lib.impl("__cpu_kernels", _load_cpu_kernels, "CompositeImplicitAutograd")
 
 
 def _register_members(members, lib):

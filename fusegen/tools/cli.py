@@ -7,7 +7,7 @@
     fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build] [--force]
     fusegen bench [EXPR ...] [--dtypes ..] [--sizes ..] [--quick] [--json F] [--plot F.png]
 
-A first word in COMMANDS is that command (`cache`, `package`, `bench`: fusegen/bench/
+A first word in COMMANDS is that command (`cache`, `package`, `setup`, `bench`: fusegen/bench/
 command.py); an op whose expression is the bare name `cache` is written `fusegen "(cache)"`.
 `fusegen EXPR` loads the op as `fuse()` does (api.load_requests); a program of statements
 that assigns to an input is a step op (ir/step.py), written and loaded as `fuse()` makes it. Errors print one line,

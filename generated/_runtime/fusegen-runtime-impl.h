@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -53,8 +54,15 @@ struct Op {
   std::optional<c10::OperatorHandle> forward_op;   // fusegen::<name>, looked up once
   std::optional<c10::OperatorHandle> backward_op;  // fusegen::<name>_backward
   std::optional<c10::OperatorHandle> sampled_op;   // fusegen::<name>_sampled
+  // The descriptor whose CPU kernels run: def, or for def->cpu_later the op built whole
+  // (cpu_kernels_of), once its library is loaded.
+  mutable std::atomic<const OpDef*> cpu{nullptr};
   bool has_backward() const { return def->num_kernel_grads > 0; }
 };
+
+// The descriptor of `op` whose CPU kernels to run: loads them first, through fusegen's
+// Python side, when they come later (OpDef::cpu_later).
+const OpDef& cpu_kernels_of(const Op& op);
 
 // A tensor argument off the dispatcher's stack; None (from Python) is an undefined tensor,
 // which check_defined reports by name.

@@ -40,6 +40,8 @@ void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void
 
 namespace {
 
+#ifndef FUSEGEN_CPU_LATER  // (a build that leaves them to the op built whole: OpDef::cpu_later)
+
 // CPU kernels: the generic loop of fusegen-cpu.h over one run of TensorIterator's loop,
 // with Forward/Backward (add.h) in the compute type (fp16/bf16 compute in float).
 
@@ -51,6 +53,7 @@ void forward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_t
     return Forward<T>{};
   });
 }
+#endif  // FUSEGEN_CPU_LATER
 
 // ---------------------------------------------------------------------------------------
 // The descriptor the runtime registers.
@@ -69,7 +72,11 @@ OpDef describe() {
   def.num_inputs = 2;
   def.input_names = kInputNames;
   def.grads = kGrads;
+#ifdef FUSEGEN_CPU_LATER
+  def.cpu_later = true;  // the CPU kernels: the op built whole, loaded on its first CPU call
+#else
   def.forward_cpu = forward_cpu;
+#endif
 #ifdef FUSEGEN_WITH_CUDA
   def.forward_cuda = forward_cuda;
 #endif

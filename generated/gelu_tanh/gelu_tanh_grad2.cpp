@@ -100,6 +100,8 @@ void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, voi
 
 namespace {
 
+#ifndef FUSEGEN_CPU_LATER  // (a build that leaves them to the op built whole: OpDef::cpu_later)
+
 // CPU kernels: the generic loop of fusegen-cpu.h over one run of TensorIterator's loop,
 // with Forward/Backward (gelu_tanh_grad2.h) in the compute type (fp16/bf16 compute in float).
 
@@ -122,6 +124,7 @@ void backward_cpu(Dtype dtype, char* const* data, const int64_t* strides, int64_
     return Backward<T>{};
   });
 }
+#endif  // FUSEGEN_CPU_LATER
 
 // ---------------------------------------------------------------------------------------
 // The descriptor the runtime registers.
@@ -141,7 +144,11 @@ OpDef describe() {
   def.num_inputs = 3;
   def.input_names = kInputNames;
   def.grads = kGrads;
+#ifdef FUSEGEN_CPU_LATER
+  def.cpu_later = true;  // the CPU kernels: the op built whole, loaded on its first CPU call
+#else
   def.forward_cpu = forward_cpu;
+#endif
 #ifdef FUSEGEN_WITH_CUDA
   def.forward_cuda = forward_cuda;
 #endif
@@ -151,7 +158,9 @@ OpDef describe() {
   def.num_backward_inputs = 3;
   def.backward_inputs = kBackwardInputs;
   def.backward_input_names = kBackwardInputNames;
+#ifndef FUSEGEN_CPU_LATER
   def.backward_cpu = backward_cpu;
+#endif
 #ifdef FUSEGEN_WITH_CUDA
   def.backward_cuda = backward_cuda;
 #endif

@@ -731,6 +731,7 @@ void check_probabilities(const std::string& op, const OpDef& def, const ForwardA
 std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a,
                                     bool sampled) {
   const OpDef& def = *op.def;
+  const OpDef& cpu = device == Device::kCpu ? cpu_kernels_of(op) : def;  // its CPU kernels
   const Args args = a.named(def);
   const std::vector<bool> all(def.num_outputs, true);
   Drawn drawn;  // (an op that draws random numbers is never a row op: spec.py refuses it)
@@ -742,10 +743,10 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
   const Random* random = def.num_random > 0 ? &drawn.random : nullptr;
   std::vector<at::Tensor> out;
   if (def.rows && !def.joined) {
-    out = run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu,
+    out = run_rows(op.name, device, args, all, def.per_row, cpu.forward_rows_cpu,
                    def.forward_cuda, a.scalars.data(), {});
   } else if (!def.joined) {
-    out = run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda,
+    out = run_kernel(op.name, device, args, all, cpu.forward_cpu, def.forward_cuda,
                      a.scalars.data(), {}, random);
   } else {
     const at::ScalarType dtype = check_args(op.name, args);
@@ -757,10 +758,10 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
     const at::Tensor whole =
         at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
     if (def.rows) {
-      run_rows(op.name, device, args, all, def.per_row, def.forward_rows_cpu, def.forward_cuda,
+      run_rows(op.name, device, args, all, def.per_row, cpu.forward_rows_cpu, def.forward_cuda,
                a.scalars.data(), halves_of(whole));
     } else {
-      run_kernel(op.name, device, args, all, def.forward_cpu, def.forward_cuda, a.scalars.data(),
+      run_kernel(op.name, device, args, all, cpu.forward_cpu, def.forward_cuda, a.scalars.data(),
                  halves_of(whole), random);
     }
     out = {whole};
@@ -775,17 +776,18 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given) {
   const OpDef& def = *op.def;
+  const OpDef& cpu = device == Device::kCpu ? cpu_kernels_of(op) : def;  // its CPU kernels
   const Args args = a.named(def);
   if (def.rows) {  // gradients at the broadcast shape: none is one value per row
     return requested(run_rows(op.backward_name, device, args, a.mask, nullptr,
-                              def.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given));
+                              cpu.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given));
   }
   Random random;  // (Meta: no kernel runs, only the linear layout matters)
   if (def.num_random > 0 && device != Device::kMeta) {
     check_defined(op.backward_name, args);
     random = saved_random(op.backward_name, a.tensors.back(), device_arg(args).tensor.device());
   }
-  return requested(run_kernel(op.backward_name, device, args, a.mask, def.backward_cpu,
+  return requested(run_kernel(op.backward_name, device, args, a.mask, cpu.backward_cpu,
                               def.backward_cuda, a.scalars.data(), given,
                               def.num_random > 0 ? &random : nullptr));
 }

@@ -83,6 +83,22 @@ const Op* find_op(const std::string& name) {
   return it == registry().end() ? nullptr : it->second;
 }
 
+const OpDef& cpu_kernels_of(const Op& op) {
+  if (!op.def->cpu_later) return *op.def;
+  if (const OpDef* whole = op.cpu.load()) return *whole;
+  const auto hook = c10::Dispatcher::singleton().findOp({"fusegen::__cpu_kernels", ""});
+  if (hook.has_value()) {
+    torch::jit::Stack stack;
+    stack.emplace_back(op.name);
+    hook->callBoxed(stack);
+  }
+  const OpDef* whole = op.cpu.load();
+  TORCH_CHECK(whole != nullptr, "fusegen::", op.name, ": its CPU kernels are built on its first "
+              "CPU call, by fusegen's Python side, which ", hook.has_value() ? "did not load them" :
+              "is not loaded (import fusegen)");
+  return *whole;
+}
+
 // register_op and register_step run in a library's static initializer, where an exception
 // would end the process (std::terminate): each failure is kept here instead, and the loader
 // (fusegen/build/builder.py, load) reads it with fusegen_load_errors and raises it.
@@ -116,6 +132,14 @@ bool register_op_or_throw(const OpDef& def) {
   TORCH_CHECK(def.num_outputs >= 1 && def.num_outputs <= kMaxOutputs, "fusegen::", def.name,
               ": ", def.num_outputs, " outputs; an op has 1 to ", kMaxOutputs);
   std::lock_guard<std::mutex> lock(registry_mutex());
+  // The op built whole, whose CPU kernels an op of the same name loaded before left for
+  // later (OpDef::cpu_later): those are its, and nothing else is registered.
+  const auto found = registry().find(def.name);
+  if (found != registry().end() && found->second->def->cpu_later && !def.cpu_later &&
+      std::string(found->second->def->schema) == def.schema) {
+    found->second->cpu.store(&def);
+    return true;
+  }
   Op* op = new Op{&def,
                   def.name,
                   std::string(def.name) + "_backward",

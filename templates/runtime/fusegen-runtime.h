@@ -169,7 +169,7 @@ struct GradDef {
 constexpr int kResult = -1;
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 10;
+constexpr int kAbi = 11;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;
@@ -199,6 +199,11 @@ struct OpDef {
   const GradDef* grads = nullptr;            // per input: where its gradient comes from
   CpuKernel forward_cpu = nullptr;
   CpuKernel backward_cpu = nullptr;          // none without kernel gradients
+  // The CPU kernels come later (forward_cpu and backward_cpu unset): in the op built whole,
+  // another library, which fusegen's Python side builds and loads on the op's first CPU
+  // call (fusegen::__cpu_kernels) and whose register_op hands them to this op. A new op
+  // on a GPU machine then compiles its descriptor alone.
+  bool cpu_later = false;
   bool rows = false;                         // a row op: the kernels below, by rows
   const bool* per_row = nullptr;             // ... per output: one value per row (shape [..., 1])
   RowCpuKernel forward_rows_cpu = nullptr;   // ... its CPU kernels (forward_cpu is unset)

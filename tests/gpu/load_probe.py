@@ -1,23 +1,30 @@
-"""Where a cached load's time goes in a new process (run after `fusegen bench build`
-has filled the cache, same FUSEGEN_CACHE_DIR): cProfile of `fusegen.fuse` of an op built
-before, top entries by cumulative time.  python3 tests/gpu/load_probe.py EXPR NAME [SCALAR...]"""
-import cProfile
-import pstats
+"""Where a cached load's time goes in a new process, as `fusegen bench build` measures it
+(torch imported and the CUDA context made before the clock; Python's bytecode cache on):
+builds the op once, then in fresh processes times `fusegen.fuse` of it and prints a
+cProfile of one, by own time.  python3 tests/gpu/load_probe.py [EXPR NAME SCALAR...]"""
+import os
+import subprocess
 import sys
-import time
 
+args = sys.argv[1:] or ["x*sigmoid(x)*alpha + y", "probe_load", "alpha"]
+CODE = r"""
+import cProfile, pstats, sys, time
 import torch
-
-t0 = time.perf_counter()
-import fusegen  # noqa: E402
-
+if torch.cuda.is_available():
+    torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 expr, name, *scalars = sys.argv[1:]
-prof = cProfile.Profile()
-t1 = time.perf_counter()
-prof.enable()
+prof = cProfile.Profile() if os.environ.get("PROBE_PROFILE") else None
+t0 = time.perf_counter()
+if prof: prof.enable()
+import fusegen
 op = fusegen.fuse(expr, name=name, scalars=scalars)
-prof.disable()
-t2 = time.perf_counter()
-print(f"import fusegen {1e3 * (t1 - t0):.1f} ms, fuse {1e3 * (t2 - t1):.1f} ms, cached {op.library.cached}, "
-      f"cuda initialized {torch.cuda.is_initialized()}")
-pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+if prof: prof.disable()
+print(f"load {1e3 * (time.perf_counter() - t0):.1f} ms, cached {op.library.cached}")
+if prof: pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+"""
+env = dict(os.environ)
+env.pop("PYTHONDONTWRITEBYTECODE", None)
+for run in range(6):
+    if run == 5:
+        env["PROBE_PROFILE"] = "1"
+    subprocess.run([sys.executable, "-c", "import os\n" + CODE, *args], env=env, check=True)

@@ -37,3 +37,24 @@ def test_cuda_auxiliary_ops_on_first_use():
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     assert "lzc_op_jvp" not in autograd.pending_auxiliary()
+
+
+def test_an_op_used_on_cuda_alone_never_builds_its_cpu_kernels():
+    """On the NVRTC route a new op's library is its descriptor alone (OpDef::cpu_later): an
+    op used on CUDA builds no CPU kernel; its first CPU call builds the op whole, once, and
+    both devices match eager in float64."""
+    from fusegen.build import builder
+    op = fusegen.fuse("x*sigmoid(x)*alpha + y", name="lzc_cpu", scalars=["alpha"])
+    entry = op.library.path.parent
+    assert (entry / builder.CPU_LATER_MARK).is_file()
+    x, y = (torch.randn(1000, device="cuda", dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out = op(x, y, alpha=0.5)
+    torch.testing.assert_close(out, x * torch.sigmoid(x) * 0.5 + y)
+    out.sum().backward()
+    assert "lzc_cpu" in builder._CPU_LATER  # still later: nothing has run on the CPU
+    a, b = (t.detach().cpu().requires_grad_() for t in (x, y))
+    got = op(a, b, alpha=0.5)
+    torch.testing.assert_close(got, a * torch.sigmoid(a) * 0.5 + b)
+    got.sum().backward()
+    torch.testing.assert_close(a.grad, x.grad.cpu())
+    assert "lzc_cpu" not in builder._CPU_LATER
