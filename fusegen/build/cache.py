@@ -224,9 +224,7 @@ def verify(library: Path) -> str | None:
     _VERIFIED[str(library)] = stamp
     if both is not None:
         try:  # for the next process (a read-only entry, an installed runtime's, hashes each time)
-            tmp = library.parent / f".{VERIFIED_FILE}.{os.getpid()}"
-            tmp.write_text(both)
-            os.replace(tmp, library.parent / VERIFIED_FILE)
+            write_text(library.parent / VERIFIED_FILE, both)
         except OSError:
             pass
     return None
