@@ -6,6 +6,7 @@
     fusegen cache [list | clear | trim --older-than AGE]
     fusegen package FOLDER... --name PKG [--out DIR] [--cuda] [--no-build] [--force]
     fusegen bench [EXPR ...] [--dtypes ..] [--sizes ..] [--quick] [--json F] [--plot F.png]
+    fusegen setup [-v]
 
 A first word in COMMANDS is that command (`cache`, `package`, `setup`, `bench`: fusegen/bench/
 command.py); an op whose expression is the bare name `cache` is written `fusegen "(cache)"`.
@@ -433,8 +434,6 @@ def _bench_main(argv: list[str]) -> int:
     return bench(argv)
 
 
-# The subcommands: a first word that is one of these is the command, not an expression (an
-# op whose expression is the bare name is written in parentheses: fusegen "(cache)").
 def _setup_main(argv: list[str]) -> int:
     p = Parser(prog="fusegen setup",
                description="Build fusegen's shared runtime for this torch, CUDA and compiler once, at "
@@ -457,6 +456,8 @@ def _setup_main(argv: list[str]) -> int:
     return 0
 
 
+# The subcommands: a first word that is one of these is the command, not an expression (an
+# op whose expression is the bare name is written in parentheses: fusegen "(cache)").
 COMMANDS = {"cache": _cache_main, "package": _package_main, "bench": _bench_main, "setup": _setup_main}
 CACHE_COMMANDS = {"list": _cache_list, "clear": _cache_remove, "trim": _cache_remove}
 
