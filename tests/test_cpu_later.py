@@ -67,3 +67,18 @@ def test_a_batch_builds_whole_once_and_a_new_process_finds_it(later, tmp_path):
                             env=dict(os.environ))
     assert result.returncode == 0, result.stderr
     assert "building" not in result.stderr, result.stderr
+
+
+def test_an_entry_gone_before_the_first_cpu_call_is_a_clear_error(later, tmp_path):
+    """The CPU kernels come from the sources in the library's entry: when it went (the cache
+    cleared under a running process), the first CPU call says so and how to recover."""
+    import shutil
+    op = fusegen.fuse("a*b - c", name="later_gone")
+    assert "later_gone" in builder._CPU_LATER
+    builder._CPU_LATER["later_gone"] = lambda: builder._entry_sources(tmp_path / "gone")
+    a = torch.randn(4, dtype=torch.float64)
+    from fusegen.errors import LoadError
+    with pytest.raises(LoadError, match=r"fusegen: the CPU kernels of later_gone are built from the sources "
+                                        r"in its cache entry, which cannot be read .*fusegen.fuse again"):
+        op(a, a, a)
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -363,7 +363,14 @@ def load_cpu_kernels(name: str):
         sources = _CPU_LATER.get(name)
         if sources is None:
             return
-        ops = sources()
+        try:
+            ops = sources()
+        except OSError:
+            ops = []
+        if not ops:  # the entry went (fusegen cache clear) after the library loaded
+            raise LoadError(f"fusegen: the CPU kernels of {name} are built from the sources in its cache "
+                            "entry, which cannot be read (removed since it was loaded?); run "
+                            "fusegen.fuse again in a new process to rebuild it")
         load(build(ops, whole=True))
         for n, _ in ops:
             _CPU_LATER.pop(n, None)
