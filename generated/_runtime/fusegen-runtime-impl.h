@@ -64,6 +64,10 @@ struct Op {
 // Python side, when they come later (OpDef::cpu_later).
 const OpDef& cpu_kernels_of(const Op& op);
 
+// Calls fusegen::<hook>(name), an op fusegen's Python side registers (__auxiliary,
+// __cpu_kernels); false when it is not registered (a standalone build).
+bool call_hook(const char* hook, const std::string& name);
+
 // A tensor argument off the dispatcher's stack; None (from Python) is an undefined tensor,
 // which check_defined reports by name.
 inline at::Tensor tensor_arg(const c10::IValue& v) {

@@ -623,11 +623,7 @@ class FusedBackward final : public torch::autograd::Node {
 // build has them in its own library, and no hook. nullptr: not loaded, and no way to load it.
 const Op* find_auxiliary(const std::string& name) {
   if (const Op* op = find_op(name)) return op;
-  const auto hook = c10::Dispatcher::singleton().findOp({"fusegen::__auxiliary", ""});
-  if (!hook.has_value()) return nullptr;
-  torch::jit::Stack stack;
-  stack.emplace_back(name);
-  hook->callBoxed(stack);
+  if (!call_hook("__auxiliary", name)) return nullptr;
   return find_op(name);
 }
 

@@ -38,6 +38,8 @@ template <typename T>
 void launch_as(const LaunchDef& def, const CudaLoop& loop, const double* scalars,
                bool accumulating, cudaStream_t stream);
 
+constexpr int kFewestOperands = 2;  // the fewest operands of a loop: an input and an output
+
 #ifdef FUSEGEN_LAUNCH_PART
 #define FUSEGEN_LAUNCH_ALL 0
 // Defined by the unit of each storage type.
@@ -71,7 +73,7 @@ void run_launched(const LaunchDef& def, Dtype dtype, const CudaLoop& loop, const
   // or with a backward's accumulators, one per gradient and one for dout.
   const bool accumulating = def.accumulates && dtype != Dtype::kFloat64 &&
                             n == def.inputs + 2 * def.outputs + 1 && n <= kMaxVectorOperands;
-  TORCH_CHECK((accumulating || n == def.inputs + def.outputs) && n >= 2 &&
+  TORCH_CHECK((accumulating || n == def.inputs + def.outputs) && n >= kFewestOperands &&
                   n <= kMaxLaunchedOperands,
               "fusegen: ", def.functor, " got a loop of ", n, " operands; its launchers take ",
               def.inputs + def.outputs);
@@ -103,7 +105,6 @@ void launch_loop(const LaunchDef& def, const CudaLoop& loop, const void* bytes, 
 }
 
 using LoopLauncher = void (*)(const LaunchDef&, const CudaLoop&, const void*, bool, cudaStream_t);
-constexpr int kFewestOperands = 2;  // an input and an output
 
 template <typename T, size_t... kCounts>
 constexpr std::array<LoopLauncher, sizeof...(kCounts)> launchers_of(

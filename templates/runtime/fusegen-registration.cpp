@@ -86,17 +86,21 @@ const Op* find_op(const std::string& name) {
 const OpDef& cpu_kernels_of(const Op& op) {
   if (!op.def->cpu_later) return *op.def;
   if (const OpDef* whole = op.cpu.load()) return *whole;
-  const auto hook = c10::Dispatcher::singleton().findOp({"fusegen::__cpu_kernels", ""});
-  if (hook.has_value()) {
-    torch::jit::Stack stack;
-    stack.emplace_back(op.name);
-    hook->callBoxed(stack);
-  }
+  const bool hooked = call_hook("__cpu_kernels", op.name);
   const OpDef* whole = op.cpu.load();
   TORCH_CHECK(whole != nullptr, "fusegen::", op.name, ": its CPU kernels are built on its first "
-              "CPU call, by fusegen's Python side, which ", hook.has_value() ? "did not load them" :
+              "CPU call, by fusegen's Python side, which ", hooked ? "did not load them" :
               "is not loaded (import fusegen)");
   return *whole;
+}
+
+bool call_hook(const char* hook, const std::string& name) {
+  const auto op = c10::Dispatcher::singleton().findOp({std::string("fusegen::") + hook, ""});
+  if (!op.has_value()) return false;
+  torch::jit::Stack stack;
+  stack.emplace_back(name);
+  op->callBoxed(stack);
+  return true;
 }
 
 // register_op and register_step run in a library's static initializer, where an exception
