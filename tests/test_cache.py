@@ -36,7 +36,8 @@ def mode(path) -> int:
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """A fresh cache path (not yet created) and a fake compiler: cpp_extension.load writes
+    """A fresh cache path (not yet created) and a fake compiler: cpp_extension.load (and
+    builder._host_load, which builds an op library of host code alone) writes
     a dummy <name>.so with the umask's mode, as the linker does. `fake.before` runs first
     (to delete the cache mid-build); `loaded` records what torch.ops.load_library gets.
     `calls` counts op builds (`before` sees only those); `runtime_calls` the runtime's."""
@@ -72,6 +73,7 @@ def cache(tmp_path, monkeypatch):
     fake.root, fake.calls, fake.runtime_calls, fake.loaded = root, calls, runtime_calls, []
     fake.build = build_as_another_process
     monkeypatch.setattr(cpp_extension, "load", fake_load)
+    monkeypatch.setattr(build, "_host_load", fake_load)
     monkeypatch.setattr(torch.ops, "load_library", lambda path: fake.loaded.append(
         (path, os.path.isfile(path))))
     return fake
@@ -218,6 +220,7 @@ def test_cache_deleted_after_the_library_was_loaded_keeps_the_loaded_ops(cache, 
             shutil.rmtree(cache.root)
 
     monkeypatch.setattr(cpp_extension, "load", load_then_delete)
+    monkeypatch.setattr(build, "_host_load", load_then_delete)
     lib = build.build(OPS)
     assert not lib.cached and len(cache.calls) == 1
     build.load(lib)  # already loaded in this process: nothing to do, no error

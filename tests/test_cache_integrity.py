@@ -38,6 +38,7 @@ def fake_bytes(cache, monkeypatch):
             fh.write(b"\x7fELF" + bytes(range(256)) * 16)
 
     monkeypatch.setattr(test_cache.cpp_extension, "load", load)
+    monkeypatch.setattr(test_cache.build, "_host_load", load)
     return cache
 
 

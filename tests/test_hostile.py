@@ -146,6 +146,7 @@ def test_the_compiler_sees_no_path_from_the_cache(tmp_path, monkeypatch):
         Path(build_directory, f"{name}.so").write_bytes(b"\x7fELF fake")
 
     monkeypatch.setattr(cpp_extension, "load", fake_load)
+    monkeypatch.setattr(build, "_host_load", fake_load)
     lib = build.build(OPS)
     assert [s[0].startswith("libfusegen_runtime_") for s in seen] == [True, False]
     for name, sources, directory, ldflags, real in seen:

@@ -34,6 +34,7 @@ import itertools
 import logging
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -665,6 +666,8 @@ def build(ops: list[tuple[str, dict[str, str]]], verbose: bool = False, whole: b
 # build.ninja as they are, where `$`, `:` and spaces are ninja's syntax, and ninja runs each
 # command through /bin/sh, where quotes, `;`, `$` and spaces are the shell's.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
+# A flag in fusegen's own ninja file: a plain path, or a flag like -DNAME=1 or @file.rsp.
+_PLAIN_FLAG = re.compile(r"[A-Za-z0-9_./+=@,-]+")
 
 
 @contextmanager
@@ -698,17 +701,77 @@ def _compiler_view(tmp: Path):
                 pass
 
 
+# The C++ of an op's own sources, which include no torch header (test_generated_code holds
+# them to it): an op library of host code alone is compiled by fusegen's own ninja file
+# (_host_load) with this standard, whatever torch's is.
+OP_CXX_STD = "-std=c++17"
+
+
+def _ninja_words(command: str) -> str:
+    """A command for a ninja rule, run by /bin/sh: each word quoted for the shell, then `$`
+    escaped for ninja."""
+    return " ".join(shlex.quote(w) for w in shlex.split(command)).replace("$", "$$")
+
+
+def _host_load(name: str, sources: list[str], build_directory: str, extra_cflags: list[str],
+               extra_ldflags: list[str], extra_include_paths: list[str], verbose: bool = False, **_):
+    """An op library of host code alone (its kernels come from NVRTC, or it is built for the
+    CPU), compiled and loaded as cpp_extension.load would, by a ninja file of fusegen's own:
+    the sources include no torch header, so the library links against the runtime alone,
+    not torch's and CUDA's libraries (0.15 s of a new op's link on the GPU machine), and
+    importing cpp_extension (setuptools, about 0.1 s) is left out. Raises RuntimeError with
+    the compilers' output, as cpp_extension does."""
+    folder = Path(build_directory)
+    rel = [os.path.relpath(s, folder) for s in sources]
+    include = [os.path.relpath(i, folder) for i in extra_include_paths]
+    flags = ["-fPIC", OP_CXX_STD, *extra_cflags, *(f"-I{i}" for i in include)]
+    for text in rel + flags + extra_ldflags:  # plain already (_compiler_view, build_flags)
+        if not _PLAIN_FLAG.fullmatch(text):
+            raise BuildError(f"fusegen: a build argument {text!r} holds characters a ninja file cannot take")
+    objects = [r.rsplit(".", 1)[0] + ".o" for r in rel]
+    lines = ["ninja_required_version = 1.3",
+             f"cxx = {_ninja_words(os.environ.get('CXX') or 'c++')}",
+             f"cflags = {' '.join(flags)}",
+             f"ldflags = -shared {' '.join(extra_ldflags)}",
+             "rule compile",
+             "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out",
+             "  depfile = $out.d",
+             "  deps = gcc",
+             "rule link",
+             "  command = $cxx $in $ldflags -o $out",
+             *(f"build {o}: compile {r}" for o, r in zip(objects, rel)),
+             f"build {name}.so: link {' '.join(objects)}",
+             f"default {name}.so", ""]
+    write_text(folder / "build.ninja", "\n".join(lines))
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        raise BuildError("fusegen: ninja is not on the PATH; pip install ninja")
+    jobs = os.environ.get("MAX_JOBS", "")
+    command = [ninja, "-C", str(folder)] + (["-j", jobs] if jobs.isdigit() else []) + (["-v"] if verbose else [])
+    run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    if verbose:
+        sys.stderr.write(run.stdout)
+    if run.returncode != 0:
+        raise RuntimeError(f"Error building extension '{name}': {run.stdout}")
+    torch.ops.load_library(str(folder / f"{name}.so"))
+
+
 def _cpp_extension(name, sources, cflags, cuda_cflags, ldflags, tmp: Path, cuda: bool, verbose: bool,
-                   what: str, files, include: tuple[str, ...] = ()):
+                   what: str, files, include: tuple[str, ...] = (), host_only: bool = False):
     """Compile `sources` (paths relative to the build folder `tmp`, as are the `include`
-    folders) into `tmp/<name>.so`."""
-    from torch.utils import cpp_extension
+    folders) into `tmp/<name>.so`: by cpp_extension, or, `host_only` (an op library without
+    CUDA sources), by _host_load."""
+    if host_only:
+        load = _host_load
+    else:
+        from torch.utils import cpp_extension
+        load = cpp_extension.load
     with _compiler_view(tmp) as view:
         try:
-            # cpp_extension writes the ninja file and runs it (the C++ and CUDA compilers in
-            # parallel); the library it loads from `view` is this process's copy (the rename
-            # keeps the same inode), so nothing loads twice.
-            cpp_extension.load(
+            # The ninja file written and run (the C++ and CUDA compilers in parallel); the
+            # library loaded from `view` is this process's copy (the rename keeps the same
+            # inode), so nothing loads twice.
+            load(
                 name=name,
                 sources=[str(view / s) for s in sources],
                 extra_cflags=cflags,
@@ -763,7 +826,8 @@ def _compile(ops, cuda: bool, tmp: Path, key: str, verbose: bool, runtime: Libra
         _later([n for n, _ in ops], lambda: ops)
     _LOADED_FROM[key] = _cpp_extension(f"fusegen_{key}", list(units), flags["cflags"], flags["cuda_cflags"], ldflags,
                    tmp, any(u.endswith(".cu") for u in units), verbose, f"op(s) {names}",
-                   [str(tmp / n / f) for n, files in ops for f in files], (RUNTIME_FOLDER,))
+                   [str(tmp / n / f) for n, files in ops for f in files], (RUNTIME_FOLDER,),
+                   host_only=not any(u.endswith(".cu") for u in units))
     _LOADED.add(key)
 
 

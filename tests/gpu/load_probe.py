@@ -28,3 +28,30 @@ for run in range(6):
     if run == 5:
         env["PROBE_PROFILE"] = "1"
     subprocess.run([sys.executable, "-c", "import os\n" + CODE, *args], env=env, check=True)
+
+# The two libraries' own share of a load: each dlopen'ed alone in a fresh process (the
+# runtime first, as the op's DT_NEEDED pulls it in), with their sizes and dynamic
+# relocations (each symbol relocation is a lookup through every library torch loaded).
+DLOPEN = r"""
+import ctypes, subprocess, sys, time
+import torch
+if torch.cuda.is_available():
+    torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+import fusegen
+from fusegen.build import index
+for path in sys.argv[1:]:
+    t0 = time.perf_counter()
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    ms = 1e3 * (time.perf_counter() - t0)
+    relocs = subprocess.run(["readelf", "-r", "-W", path], capture_output=True, text=True).stdout
+    symbolic = sum(1 for l in relocs.splitlines() if "R_X86_64_GLOB_DAT" in l or "R_X86_64_64" in l
+                   or "R_X86_64_JUMP_SLO" in l)
+    relative = relocs.count("R_X86_64_RELATIVE")
+    print(f"dlopen {ms:.1f} ms  {path.rsplit('/', 1)[-1]}: {__import__('os').path.getsize(path) >> 10} KiB, "
+          f"{symbolic} symbol relocations, {relative} relative")
+"""
+find = ("import sys, fusegen; op = fusegen.fuse(sys.argv[1], name=sys.argv[2], scalars=sys.argv[3:]); "
+        "print(op.library.runtime); print(op.library.path)")
+paths = subprocess.run([sys.executable, "-c", find, *args], env=env, check=True, capture_output=True,
+                       text=True).stdout.split()
+subprocess.run([sys.executable, "-c", DLOPEN, *paths], env=env, check=True)
