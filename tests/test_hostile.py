@@ -216,3 +216,14 @@ def test_a_fresh_cache_with_a_hostile_path_builds_the_runtime_too(tmp_path):
     assert run_op(work, str(root), "hostile_fresh", x="; touch PWNED ;")[:2] == ["False", "True"]
     assert not [p for p in tmp_path.rglob("PWNED*")]
     assert [e.kind for e in fcache.entries(root)] in (["op", "runtime"], ["runtime", "op"])
+
+
+def test_the_own_ninja_file_quotes_the_compiler_and_refuses_unplain_flags(tmp_path, monkeypatch):
+    """builder._host_load writes its ninja file itself: $CXX's words are quoted for the
+    shell and `$` escaped for ninja; a flag or path that is not plain is refused before
+    anything is written or run."""
+    assert build._ninja_words("ccache g++ '-DX=a b$c'") == "ccache g++ '-DX=a b$$c'"
+    with pytest.raises(build.BuildError, match="ninja file"):
+        build._host_load(name="x", sources=[str(tmp_path / "unit0.cpp")], build_directory=str(tmp_path),
+                         extra_cflags=["-DX=$(touch PWNED)"], extra_ldflags=[], extra_include_paths=[])
+    assert not (tmp_path / "build.ninja").exists() and not Path("PWNED").exists()
