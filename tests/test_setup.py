@@ -48,6 +48,15 @@ def test_first_op_in_an_empty_cache_builds_the_op_alone(installed, tmp_path):
     assert result.stdout.strip().startswith(installed["FUSEGEN_RUNTIME_DIR"])
     assert not list((tmp_path / "cache").glob("runtime-*"))  # nothing of the runtime's in the cache
     assert "building the fusegen runtime" not in result.stderr
+    # A later process finds the op in the request index, against the installed runtime,
+    # and runs none of the pipeline (sympy is never imported).
+    again = _run("import sys, torch, fusegen\n"
+                 "from fusegen import api\n"
+                 "op = api._from_index(api.Request.of({'expr': 'a*b+c', 'name': 'setup_fma'}))\n"
+                 "assert op is not None and 'sympy' not in sys.modules\n"
+                 "print(op.library.runtime)\n", env)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == result.stdout.strip()
 
 
 def test_an_installed_runtime_others_can_write_is_not_used(installed, tmp_path):

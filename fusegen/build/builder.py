@@ -212,6 +212,17 @@ def _installed_runtime(key: str, folder: str, filename: str) -> Library | None:
     return Library(lib, key, 0.0, True)
 
 
+def published_runtime(key: str) -> Path | None:
+    """The runtime of `key` that op libraries load against, as runtime_library() finds it
+    without building: the installed one, else the cache's, when it is there whole; else None."""
+    folder, filename = f"runtime-{key}", f"libfusegen_runtime_{key}.so"
+    installed = _installed_runtime(key, folder, filename)
+    if installed is not None:
+        return installed.path
+    lib = cache_dir() / folder / filename
+    return lib if _cache.verify(lib) is None else None
+
+
 def install_runtime(verbose: bool = False) -> Library:
     """Build the shared runtime for this torch/CUDA/compiler into installed_dir() (`fusegen
     setup`), or find it there."""

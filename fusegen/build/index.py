@@ -50,12 +50,12 @@ def _path(key: str) -> Path:
 
 
 def _library(data: dict) -> build.Library | None:
-    """The library an entry names, when it and its runtime are the ones published in the cache."""
-    root = build.cache_dir()
-    key, runtime_key = data["library"], data["runtime"]
-    library = build.Library(root / key / f"fusegen_{key}.so", key, 0.0, True,
-                            root / f"runtime-{runtime_key}" / f"libfusegen_runtime_{runtime_key}.so")
-    if _cache.verify(library.path) is not None or _cache.verify(library.runtime) is not None:
+    """The library an entry names, when it is the one published in the cache and its runtime
+    (the one `fusegen setup` installed, or the cache's) is there whole."""
+    key = data["library"]
+    runtime = build.published_runtime(data["runtime"])
+    library = build.Library(build.cache_dir() / key / f"fusegen_{key}.so", key, 0.0, True, runtime)
+    if runtime is None or _cache.verify(library.path) is not None:
         return None
     return library
 
