@@ -145,6 +145,8 @@ GOLDEN["rope_pair"] = "(x1*c - x2*s, x2*c + x1*s)"
 GOLDEN["rms_norm"] = "x * torch.rsqrt((x*x).mean(-1, keepdim=True) + 1e-6) * w"
 GOLDEN["softmax"] = ("torch.exp(x - torch.amax(x, -1, keepdim=True)) / "
                      "torch.exp(x - torch.amax(x, -1, keepdim=True)).sum(-1, keepdim=True)")
+# A gather along the rows (an integer index per row): the cross-entropy of each row.
+GOLDEN["cross_entropy"] = "torch.logsumexp(x, -1, keepdim=True) - x.gather(-1, label)"
 # An op that draws random numbers: Megatron's bias-dropout-add.
 GOLDEN["bias_dropout_add"] = "torch.nn.functional.dropout(x + bias, 0.1) + residual"
 

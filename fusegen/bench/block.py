@@ -25,8 +25,10 @@ same at every step, so that the loss falls and its curve follows the gradients):
   (`x * torch.rsqrt((x*x).mean(-1, keepdim=True) + eps) * w`, once, before the first
   layer), `block_add_rms_norm` (the residual add and the RMSNorm of its sum, two outputs),
   `block_rope` (rope.py's two-output op on `q.chunk(2, -1)`, with cos/sin half tables) and
-  `block_swiglu` (`a * torch.sigmoid(a) * b` on the gate_up halves). The cross-entropy stays
-  F.cross_entropy: it gathers the target's logit, and fusegen has no gather yet;
+  `block_swiglu` (`a * torch.sigmoid(a) * b` on the gate_up halves) and
+  `block_cross_entropy` (`torch.logsumexp(x, -1, keepdim=True) - x.gather(-1, label)` on the
+  LM head's logits in the model's dtype, computed in float in its kernel, where eager casts
+  the logits to float32 first; the mean over the tokens outside);
 - fusegen+compile: torch.compile of the fusegen model (the fused ops stay opaque calls to
   their kernels unless $FUSEGEN_COMPILE says otherwise);
 - liger: the eager model with Liger Kernel's functional ops (liger_kernel.transformers.
@@ -83,6 +85,8 @@ FUSEGEN_OPS = (
      "name": "block_add_rms_norm", "scalars": ["eps"]},
     {"expr": ROPE, "name": "block_rope", "inputs": "x1,x2,c,s"},
     {"expr": "a * torch.sigmoid(a) * b", "name": "block_swiglu"},
+    {"expr": "torch.logsumexp(x, -1, keepdim=True) - x.gather(-1, label)", "name": "block_cross_entropy",
+     "inputs": "x,label"},
 )
 
 
@@ -146,7 +150,7 @@ def fusegen_kernels() -> Kernels:
     """The fused ops, built into one library in one compiler run."""
     import fusegen
 
-    norm_op, add_norm_op, rope_op, swiglu_op = fusegen.fuse_many(FUSEGEN_OPS)
+    norm_op, add_norm_op, rope_op, swiglu_op, loss_op = fusegen.fuse_many(FUSEGEN_OPS)
 
     def norm(x, w):
         return norm_op(x, w, eps=EPS)
@@ -158,7 +162,11 @@ def fusegen_kernels() -> Kernels:
         c, s = model.cos_half, model.sin_half
         return rope_op(*q.chunk(2, -1), c, s), rope_op(*k.chunk(2, -1), c, s)
 
-    return Kernels(norm, add_norm, rope, swiglu_op, eager_loss)
+    def loss(hidden, weight, targets):  # the bf16 logits, computed in float in the kernel
+        logits = F.linear(hidden, weight)
+        return loss_op(logits.view(-1, logits.shape[-1]), targets.reshape(-1, 1)).float().mean()
+
+    return Kernels(norm, add_norm, rope, swiglu_op, loss)
 
 
 def liger_kernels(device: str):

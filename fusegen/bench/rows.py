@@ -1,6 +1,7 @@
-"""Row ops (norms and softmax over the last dimension), forward+backward: `fusegen bench rows`.
+"""Row ops (norms, softmax and cross-entropy over the last dimension), forward+backward:
+`fusegen bench rows`.
 
-    fusegen bench rows [--ops rmsnorm,layernorm,softmax,resnorm] [--rows 4096,16384]
+    fusegen bench rows [--ops rmsnorm,layernorm,softmax,resnorm,crossentropy] [--rows 4096,16384]
                        [--hidden 2048,4096,8192] [--dtypes bf16,fp32] [--impls fusegen,eager,compile,liger]
                        [--reps 20] [--quick] [--device auto|cuda|cpu] [--json out.json]
 
@@ -10,12 +11,17 @@ Each op is one fusegen expression with row reductions (`.mean(-1, keepdim=True)`
 - rmsnorm: `x * rsqrt(mean(x*x) + eps) * w`;
 - layernorm: `(x - mean(x)) * rsqrt(mean((x - mean(x))**2) + eps) * w + b`;
 - softmax: `exp(x - amax(x)) / sum(exp(x - amax(x)))`;
-- resnorm: the residual add and RMSNorm of a decoder layer, two outputs `(x + r, rmsnorm(x + r))`.
+- resnorm: the residual add and RMSNorm of a decoder layer, two outputs `(x + r, rmsnorm(x + r))`;
+- crossentropy: each row's loss `logsumexp(x) - x.gather(-1, label)` with an int64 label of
+  shape (rows, 1), its mean over the rows outside, as a training step takes it; x holds
+  logits over a vocabulary (the rows' length: 32000 and 128256 unless --hidden says).
 
 One step is the forward and the gradient of every input, the weights included
-(torch.autograd.grad with given output gradients). Against:
+(torch.autograd.grad with given output gradients; the cross-entropy's is the mean's, one
+number). Against:
 
-- eager: F.rms_norm, F.layer_norm, F.softmax, and for resnorm `h = x + r; (h, F.rms_norm(h))`;
+- eager: F.rms_norm, F.layer_norm, F.softmax, F.cross_entropy, and for resnorm
+  `h = x + r; (h, F.rms_norm(h))`;
 - compile: torch.compile of the eager function (its first call, which compiles, is a
   warm-up), one graph per op, dtype and hidden size with the row count dynamic
   (`dynamic=False` and torch._dynamo.mark_dynamic on the rows): a model's hidden size is
@@ -23,10 +29,11 @@ One step is the forward and the gradient of every input, the weights included
   dtypes x 4 ops) then compile 24 graphs instead of 48: the whole default run, compiles
   included, took under two minutes on an H200;
 - liger: Liger Kernel's LigerRMSNormFunction (casting_mode "llama", in_place=False, so that
-  the given output gradient stays as it was), LigerLayerNormFunction, LigerSoftmaxFunction
-  and LigerFusedAddRMSNormFunction from liger_kernel.ops.<module> (0.6.5 and 0.8.5 have all
-  four; a release without one is reported as a skip), CUDA only; Liger returns resnorm's
-  outputs as (normed, sum), reordered here.
+  the given output gradient stays as it was), LigerLayerNormFunction, LigerSoftmaxFunction,
+  LigerFusedAddRMSNormFunction and LigerCrossEntropyFunction (reduction "mean"; it writes
+  the gradient into the logits during the forward, so its later calls run on those values)
+  from liger_kernel.ops.<module> (a release without one is reported as a skip), CUDA only;
+  Liger returns resnorm's outputs as (normed, sum), reordered here.
 
 Medians of CUDA events (perf_counter on a CPU) with their spread; each sample runs the step
 over a rotation of input sets holding more than twice the L2 cache (at least 10 calls on
@@ -39,6 +46,7 @@ forward and backward must move, in passes over a (rows, hidden) tensor:
     layernorm  read x, write y                read x, dy, write dx                          5
     softmax    read x, write y                read y, dy, write dx                          5
     resnorm    read x, r, write h, y          read h, dh, dy, write dx (= dr, one tensor)   8
+    crossentropy  read x                      read x, write dx                              3
 
 The per-row statistics, the weights and their gradients are O(rows + hidden) and left out.
 The error column is the largest difference from eager in float64 on the same values, over
@@ -92,12 +100,18 @@ def eager_resnorm(x, r, w):
     return h, F.rms_norm(h, h.shape[-1:], w, EPS)
 
 
+def eager_crossentropy(x, label):
+    return F.cross_entropy(x, label.view(-1))
+
+
 @dataclass(frozen=True)
 class RowOp:
     """One benchmarked op: its fusegen expression and inputs (`rowwise`: those of shape
-    (rows, hidden), the rest (hidden,)), the eager function (a def of its own: torch.compile
-    keys its graphs on the code object), Liger Kernel's Function, and the passes over a
-    (rows, hidden) tensor an ideal fused step moves (the module's docstring)."""
+    (rows, hidden); `labels`: int64 of shape (rows, 1), no gradient; the rest (hidden,)),
+    the eager function (a def of its own: torch.compile keys its graphs on the code object),
+    Liger Kernel's Function, the passes over a (rows, hidden) tensor an ideal fused step
+    moves (the module's docstring); `loss`: the step takes the mean of the op's one value
+    per row; `lengths`: the row lengths of a default run, instead of the hidden sizes."""
 
     text: str
     inputs: tuple[str, ...]
@@ -107,6 +121,9 @@ class RowOp:
     eager: Callable
     liger: tuple[str, str]
     passes: int
+    labels: tuple[str, ...] = ()
+    loss: bool = False
+    lengths: tuple[int, ...] = ()
 
 
 OPS = {
@@ -122,6 +139,9 @@ OPS = {
     "resnorm": RowOp("(x + r, (x + r) * torch.rsqrt(((x + r)*(x + r)).mean(-1, keepdim=True) + eps) * w)",
                      ("x", "r", "w"), ("x", "r"), ("eps",), 2, eager_resnorm,
                      ("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction"), 8),
+    "crossentropy": RowOp("torch.logsumexp(x, -1, keepdim=True) - x.gather(-1, label)", ("x", "label"), ("x",),
+                          (), 1, eager_crossentropy, ("liger_kernel.ops.cross_entropy", "LigerCrossEntropyFunction"),
+                          3, labels=("label",), loss=True, lengths=(32000, 128256)),
 }
 
 
@@ -135,6 +155,8 @@ def build_ops(names) -> dict:
 
 
 def _fusegen_call(op, spec: RowOp):
+    if spec.loss:
+        return lambda *tensors: op(*tensors).mean()
     if spec.scalars:  # eps positional: keyword arguments take the FusedOp's slower binding path
         return lambda *tensors: op(*tensors, EPS)
     return op
@@ -157,6 +179,11 @@ def _liger_call(name: str, device: str):
         return (lambda x, w, b: function.apply(x, w, b, EPS)), None
     if name == "softmax":
         return function.apply, None
+    if name == "crossentropy":
+        def crossentropy(x, label):  # (x, target, weight, ignore_index, lse_square_scale, label_smoothing, reduction)
+            out = function.apply(x, label.view(-1), None, -100, 0.0, 0.0, "mean")
+            return out[0] if isinstance(out, tuple) else out  # (loss, z_loss, ...) in later releases
+        return crossentropy, None
 
     def resnorm(x, r, w):  # Liger returns (normed, sum); the expression (sum, normed)
         y, h = function.apply(x, r, w, EPS, 0.0, "llama", False)
@@ -197,11 +224,12 @@ def _inputs(spec: RowOp, rows: int, hidden: int, count: int, dtype, device: str,
     sets = []
     for _ in range(count):
         rowwise = {k: randn(rows, hidden).requires_grad_() for k in spec.rowwise}
+        rowwise |= {k: torch.randint(0, hidden, (rows, 1), generator=g, device=device) for k in spec.labels}
         for t in rowwise.values():
             if rows > 1:  # compile: one graph for every row count (the docstring); dynamo specializes 1
                 torch._dynamo.mark_dynamic(t, 0)
         leaves = [rowwise[k] if k in rowwise else weights[k] for k in spec.inputs]
-        douts = [randn(rows, hidden) for _ in range(spec.outputs)]
+        douts = [randn(*(() if spec.loss else (rows, hidden))) for _ in range(spec.outputs)]
         sets.append((leaves, douts))
     return sets
 
@@ -211,7 +239,7 @@ def _step(forward):
     def step(leaves, douts):
         out = forward(*leaves)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        return outs, torch.autograd.grad(outs, leaves, douts)
+        return outs, torch.autograd.grad(outs, [t for t in leaves if t.requires_grad], douts)
     return step
 
 
@@ -226,7 +254,7 @@ def _error(got, want) -> float:
 
 
 def _reference(spec: RowOp, leaves, douts):
-    x64 = [t.detach().double().requires_grad_() for t in leaves]
+    x64 = [t.detach().double().requires_grad_() if t.is_floating_point() else t for t in leaves]
     outs, grads = _step(spec.eager)(x64, [d.double() for d in douts])
     return [o.detach() for o in outs] + list(grads)
 
@@ -249,8 +277,12 @@ def measure(step, sets, reps: int, device: str) -> list[float]:
 def run(names, shapes, dtypes, wanted, reps: int, device: str, out_json: str | None = None,
         progress=print) -> dict:
     """Every measurement; the result dict (written to out_json after each op and dtype, so
-    that a run cut short keeps what it measured)."""
+    that a run cut short keeps what it measured). `shapes`: (rows, hidden) for every op, or
+    per op name."""
     import fusegen
+
+    by_op = shapes if isinstance(shapes, dict) else {n: shapes for n in names}
+    shapes = list(dict.fromkeys(s for n in names for s in by_op[n]))
 
     if "compile" in wanted:
         configure_compile(True, len(dtypes) * len({h for _, h in shapes}))
@@ -280,7 +312,7 @@ def run(names, shapes, dtypes, wanted, reps: int, device: str, out_json: str | N
             result["skipped"] += [{**where, "impl": k, "reason": v} for k, v in missing.items()]
             failed: set = set()  # an impl that raised is not tried at the other shapes
             # the largest rows first: compile's graph for a hidden size is made at its first call
-            for rows, hidden in sorted(shapes, key=lambda s: (s[1], -s[0])):
+            for rows, hidden in sorted(by_op[name], key=lambda s: (s[1], -s[0])):
                 _shape(result, spec, impls, failed, {**where, "rows": rows, "hidden": hidden}, dtype, reps,
                        device, l2, copies, progress)
                 _release(device)
@@ -423,7 +455,8 @@ def main(argv=None) -> int:
     hidden = args.hidden or ([quick_hidden] if args.quick else [2048, 4096, 8192])
     dtypes = args.dtypes or (["fp32"] if args.quick and device == "cpu" else ["bf16", "fp32"])
     reps = args.reps or (QUICK_REPS[device] if args.quick else 20)
-    shapes = [(r, h) for h in hidden for r in row_counts]
+    shapes = {n: [(r, h) for h in (hidden if args.hidden or args.quick else OPS[n].lengths or hidden)
+                  for r in row_counts] for n in args.ops}
     result = run(args.ops, shapes, list(dict.fromkeys(DTYPES[d] for d in dtypes)), args.impls, reps, device,
                  args.json, progress=lambda line: print(line, flush=True))
     report(result)

@@ -312,10 +312,13 @@ def _slot(name: str, k: int) -> sympy.Symbol:
 
 
 def _params(exprs, order: list[str]) -> tuple[str, ...]:
-    """The C names `exprs` read, in `order`, then `row` when they read a row value."""
+    """The C names `exprs` read, in `order`, then `col` when they read the element's index
+    along its row, then `row` when they read a row value."""
     used = dag.free_symbols(list(exprs))
     names_used = {x.name for x in used}
     out = [n for n in order if n in names_used]
+    if fn.COLUMN in used:
+        out.append(fn.COLUMN.name)
     if any(rows.is_row_symbol(x) for x in used):
         out.append("row")
     return tuple(out)

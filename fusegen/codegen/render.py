@@ -170,9 +170,13 @@ def _rows_context(spec: OpSpec, printed: PrintedOp) -> dict | None:
                  for t in COMPUTE_TYPES],
         "forward_x": {names.value(x): f"x[{i}]" for i, x in enumerate(spec.inputs)},
         "backward_x": {n: f"x[{i}]" for i, n in enumerate(douts + backward)},
-        "forward": {"rows": len(spec.forward_rows.accumulators), "per_row": list(spec.forward_rows.per_row)},
+        "forward": {"rows": len(spec.forward_rows.accumulators), "per_row": list(spec.forward_rows.per_row),
+                    "index": [x in spec.index_inputs for x in spec.inputs]},
         "backward": ({"rows": len(spec.backward_rows.accumulators),
-                      "per_row": [False] * len(spec.backward_rows.results)} if spec.backward_rows else None),
+                      "per_row": [False] * len(spec.backward_rows.results),
+                      "index": [False] * len(douts) + [x in spec.index_inputs for x in spec.backward_inputs]}
+                     if spec.backward_rows else None),
+        "any_index": bool(spec.index_inputs),
     }
 
 

@@ -180,6 +180,8 @@ class _Converter:
         method = tensor_method(node)
         if method in fn.REDUCTION_NAMES:
             return self._reduce(node, method, func.value, node.args, method=True)  # e.sum(-1, ...)
+        if method == fn.GATHER:
+            return self._gather(node, func.value, node.args, method=True)  # e.gather(-1, index)
         if method == "detach":
             if node.args or node.keywords:
                 self.fail(node, "detach() takes no arguments", "expected e.detach()")
@@ -199,6 +201,11 @@ class _Converter:
                 self.fail(node, f"{name}() is missing argument 'input'",
                           f"expected torch.{name}(input, -1, keepdim=True)")
             return self._reduce(node, name, first, node.args[1:], method=False)
+        if name == fn.GATHER:
+            first = input_argument(node)
+            if first is None:
+                self.fail(node, "gather() is missing argument 'input'", "expected torch.gather(x, -1, index)")
+            return self._gather(node, first, node.args[1:], method=False)
         spec = fn.FUNCTIONS[name]
         args = self._bind(node, name, spec)
         return spec.build(*args)
@@ -230,6 +237,35 @@ class _Converter:
             self.fail(node, f"{name}() needs keepdim=True, got {got}: the reduced value broadcasts back over "
                       "its row", f"expected {form}")
         return fn.REDUCTION_NAMES[name](self.convert(operand))
+
+    def _gather(self, node, operand, rest, method: bool):
+        """x.gather(-1, index) with an index of one value per row (shape (..., 1)): the row's
+        element at it. The index reads inputs and numbers only; an input it reads holds
+        integers (ir/primitives.gather)."""
+        form = "x.gather(-1, index)" if method else "torch.gather(x, -1, index)"
+        slots = dict(zip(("dim", "index"), rest))
+        if len(rest) > 2:
+            self.fail(node, f"gather() takes 3 arguments, got {len(rest) + (0 if method else 1)}", f"expected {form}")
+        for kw in node.keywords:
+            if kw.arg == "input" and not method:
+                continue
+            if kw.arg not in ("dim", "index"):
+                self.fail(node, f"gather() got an unexpected keyword argument {kw.arg!r}", f"expected {form}")
+            if kw.arg in slots:
+                self.fail(node, f"gather() got multiple values for argument '{kw.arg}'")
+            slots[kw.arg] = kw.value
+        dim = slots.get("dim")
+        if dim is None or not _is_last_dim(dim):
+            got = "no dim" if dim is None else f"dim={ast.unparse(dim)}"
+            self.fail(node, f"gather() picks along the last dimension only: expected dim=-1, got {got}",
+                      f"expected {form}")
+        if "index" not in slots:
+            self.fail(node, "gather() is missing argument 'index'", f"expected {form}")
+        index = self.convert(slots["index"])
+        if any(n == fn.COLUMN or fn.is_reduction(n) for n in dag.postorder([index])):
+            self.fail(slots["index"], "gather()'s index must be one value per row of inputs and numbers "
+                      "(a reduction or another gather in it is not supported)", f"expected {form}")
+        return fn.gather(self.convert(operand), index)
 
     def _random(self, node, name):
         """torch.rand_like(x): one uniform in [0, 1) per element of the op's broadcast shape;
@@ -358,7 +394,7 @@ class _Converter:
 
 
 # The tensor methods the language reads (`e.sum(-1, keepdim=True)`, `e.detach()`).
-METHODS = frozenset(fn.REDUCTION_NAMES) | {"detach"}
+METHODS = frozenset(fn.REDUCTION_NAMES) | {"detach", fn.GATHER}
 
 
 def tensor_method(node: ast.Call) -> str | None:
@@ -456,7 +492,7 @@ def _char_col(line: str, byte_col: int) -> int:
 def _check_literals(text: str, tree: sympy.Expr):
     """sympy folds constants (1e30 * 1e30); what it folds must still fit in float."""
     for atom in dag.postorder([tree]):
-        if isinstance(atom, sympy.Number) and atom.is_finite is not False \
+        if isinstance(atom, sympy.Number) and atom.is_finite is not False and atom is not sympy.nan \
                 and not fn.literal_ok(float(atom)):
             raise ParseError(f"constant {atom} is outside the float32 range ({fn.LITERAL_RANGE})", text)
 

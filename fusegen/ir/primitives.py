@@ -31,6 +31,7 @@ from typing import Callable
 
 import sympy
 
+from fusegen.ir import dag
 from fusegen.ir import names
 # The incoming gradient (d loss / d out) in every gradient expression: the one constant
 # that names it. A Symbol without assumptions, so it never equals a user's name, even one
@@ -186,6 +187,32 @@ REDUCTION_NAMES = {"sum": RowSum, "mean": RowMean, "amax": RowMax, "amin": RowMi
 
 def is_reduction(expr) -> bool:
     return type(expr) in _REDUCTION_SET
+
+
+# x.gather(-1, index) with one index per row is no node of its own: it is written with the
+# row sums below, so that its gradient (a scatter of the row's gradient into the element it
+# picked) is derived like any other. COLUMN is an element's index along its row (0 .. n-1,
+# in the compute type); it has no assumptions, so it never meets a user's name (real).
+GATHER = "gather"
+COLUMN = sympy.Symbol("col")
+
+
+def gather(x, index) -> sympy.Expr:
+    """The element of each row at `index`: sum(where(col == index, x, 0)), and NaN where
+    the index names no element of the row (sum(col == index) is not 1), where torch's
+    gather raises: a CUDA kernel cannot raise without a host synchronisation."""
+    hit = Equal(COLUMN, index)
+    picked = RowSum(Where(hit, x, _ZERO))
+    return Where(Equal(RowSum(indicator(hit)), _ONE), picked, sympy.nan)
+
+
+def index_symbols(exprs) -> set:
+    """The symbols a gather's index reads (the inputs that hold indices), found in `exprs`."""
+    out = set()
+    for node in dag.postorder(list(exprs)):
+        if type(node) is Equal and node.args[0] == COLUMN:
+            out |= dag.free_symbols([node.args[1]])
+    return out
 
 
 _REDUCTION_SET = frozenset(REDUCTIONS)
@@ -645,12 +672,13 @@ def resolve(dotted: str) -> str | None:
     if prefix and prefix not in PREFIXES:
         return None
     base = ALIASES.get(base, base)
-    return base if base in FUNCTIONS or base in REDUCTION_NAMES or base in RANDOM_NAMES else None
+    return base if base in FUNCTIONS or base in REDUCTION_NAMES or base in RANDOM_NAMES \
+        or base == GATHER else None
 
 
 def known_names() -> list[str]:
     """Every spelling a user may call, for 'did you mean' suggestions."""
-    return sorted(set(FUNCTIONS) | set(ALIASES) | set(REDUCTION_NAMES) | set(RANDOM_NAMES))
+    return sorted(set(FUNCTIONS) | set(ALIASES) | set(REDUCTION_NAMES) | set(RANDOM_NAMES) | {GATHER})
 
 
 # PyTorch functions a user may reach for that fusegen does not take, and what to say instead
@@ -664,10 +692,13 @@ UNSUPPORTED: dict[str, str] = {
     **{f: _REDUCTION for f in ("prod", "softmax", "log_softmax", "argmax", "argmin", "std", "var",
                               "norm", "cumsum", "cumprod",
                               "layer_norm", "rms_norm", "group_norm", "batch_norm", "normalize",
-                              "cross_entropy", "nll_loss", "mse_loss", "all", "any")},
+                              "nll_loss", "mse_loss", "all", "any")},
     **{f: _NOT_ELEMENTWISE for f in ("matmul", "mm", "bmm", "linear", "conv1d", "conv2d", "einsum",
                                     "cat", "stack", "reshape", "view", "transpose", "flip", "roll",
-                                    "gather", "index_select")},
+                                    "index_select")},
+    "cross_entropy": ("{f} is not a built-in; write each row's loss: torch.logsumexp(x, -1, "
+                      "keepdim=True) - x.gather(-1, label), with label of shape (..., 1), and "
+                      "take the mean outside"),
     **{f: "{f} is not supported; fusegen draws uniform numbers: torch.rand_like(x) and "
           "F.dropout(x, p)" for f in ("randn_like", "bernoulli", "rand", "randn", "normal",
                                      "alpha_dropout", "dropout1d", "dropout2d", "dropout3d")},

@@ -158,6 +158,7 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
         accumulators.append(Accumulator(kind, element, finish, level))
     made = {node: rename[s] for node, s in made.items()}
     out = dag.substitute(exprs, made)
-    tensors = {x for x in dag.free_symbols(exprs) if x.name not in scalars}
+    # (a gather's index is one value per row: reading it keeps a result one per row)
+    tensors = {x for x in dag.free_symbols(exprs) if x.name not in scalars} - fn.index_symbols(exprs)
     per_row = tuple(is_row_value(e, tensors) for e in exprs)
     return RowProgram(tuple(accumulators), tuple((n, e) for (n, _), e in zip(results, out)), per_row)

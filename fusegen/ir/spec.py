@@ -102,6 +102,7 @@ class OpSpec:
     random: tuple[str, ...] = ()           # its random streams (rand0, ...): drawn per call, the
                                            # backward regenerates them (fusegen-random.h)
     probabilities: tuple[str, ...] = ()    # the scalars that are a dropout's p
+    index_inputs: tuple[str, ...] = ()     # inputs a gather's index reads: integers, no gradient
 
     @property
     def is_rows(self) -> bool:
@@ -174,6 +175,9 @@ class OpSpec:
         lines = []
         first = {}
         for g in self.gradients:
+            if g.input in self.index_inputs:
+                lines.append(f"d/d{g.input}: none (a gather's index: integers)")
+                continue
             note = ""
             if g.output is not None and first.setdefault(g.output, g.input) != g.input:
                 note = f"  (= d/d{first[g.output]}: computed and written once)"
@@ -242,7 +246,11 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
     needs_kernel = any(e != GRAD and steps is None for e, steps in zip(exprs, dout_only))
     kernel_outputs: dict[sympy.Expr, int] = {}
     gradients = []
+    index_inputs = tuple(x for x in parsed.inputs if symbol(x) in fn.index_symbols(outputs))
     for inp, e, ke, steps in zip(parsed.inputs, exprs, kernel_exprs, dout_only):
+        if inp in index_inputs:  # integers: autograd never asks for their gradient
+            gradients.append(Gradient(inp, sympy.Integer(0), False))
+            continue
         output = None
         if e != GRAD and needs_kernel:
             output = kernel_outputs.setdefault(ke, len(kernel_outputs))
@@ -297,6 +305,7 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         backward_rows=backward_rows,
         random=tuple(names.random(k) for k in range(parsed.random)),
         probabilities=parsed.probabilities,
+        index_inputs=index_inputs,
     )
 
 
@@ -593,7 +602,7 @@ def _backward(outputs, wanted, budget: limits.Budget):
     order = dag.postorder(list(outputs))
     flowing: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {}
     per_row: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {}
-    elementwise = set(wanted)
+    elementwise = set(wanted) - fn.index_symbols(outputs)  # (a gather's index: one per row)
     for out, dout in zip(outputs, fn.douts(len(outputs))):
         target = per_row if rows.is_row_value(out, elementwise) else flowing
         _accumulate(target.setdefault(out, {}), (), dout)

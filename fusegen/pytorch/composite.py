@@ -32,6 +32,12 @@ def promoted_dtype(tensors) -> torch.dtype:
     return dtype
 
 
+def index_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a gather's index is compared in, as the kernels hold it: float32 (exact
+    below 2^24), float64 for float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[torch.Tensor]:
     """Each expression evaluated with torch ops over `values` (symbol -> tensor of `dtype`,
     or Python float), broadcast to `shape`."""
@@ -50,6 +56,8 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
             # float as the kernels compare them (float64 for float64)
             result = torch.rand(tuple(shape), device=device,
                                 dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+        elif node == fn.COLUMN:  # each element's index along its row, as a gather's index is held
+            result = torch.arange(shape[-1], dtype=index_dtype(dtype), device=device)
         elif isinstance(node, sympy.Symbol):
             result = values[node]
         elif fn.is_number(node):
@@ -85,7 +93,7 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
     for node in dag.postorder(exprs):
         value(node)
     out = []
-    tensors = {s for s, v in values.items() if isinstance(v, torch.Tensor)}
+    tensors = {s for s, v in values.items() if isinstance(v, torch.Tensor)} - fn.index_symbols(exprs)
     row_shape = tuple(shape[:-1]) + (1,) if len(shape) else ()
     for e in exprs:
         v = tensor(value(e)).to(dtype)

@@ -309,8 +309,12 @@ def _composite_jvp(info: OpInfo):
 
 
 def _values(info: OpInfo, tensors, scalars) -> dict:
+    """Symbol -> value: each tensor in the promoted dtype (a gather's index in the dtype
+    it is compared in), each scalar as it came."""
     dtype = composite.promoted_dtype(tensors)
-    values = {s: t.to(dtype) for s, t in zip(info.tensors, tensors)}
+    index = fn.index_symbols(info.outputs)
+    values = {s: t.to(composite.index_dtype(dtype) if s in index else dtype)
+              for s, t in zip(info.tensors, tensors)}
     values.update(zip(info.scalars, scalars))
     return values
 

@@ -265,6 +265,11 @@ def _translation(name: str, inputs, scalars, outputs, joined: bool = False) -> C
                            "is not supported; export the model in eval mode (dropout off) or without "
                            "the translation table (torch's own random ops are then exported)")
 
+    if fn.COLUMN in dag.free_symbols(list(outputs)):
+        raise FusegenError(f"fusegen::{name} gathers along its rows (x.gather(-1, index)): its ONNX "
+                           "export is not supported; export the model without the translation table "
+                           "(torch's own ops are then exported), or write the op without the gather")
+
     def translate(*args, **kwargs):
         bound = signature.bind(*args, **kwargs).arguments
         tensors = {p: bound[p] for p in inputs}

@@ -157,6 +157,8 @@ class _Eager:
             return self.reduce(method, func.value)  # e.sum(-1, keepdim=True)
         if method == "detach":
             return self.tensor(self.value(func.value)).detach()  # e.detach()
+        if method == fn.GATHER:
+            return self.gather(func.value, node.args, node.keywords)  # e.gather(-1, index)
         dotted = dotted_name(func)
         name = fn.resolve(dotted) if dotted else None
         if name is None:
@@ -166,6 +168,9 @@ class _Eager:
             if first is None:
                 raise TextError(f"{name}() is missing argument 'input'")
             return self.reduce(name, first)
+        if name == fn.GATHER:
+            return self.gather(input_argument(node), node.args[1:],
+                               [k for k in node.keywords if k.arg != "input"])
         args = self.bind(node, name)
         if name == "where":
             return self.where(*args)
@@ -178,6 +183,12 @@ class _Eager:
         """torch.<name>(operand, -1, keepdim=True): the only reduction the parser accepts
         (it refuses any other dim or keepdim), as torch computes it."""
         return getattr(torch, name)(self.tensor(self.value(operand)), -1, keepdim=True)
+
+    def gather(self, operand: ast.AST, rest, keywords):
+        """torch.gather(operand, -1, index), as the parser accepts it (dim -1)."""
+        slots = dict(zip(("dim", "index"), rest)) | {k.arg: k.value for k in keywords}
+        index = self.value(slots["index"])
+        return torch.gather(self.tensor(self.value(operand)), -1, index.long())
 
     def bind(self, node, name):
         """Arguments in the order of torch's parameter names (functions.FUNCTIONS), evaluated."""

@@ -34,8 +34,14 @@ namespace fusegen::rt {
 struct Arg {
   const char* name;
   const at::Tensor& tensor;
+  bool index = false;  // a gather's index (OpDef::index_inputs): integers, not promoted
 };
 using Args = std::vector<Arg>;
+
+// Whether input i (an index into the inputs, or kResult) is a gather's index.
+inline bool is_index(const OpDef& def, int i) {
+  return def.index_inputs != nullptr && i >= 0 && def.index_inputs[i];
+}
 
 // ---------------------------------------------------------------------------------------
 // One registered op: its descriptor, plus the names the runtime derives from it.
@@ -87,7 +93,8 @@ struct ForwardArgs {
   }
   Args named(const OpDef& def) const {
     Args args;
-    for (int i = 0; i < def.num_inputs; ++i) args.push_back({def.input_names[i], tensors[i]});
+    for (int i = 0; i < def.num_inputs; ++i)
+      args.push_back({def.input_names[i], tensors[i], is_index(def, i)});
     return args;
   }
 };
@@ -142,7 +149,8 @@ struct BackwardArgs {
     Args args;
     for (int k = 0; k < def.num_outputs; ++k) args.push_back({dout_name(def, k), tensors[k]});
     for (int i = 0; i < def.num_backward_inputs; ++i)
-      args.push_back({def.backward_input_names[i], tensors[def.num_outputs + i]});
+      args.push_back({def.backward_input_names[i], tensors[def.num_outputs + i],
+                      is_index(def, def.backward_inputs[i])});
     return args;
   }
   Args named(const OpDef& def) const { return of(def, tensors); }

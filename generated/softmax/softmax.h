@@ -249,6 +249,12 @@ struct Forward {
     constexpr bool kPerRow[] = {false};
     return kPerRow[k];
   }
+  // Whether input i is a gather's index: its integers arrive converted to T, not stored
+  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false};
+    return kIndex[i];
+  }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
@@ -258,7 +264,8 @@ struct Forward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row, T* v) const {
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
       forward_pass0(x[0], v);
     } else if constexpr (kP == 1) {
@@ -282,7 +289,7 @@ struct Forward {
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
-      T* y) const {
+                             [[maybe_unused]] T col, T* y) const {
     forward_outputs(x[0], row, y[0]);
   }
 };
@@ -308,6 +315,12 @@ struct Backward {
     constexpr bool kPerRow[] = {false};
     return kPerRow[k];
   }
+  // Whether input i is a gather's index: its integers arrive converted to T, not stored
+  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false};
+    return kIndex[i];
+  }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
@@ -321,7 +334,8 @@ struct Backward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row, T* v) const {
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
       backward_pass0(x[1], v);
     } else if constexpr (kP == 1) {
@@ -357,7 +371,7 @@ struct Backward {
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
-      T* y) const {
+                             [[maybe_unused]] T col, T* y) const {
     backward_outputs(x[0], x[1], row, y[0]);
   }
 };

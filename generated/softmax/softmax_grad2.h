@@ -499,6 +499,12 @@ struct Forward {
     constexpr bool kPerRow[] = {false};
     return kPerRow[k];
   }
+  // Whether input i is a gather's index: its integers arrive converted to T, not stored
+  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false, false};
+    return kIndex[i];
+  }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
@@ -512,7 +518,8 @@ struct Forward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row, T* v) const {
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
       forward_pass0(x[1], v);
     } else if constexpr (kP == 1) {
@@ -548,7 +555,7 @@ struct Forward {
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
-      T* y) const {
+                             [[maybe_unused]] T col, T* y) const {
     forward_outputs(x[0], x[1], x[2], row, y[0]);
   }
 };
@@ -575,6 +582,12 @@ struct Backward {
     constexpr bool kPerRow[] = {false, false, false};
     return kPerRow[k];
   }
+  // Whether input i is a gather's index: its integers arrive converted to T, not stored
+  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false, false, false};
+    return kIndex[i];
+  }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
@@ -592,7 +605,8 @@ struct Backward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row, T* v) const {
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
       backward_pass0(x[2], v);
     } else if constexpr (kP == 1) {
@@ -640,7 +654,7 @@ struct Backward {
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
-      T* y) const {
+                             [[maybe_unused]] T col, T* y) const {
     backward_outputs(x[0], x[1], x[2], x[3], row, y[0], y[1], y[2]);
   }
 };

@@ -73,8 +73,10 @@ __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* ba
 #pragma unroll
   for (int i = 0; i < F::kInputs; ++i) {
     const int k = F::kOutputs + i;
-    if (kVec == 1 || a.along[k] == 0) {
-      const acc_t<S> value = to_acc(*reinterpret_cast<const S*>(base[k] + j * a.along[k]));
+    if (kVec == 1 || a.along[k] == 0) {  // (a gather's index always: one per row, in acc_t)
+      const char* p = base[k] + j * a.along[k];
+      const acc_t<S> value = F::index(i) ? *reinterpret_cast<const acc_t<S>*>(p)
+                                         : to_acc(*reinterpret_cast<const S*>(p));
 #pragma unroll
       for (int e = 0; e < kVec; ++e) x[e][i] = value;
     } else {
@@ -100,7 +102,7 @@ __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, cha
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         A v[kRowSlots<F>];
-        f.template pass<kP>(x[e], row, v);
+        f.template pass<kP>(x[e], row, static_cast<A>(j + e), v);
         f.template combine<kP>(acc, v);
       }
     }
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(kRowBlock)
     A y[kVec][F::kOutputs];
     row_inputs<S, F, kVector>(a, base, j, x);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) f(x[e], row, y[e]);
+    for (int e = 0; e < kVec; ++e) f(x[e], row, static_cast<A>(j + e), y[e]);
 #pragma unroll
     for (int k = 0; k < F::kOutputs; ++k) {
       if (base[k] == nullptr || (F::per_row(k) && j > 0)) continue;

@@ -89,6 +89,12 @@ at::ScalarType check_args(const std::string& op, const Args& args) {
     TORCH_CHECK(t.device() == first.tensor.device() || is_cpu_scalar(t), "fusegen::", op,
                 ": argument '", arg.name, "' is on ", t.device(), ", expected ",
                 first.tensor.device(), " (the device of '", first.name, "')");
+    if (arg.index) {  // as torch.gather's index: integers, which take no part in promotion
+      TORCH_CHECK(at::isIntegralType(type, /*includeBool=*/false), "fusegen::", op,
+                  ": argument '", arg.name, "' is the index of a gather; expected an integer "
+                  "tensor (int64 or int32), got ", type);
+      continue;
+    }
     state = at::native::update_result_type_state(t, state);
   }
   const at::ScalarType dtype = at::native::result_type(state);
@@ -142,7 +148,11 @@ std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype,
       const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
       t = device.is_meta() ? at::empty({}, options) : at::full({}, t.item(), options);
     }
-    out.push_back(t.scalar_type() == dtype ? t : t.to(dtype));
+    // A gather's index in the accumulator type the row kernels compute in, which holds
+    // every index of a row they take (run_rows checks the length).
+    const at::ScalarType type =
+        !arg.index ? dtype : dtype == at::kDouble ? at::kDouble : at::kFloat;
+    out.push_back(t.scalar_type() == type ? t : t.to(type));
   }
   return out;
 }
@@ -508,6 +518,17 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   TORCH_CHECK(length > 0 || rows == 0 || !row_values, "fusegen::", name,
               ": the last dimension has size 0, so a row has no value to reduce; expected rows "
               "of at least one element");
+  for (const Arg& arg : args) {
+    if (!arg.index) continue;
+    TORCH_CHECK(arg.tensor.dim() > 0 && arg.tensor.size(-1) == 1, "fusegen::", name,
+                ": argument '", arg.name, "' is the index of a gather along the last dimension, "
+                "one per row; expected a last dimension of size 1, got shape ",
+                arg.tensor.sizes());
+    // float holds every integer up to 2^24 exactly: the largest index of such a row
+    TORCH_CHECK(dtype == at::kDouble || length <= (int64_t(1) << 24), "fusegen::", name,
+                ": a gather along rows of ", length, " elements needs float64 (float32 holds "
+                "indices below 2^24 exactly); expected rows of at most 16777216 elements");
+  }
   const int64_t numel = rows * length;
   if (numel == 0) return outputs;
   std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
@@ -532,10 +553,13 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
     }
     strides.push_back(rs);
   }
-  for (at::Tensor& t : inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    at::Tensor& t = inputs[i];
     RowStrides rs{0, 0};
     if (!row_strides(t, concrete, rs)) {
-      t = t.expand(concrete).contiguous();
+      std::vector<int64_t> own = concrete;  // a gather's index stays one value per row
+      if (args[i].index) own.back() = 1;
+      t = t.expand(own).contiguous();
       row_strides(t, concrete, rs);
     }
     data.push_back(static_cast<char*>(const_cast<void*>(t.const_data_ptr())));

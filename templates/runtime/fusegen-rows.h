@@ -3,8 +3,10 @@
 // writes the outputs. The functor F (the op's Forward or Backward, <name>.h) holds the math:
 //   F::kPasses passes; pass P's accumulators init<P>, pass<P> (what one element adds),
 //   combine<P> and finish<P> (the row's values row[k] from the accumulators);
-//   operator()(x, row, y) the outputs of one element; F::per_row(k): output k is one value
-//   per row (written once, at the row's first element).
+//   operator()(x, row, col, y) the outputs of one element (col: its index along the row,
+//   which a gather compares with its index); F::per_row(k): output k is one value per row
+//   (written once, at the row's first element); F::index(i): input i is a gather's index,
+//   one per row, which arrives in the compute type.
 #ifndef FUSEGEN_ROWS_H_
 #define FUSEGEN_ROWS_H_
 
@@ -29,8 +31,9 @@ FUSEGEN_CPU_TARGETS void row_block_inputs(char* const* in, const int64_t* stride
                                           int64_t m, A (*x)[kCpuRowBlock]) {
   for (int i = 0; i < F::kInputs; ++i) {
     const char* base = in[i] + j * stride[i];
-    if (stride[i] == 0) {
-      const A value = Host<S>::load(*reinterpret_cast<const S*>(base));
+    if (stride[i] == 0) {  // (a gather's index always: one per row, converted to A)
+      const A value = F::index(i) ? *reinterpret_cast<const A*>(base)
+                                  : Host<S>::load(*reinterpret_cast<const S*>(base));
       for (int64_t e = 0; e < m; ++e) x[i][e] = value;
     } else if (stride[i] == static_cast<int64_t>(sizeof(S))) {
       const S* p = reinterpret_cast<const S*>(base);
@@ -61,7 +64,7 @@ FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* 
         A xe[F::kInputs > 0 ? F::kInputs : 1];
         A ve[kRowSlots<F>];
         for (int i = 0; i < F::kInputs; ++i) xe[i] = x[i][e];
-        f.template pass<kPass>(xe, row, ve);
+        f.template pass<kPass>(xe, row, static_cast<A>(j + e), ve);
         for (int k = kBegin; k < kEnd; ++k) v[k][e] = ve[k];
       }
       for (int64_t e = 0; e < m; ++e) {  // element j + e into lane (j + e) % kCpuLanes
@@ -104,7 +107,7 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
         A xe[kIn > 0 ? kIn : 1];
         A ye[kOut];
         for (int i = 0; i < kIn; ++i) xe[i] = x[i][e];
-        f(xe, row, ye);
+        f(xe, row, static_cast<A>(j + e), ye);
         for (int k = 0; k < kOut; ++k) y[k][e] = ye[k];
       }
       for (int k = 0; k < kOut; ++k) {

@@ -169,7 +169,7 @@ struct GradDef {
 constexpr int kResult = -1;
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 11;
+constexpr int kAbi = 12;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;
@@ -206,6 +206,9 @@ struct OpDef {
   bool cpu_later = false;
   bool rows = false;                         // a row op: the kernels below, by rows
   const bool* per_row = nullptr;             // ... per output: one value per row (shape [..., 1])
+  const bool* index_inputs = nullptr;        // ... per input: a gather's index, of one integer
+                                             // per row, which the kernels read converted to
+                                             // float (double for float64), not in the op's dtype
   RowCpuKernel forward_rows_cpu = nullptr;   // ... its CPU kernels (forward_cpu is unset)
   RowCpuKernel backward_rows_cpu = nullptr;
   CudaKernel forward_cuda = nullptr;         // none in a build without CUDA

@@ -49,11 +49,11 @@ if [[ $what == rope || $what == all ]]; then
   python3 -m fusegen.bench rope --json "$OUT/bench_rope.json" 2>&1 | tee "$OUT/bench_rope.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
-# The row ops (norms, softmax): their CUDA tests, then `fusegen bench rows` (default shapes).
+# The row ops (norms, softmax, cross-entropy): their CUDA tests, then `fusegen bench rows` (default shapes).
 # The GPU image has no Liger Kernel: a wheel installed with pip --target is found through
 # PYTHONPATH, which this script extends rather than replaces.
 if [[ $what == rows || $what == all ]]; then
-  python3 -m pytest -q -m cuda tests/gpu/test_rows_cuda.py 2>&1 | tee "$OUT/pytest_rows.log"; status=$((status | ${PIPESTATUS[0]}))
+  python3 -m pytest -q -m cuda tests/gpu/test_rows_cuda.py tests/gpu/test_gather_cuda.py 2>&1 | tee "$OUT/pytest_rows.log"; status=$((status | ${PIPESTATUS[0]}))
   python3 -m fusegen.bench rows --json "$OUT/bench_rows.json" 2>&1 | tee "$OUT/bench_rows.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
