@@ -200,17 +200,6 @@ def verify(library: Path) -> str | None:
     stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if _VERIFIED.get(str(library)) == stamp:
         return None
-    # Verified by an earlier process: the stamp it left matches the library and entry.json
-    # as they are (any write to either changes its ctime, which nothing can set back).
-    try:
-        em = os.stat(library.parent / ENTRY_FILE)
-        both = repr(stamp + (em.st_ino, em.st_size, em.st_mtime_ns, em.st_ctime_ns))
-        with open(library.parent / VERIFIED_FILE) as fh:
-            if fh.read(512) == both:
-                _VERIFIED[str(library)] = stamp
-                return None
-    except OSError:
-        both = None
     meta = _read_json(library.parent / ENTRY_FILE)
     if not meta:
         return f"its {ENTRY_FILE} is missing or unreadable"
@@ -219,14 +208,25 @@ def verify(library: Path) -> str | None:
         return f"its {ENTRY_FILE} records no size and sha256 for {library.name}"
     if st.st_size != size:
         return f"{library.name} is {st.st_size} bytes, {ENTRY_FILE} records {size}"
+    # Verified by an earlier process: the stamp it left names the library as it is (any
+    # write to it changes its ctime, which nothing can set back) and the size and sha256
+    # entry.json records now. Not entry.json's own stat: every load bumps its mtime
+    # (mark_used), which would make each process hash the library again.
+    both = repr(stamp + (size, digest))
+    try:
+        with open(library.parent / VERIFIED_FILE) as fh:
+            if fh.read(512) == both:
+                _VERIFIED[str(library)] = stamp
+                return None
+    except OSError:
+        pass  # none yet (or unreadable): hashed, then written
     if _digest(library) != (size, digest):
         return f"the sha256 of {library.name} differs from the one recorded when it was built"
     _VERIFIED[str(library)] = stamp
-    if both is not None:
-        try:  # for the next process (a read-only entry, an installed runtime's, hashes each time)
-            write_text(library.parent / VERIFIED_FILE, both)
-        except OSError:
-            pass
+    try:  # for the next process (a read-only entry, an installed runtime's, hashes each time)
+        write_text(library.parent / VERIFIED_FILE, both)
+    except OSError:
+        pass
     return None
 
 
