@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import shutil
 import time
 from contextlib import ExitStack, contextmanager
@@ -375,7 +374,7 @@ def _remove_aside(root: Path, path: Path, name: str) -> bool:
     """Rename `path` to a .trash- folder in one step, then delete that: a reader never sees a
     half-deleted entry (it is there, whole, or gone), and a removal cut short leaves only
     trash, which nothing reads. False if it was already gone."""
-    trash = root / f"{TRASH_PREFIX}{name}-{secrets.token_hex(4)}"
+    trash = root / f"{TRASH_PREFIX}{name}-{os.urandom(4).hex()}"
     try:
         os.rename(path, trash)
     except FileNotFoundError:
@@ -391,7 +390,7 @@ def publish(root: Path, tmp: Path, final: Path) -> None:
     waits on the lock the publisher holds), never a mixture."""
     trash = None
     if os.path.lexists(final):
-        trash = root / f"{TRASH_PREFIX}{final.name}-{secrets.token_hex(4)}"
+        trash = root / f"{TRASH_PREFIX}{final.name}-{os.urandom(4).hex()}"
         os.rename(final, trash)
     os.rename(tmp, final)
     if trash is not None:
