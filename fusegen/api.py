@@ -20,6 +20,7 @@ import functools
 import inspect
 import os
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ _forward_ad = _autograd.forward_ad
 if TYPE_CHECKING:
     from fusegen.ir.expr import Parsed
     from fusegen.ir.spec import OpSpec
+    from fusegen.pytorch.step import StepRequest
 
 # Statements (an assignment, `;` or a line break), told apart from one expression without
 # importing the parser: `=` that is not part of ==, !=, <= or >=.
@@ -231,8 +233,11 @@ class FusedOp:
         self._raw = self.op.default._op
         self._generated = generated
         self._request = request
-        self._signature = inspect.Signature(
-            [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in self.params])
+
+    @functools.cached_property
+    def _signature(self) -> inspect.Signature:
+        """For a call by keyword or with a wrong count (bind): made then, not at load."""
+        return inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in self.params])
 
     @functools.cached_property
     def generated(self) -> Generated:
@@ -310,9 +315,15 @@ _MEMO: dict[Request, FusedOp] = {}
 _LOCK = threading.RLock()
 
 
+def _loaded_step(name: str):
+    """The step op loaded under `name`, if any. None without importing the step module when
+    nothing has (no step op can be loaded then): a cached load of an op does not need it."""
+    step = sys.modules.get("fusegen.pytorch.step")
+    return step.loaded_step(name) if step is not None else None
+
+
 def _check_one_expression(entry: _index.Entry):
-    from fusegen.pytorch.step import loaded_step
-    step = loaded_step(entry.name)
+    step = _loaded_step(entry.name)
     if step is not None:
         raise LoadError(f"fusegen op '{entry.name}' is already defined in this process as the step op "
                         f"{step.text!r}; pick another name")
@@ -404,6 +415,8 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
     (ATen ops of its expression, which Inductor fuses with their neighbours; eager calls
     keep the kernels); None keeps the op's mode ($FUSEGEN_COMPILE, else opaque)."""
     if looks_like_program(expr):
+        from fusegen.pytorch.step import StepRequest
+
         step_request = StepRequest(expr, name, _names_arg("inputs", inputs), _names_arg("scalars", scalars) or ())
         step = _cached_step(step_request)  # this process, or the index: no sympy
         if step is not None:
@@ -425,16 +438,6 @@ def fuse(expr: str, *, name: str | None = None, inputs=None, scalars=(), compile
         op = op if op is not None else fuse_many([request])[0]
         _decompose.set_mode(op.name, compile)
     return op
-
-
-@dataclass(frozen=True)
-class StepRequest:
-    """A step op to make: `fuse`'s arguments as given (its key in the memo and the index)."""
-
-    expr: str
-    name: str | None = None
-    inputs: tuple[str, ...] | None = None
-    scalars: tuple[str, ...] = ()
 
 
 def _cached_step(request: StepRequest):
@@ -467,6 +470,8 @@ def _cached_step(request: StepRequest):
 
 def step_key(parsed, name: str | None) -> StepRequest:
     """What names a parsed step-op request in this process's memo and in the index."""
+    from fusegen.pytorch.step import StepRequest
+
     return StepRequest(parsed.text, name, parsed.inputs, parsed.scalars)
 
 
@@ -526,11 +531,10 @@ def load(target) -> FusedOp:
         return _load_folder(Path(target))
     if not isinstance(target, str):
         raise TypeError(f"fusegen.load: expected an op name or a generated folder, got {target!r}")
-    from fusegen.pytorch.step import loaded_step
     with _LOCK:
         if target in _OPS:
             return _OPS[target]
-        step = loaded_step(target)
+        step = _loaded_step(target)
         if step is not None:
             return step
         requests, total = _index.named(target)
@@ -539,7 +543,7 @@ def load(target) -> FusedOp:
             if request is None:
                 other = True  # recorded by another fusegen, torch, Python or CUDA setup
                 continue
-            op = _cached_step(request) if isinstance(request, StepRequest) else cached(request)
+            op = cached(request) if isinstance(request, Request) else _cached_step(request)
             if op is not None:
                 return op
         raise OpNotFound(_not_found(target, total, other))
@@ -552,6 +556,8 @@ class OpNotFound(LoadError):
 def _recorded(requests: list[dict]):
     """Each index entry's Request (or StepRequest), or None for one recorded in another
     environment (its key is not what this environment computes for the same request)."""
+    from fusegen.pytorch.step import StepRequest
+
     for data in requests:
         try:
             fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k[0] != "_"}

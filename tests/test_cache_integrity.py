@@ -144,6 +144,32 @@ def test_verification_is_cheap_and_checked_once_per_process(fake_bytes):
     assert "sha256" in fcache.verify(big)
 
 
+def test_a_later_process_hashes_a_library_only_when_it_or_its_record_changed(fake_bytes, monkeypatch):
+    """The stamp a verification leaves survives the loads that bump entry.json's mtime
+    (mark_used), and nothing else: a changed library or a changed record is hashed again."""
+    lib = fake_bytes.build()
+    hashed = []
+    real = fcache._digest
+    monkeypatch.setattr(fcache, "_digest", lambda path: hashed.append(path.name) or real(path))
+    for path in (lib.path, lib.runtime):
+        fcache._VERIFIED.clear()  # a new process
+        assert fcache.verify(path) is None and (path.parent / fcache.VERIFIED_FILE).is_file()
+        fcache.mark_used(path.parent)
+        time.sleep(0.01)
+        fcache.mark_used(path.parent)
+        fcache._VERIFIED.clear()
+        hashed.clear()
+        assert fcache.verify(path) is None and hashed == []
+        meta = json.loads((path.parent / "entry.json").read_text())
+        (path.parent / "entry.json").write_text(json.dumps(dict(meta, sha256="0" * 64)))
+        fcache._VERIFIED.clear()
+        assert "sha256" in fcache.verify(path) and hashed == [path.name]
+        (path.parent / "entry.json").write_text(json.dumps(meta))
+        patch(path)
+        fcache._VERIFIED.clear()
+        assert "sha256" in fcache.verify(path) and hashed == [path.name] * 2
+
+
 CLI = [sys.executable, "-m", "fusegen", "x*3.5 - y", "--name", "corrupt_op"]
 
 

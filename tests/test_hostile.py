@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,7 +190,7 @@ def test_a_cache_path_with_shell_and_ninja_syntax_builds_and_runs_nothing(tmp_pa
     assert run_op(work, str(root), "hostile_path", **evil)[:2] == ["False", "True"]  # built
     assert run_op(work, str(root), "hostile_path", **evil)[:2] == ["True", "True"]   # loaded from the cache
     assert not [p for p in tmp_path.rglob("PWNED*")], "a command ran"
-    (entry,) = [p for p in root.iterdir() if fcache.ENTRY_NAME.fullmatch(p.name) and not p.name.startswith("runtime-")]
+    (entry,) = [p for p in root.iterdir() if re.fullmatch(fcache.ENTRY_NAME, p.name) and not p.name.startswith("runtime-")]
     assert fcache.verify(entry / f"fusegen_{entry.name}.so") is None
 
 

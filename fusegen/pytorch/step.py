@@ -32,6 +32,17 @@ _MEMO: dict[tuple, "FusedStep"] = {}        # by request
 
 
 @dataclass(frozen=True)
+class StepRequest:
+    """A step op to make: `fuse`'s arguments as given (its key in the memo and the index).
+    Here, not in api, so that a cached load of an op creates neither dataclass."""
+
+    expr: str
+    name: str | None = None
+    inputs: tuple[str, ...] | None = None
+    scalars: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Loaded:
     """What a FusedStep needs, from its spec or from the request index (no sympy): its
     parameters, the inputs it updates, its text, a digest of its files and its library.
