@@ -15,6 +15,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/accumulate.h>
 
@@ -512,8 +513,10 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   std::vector<at::Tensor> outputs(present.size());
   for (size_t k = 0; k < present.size(); ++k) {
     if (!present[k]) continue;
-    if (sums[k]) {  // (filled by the kernel's sums; zeros where there are no rows)
-      outputs[k] = at::zeros({shape.back().expect_int()}, sum_options);
+    if (sums[k]) {  // CPU: zeros the loop adds to; CUDA: the partial rows' sum (below)
+      const int64_t length = shape.back().expect_int();
+      outputs[k] = device == Device::kCpu ? at::zeros({length}, sum_options)
+                                          : at::empty({length}, sum_options);
       continue;
     }
     if (k < given.size() && given[k].defined()) {
@@ -536,7 +539,12 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
               ": the last dimension has size 0, so a row has no value to reduce; expected rows "
               "of at least one element");
   const int64_t numel = rows * length;
-  if (numel == 0) return outputs;
+  if (numel == 0) {
+    for (size_t k = 0; k < present.size(); ++k) {
+      if (sums[k]) outputs[k].zero_();  // (CUDA: no rows, no partial rows to sum)
+    }
+    return outputs;
+  }
   std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
   std::vector<RowStrides> strides;
   std::vector<char*> data;
@@ -612,8 +620,9 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   for (auto& [target, stand_in] : copy_back) target.copy_(stand_in);
   // The blocks' partial rows summed in a fixed order: ATen's reduction of one shape on one
   // device takes the same steps on every run (no atomics).
+  const int64_t blocks_dim[] = {0};
   for (size_t k = 0; k < partials.size(); ++k) {
-    if (partials[k].defined()) outputs[k] = partials[k].sum(0);
+    if (partials[k].defined()) at::sum_out(outputs[k], partials[k], blocks_dim);
   }
   return outputs;
 }
