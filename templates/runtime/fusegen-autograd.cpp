@@ -81,9 +81,10 @@ std::vector<InputMeta> unpack_metadata(const std::vector<c10::SymInt>& all) {
 // op's summed over the rows in its kernel (one value per column), is only reshaped.
 at::Tensor reduce_to_input(const InputMeta& meta, const at::Tensor& grad) {
   const c10::SymIntArrayRef sizes(meta.sizes);
-  at::Tensor g = grad.sym_sizes() == sizes                  ? grad
-                 : grad.dim() < static_cast<int64_t>(sizes.size()) ? grad.view_symint(sizes)
-                                                                   : at::sum_to(grad, sizes);
+  const bool summed = grad.dim() < static_cast<int64_t>(sizes.size());
+  at::Tensor g = grad.sym_sizes() == sizes ? grad
+                 : summed                  ? grad.view_symint(sizes)
+                                           : at::sum_to(grad, sizes);
   return g.scalar_type() == meta.dtype ? g : g.to(meta.dtype);
 }
 
@@ -452,9 +453,9 @@ bool complete_douts(variable_list& douts) {
 // Per kernel output of a row op's backward (mask: those requested), whether its kernel sums
 // it over the rows (run_rows, summed): when every input that takes it, and needs it, is one
 // value per column (its sizes 1 but the last, the rows' length: a weight of shape (H,) or
-// (1, H)), as a weight's gradient is. The kernel reads dout once for it, where a gradient
-// at the broadcast shape would be written and read again by ATen's sum. On CUDA only where
-// the op's kernels sum (not an auxiliary op's: backward_accumulates).
+// (1, H)), as a weight's gradient is: the kernel adds it up as it computes it, where a
+// gradient at the broadcast shape would be written and read again by ATen's sum. On CUDA
+// only where the op's kernels sum (not an auxiliary op's: backward_accumulates).
 template <typename Needs>
 std::vector<bool> row_sums(const OpDef& def, c10::ArrayRef<InputMeta> meta, Needs&& needs,
                            const std::vector<bool>& mask, bool cuda) {
