@@ -153,6 +153,83 @@ def test_same_bits_every_run():
     assert all(torch.equal(p, q) for p, q in zip(torch.autograd.grad(a, xs, douts), torch.autograd.grad(b, xs, douts)))
 
 
+def _grads(name, xs, dout, **kw):
+    """Each input's gradient, and the names of the ATen ops the backward ran."""
+    y = call(name)(*xs)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        grads = torch.autograd.grad(y, xs, dout, **kw)
+    return grads, {e.name for e in prof.events()}
+
+
+# the norms as their expressions spell them (F.rms_norm takes a weight of shape (H,) only)
+EAGER = {"rms_norm": lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w,
+         "layer_norm": lambda x, w, b: F.layer_norm(x, x.shape[-1:], eps=EPS) * w + b}
+
+
+def _reference(name, xs, dout):
+    """Eager's gradients in float64."""
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    return torch.autograd.grad(EAGER[name](*ref), ref, dout.double())
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("shape, column", [
+    ((64, 33), (33,)),        # odd length
+    ((2, 3, 5), (5,)),        # 3-d input, a weight of shape (H,)
+    ((2, 3, 5), (1, 1, 5)),   # ... and of shape (1, 1, H)
+    ((7, 6), (1, 6)),
+    ((9, 1), (1,)),           # rows of one element
+    ((0, 6), (6,)),           # no rows: the gradient is zeros
+])
+def test_weight_gradients_are_summed_in_the_row_kernel(name, shape, column):
+    """A weight's gradient (an input of one value per column) is summed over the rows by the
+    backward's own loop, not written at the (rows, H) shape for ATen's sum: the same values
+    as eager in float64, of the weight's shape, and no aten::sum for it (LayerNorm's bias,
+    whose gradient is dout's, is still summed by ATen)."""
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(column if x in COLUMNS else shape, generator=g, dtype=D).requires_grad_()
+          for x in op(name).spec.inputs]
+    dout = torch.randn(shape, generator=g, dtype=D)
+    got, ran = _grads(name, xs, dout)
+    for x, a, b in zip(xs, got, _reference(name, xs, dout)):
+        assert a.shape == x.shape and a.dtype == x.dtype
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert name != "rms_norm" or "aten::sum" not in ran
+
+
+@pytest.mark.parametrize("column", [(13, 1), (13, 40)])
+def test_inputs_not_one_value_per_column_keep_ATen_sum(column):
+    """An input of one value per row is summed by ATen as before; one of the full shape has
+    nothing to sum."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(13, 40, generator=g, dtype=D).requires_grad_()
+    w = torch.randn(column, generator=g, dtype=D).requires_grad_()
+    dout = torch.randn(13, 40, generator=g, dtype=D)
+    got, ran = _grads("rms_norm", [x, w], dout)
+    for a, b in zip(got, _reference("rms_norm", [x, w], dout)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert ("aten::sum" in ran) == (column == (13, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_summed_weight_gradients_in_narrow_dtypes_are_the_same_bits_every_run(dtype):
+    """The summed gradient is added in float and rounded once to the weight's dtype; in a
+    fixed order, so two runs give the same bits."""
+    g = torch.Generator().manual_seed(5)
+    for name in ("rms_norm", "layer_norm"):
+        xs = [torch.randn(777 if x in COLUMNS else (300, 777), generator=g).to(dtype).requires_grad_()
+              for x in op(name).spec.inputs]
+        dout = torch.randn(300, 777, generator=g).to(dtype)
+        first, _ = _grads(name, xs, dout)
+        second, _ = _grads(name, xs, dout)
+        assert all(torch.equal(a, b) for a, b in zip(first, second))
+        for a, b in zip(first, _reference(name, xs, dout)):
+            assert a.dtype == dtype
+            scale = b.abs().max().item()
+            tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+            torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * scale)
+
+
 def test_per_row_output_has_a_last_dimension_of_one():
     assert call("row_lse")(torch.randn(2, 3, 7, dtype=D)).shape == (2, 3, 1)
     assert call("row_lse")(torch.empty(2, 3, 7, device="meta")).shape == (2, 3, 1)

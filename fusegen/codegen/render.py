@@ -204,6 +204,9 @@ def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
         main = s is spec
         context = _context(s, p, _jvp_args(spec, jvp) if main else None, grad2 and main)
         context["plain_kernels"] = not main
+        # A row op's CUDA backward that may sum a weight's gradient over the rows: one of an op
+        # of one input would be the whole (one-row) broadcast shape, with nothing to sum.
+        context["row_sums"] = bool(main and context["rows"] and len(s.inputs) > 1)
         for pattern, (template, role) in TEMPLATES.items():
             text = env.get_template(template).render(context, file_role=role)
             files[pattern.format(name=s.name)] = wrap(text)

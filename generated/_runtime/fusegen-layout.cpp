@@ -15,6 +15,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/accumulate.h>
 
 #ifdef FUSEGEN_WITH_CUDA
@@ -449,6 +451,12 @@ std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>
 // a row's slices); one that does not is copied to its contiguous layout first. Outputs are
 // new contiguous tensors of the broadcast shape, or of that shape with a last dimension of 1
 // for an output of one value per row (per_row); given[k], when defined, is written instead.
+// summed[k] (optional, per output: a backward's gradient of an input of one value per
+// column, called directly by autograd) asks for it summed over the rows in the kernel
+// instead (fusegen-runtime.h, CudaLoop::summed): then it is a tensor of one value per
+// column (the rows' length), in the compute type (float for fp16, bf16 and fp32), which the
+// caller casts. On CUDA only the first asked for, and only where the kernel keeps the sums
+// in registers (row_sums_fit); the others, and all on Meta, have the broadcast shape.
 struct RowStrides {
   int64_t along;  // bytes from one element of a row to the next
   int64_t next;   // bytes from one row to the next
@@ -484,7 +492,8 @@ bool row_strides(const at::Tensor& t, c10::IntArrayRef shape, RowStrides& out) {
 std::vector<at::Tensor> run_rows(const std::string& name, Device device, const Args& args,
                                  const std::vector<bool>& present, const bool* per_row,
                                  RowCpuKernel cpu, CudaKernel cuda, const double* scalars,
-                                 const std::vector<at::Tensor>& given) {
+                                 const std::vector<at::Tensor>& given,
+                                 const std::vector<bool>& summed = {}) {
   const at::ScalarType dtype = check_args(name, args);
   const c10::Device on = device_arg(args).tensor.device();
 #ifdef FUSEGEN_WITH_CUDA
@@ -496,9 +505,35 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
               ": the op reduces over the last dimension, and every tensor argument is 0-d; "
               "expected at least one argument with a dimension");
   const at::TensorOptions options = device_arg(args).tensor.options().dtype(dtype);
+  // Per operand: an output summed over the rows (bool, not vector<bool>: the kernel reads
+  // an array of them).
+  const at::TensorOptions sum_options =
+      options.dtype(dtype == at::kDouble ? at::kDouble : at::kFloat);
+  c10::SmallVector<bool, 16> sums(present.size() + args.size(), false);
+  bool any_sum = false;
+  if (device != Device::kMeta && !summed.empty()) {
+    const bool cpu = device == Device::kCpu;
+    // CUDA: float32 and float64 rows only. The summing grid (two blocks per SM) keeps fewer
+    // rows in flight than one block per row; rows of 16-bit values, half the bytes, then
+    // ran slower than writing the gradient whole for ATen to sum (H200, RMSNorm bf16 at
+    // 16384 x 8192: 0.71 against 0.55 ms; float32 1.18 -> 0.85 ms).
+    const bool wide = dtype == at::kFloat || dtype == at::kDouble;
+    const int acc_bytes = static_cast<int>(sum_options.dtype().itemsize());
+    const bool fits = cpu || (wide && row_sums_fit(shape.back().expect_int(), acc_bytes));
+    for (size_t k = 0; k < present.size(); ++k) {
+      sums[k] = fits && present[k] && summed[k] && (cpu || !any_sum);  // CUDA: the first
+      any_sum = any_sum || sums[k];
+    }
+  }
   std::vector<at::Tensor> outputs(present.size());
   for (size_t k = 0; k < present.size(); ++k) {
     if (!present[k]) continue;
+    if (sums[k]) {  // CPU: zeros the loop adds to; CUDA: the partial rows' sum (below)
+      const int64_t length = shape.back().expect_int();
+      outputs[k] = device == Device::kCpu ? at::zeros({length}, sum_options)
+                                          : at::empty({length}, sum_options);
+      continue;
+    }
     if (k < given.size() && given[k].defined()) {
       outputs[k] = given[k];
       continue;
@@ -530,14 +565,38 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
                 "indices below 2^24 exactly); expected rows of at most 16777216 elements");
   }
   const int64_t numel = rows * length;
-  if (numel == 0) return outputs;
+  if (numel == 0) {
+    for (size_t k = 0; k < present.size(); ++k) {
+      if (sums[k]) outputs[k].zero_();  // (CUDA: no rows, no partial rows to sum)
+    }
+    return outputs;
+  }
   std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
   std::vector<RowStrides> strides;
   std::vector<char*> data;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (given, its contiguous stand-in)
+  std::vector<at::Tensor> partials(present.size());  // CUDA: a summed output's, per block
+  int64_t sum_blocks = 0;
+#ifdef FUSEGEN_WITH_CUDA
+  if (device == Device::kCuda && any_sum) {  // a few waves of blocks striding over the rows
+    const int64_t per_block = kRowBlock / row_threads(length);
+    sum_blocks = std::min<int64_t>((rows + per_block - 1) / per_block,
+                                   int64_t(rtc_sm_count()) * kRowSumBlocksPerSm);
+  }
+#endif
   for (size_t k = 0; k < present.size(); ++k) {
     RowStrides rs{0, 0};
-    if (present[k]) {
+    if (sums[k]) {
+      const int64_t size = static_cast<int64_t>(outputs[k].element_size());
+      if (device == Device::kCpu) {
+        data.push_back(static_cast<char*>(outputs[k].data_ptr()));
+        rs = {size, 0};
+      } else {
+        partials[k] = at::empty({sum_blocks, length}, sum_options);
+        data.push_back(static_cast<char*>(partials[k].data_ptr()));
+        rs = {size, size * length};
+      }
+    } else if (present[k]) {
       c10::IntArrayRef out_shape = outputs[k].sizes();
       if (!row_strides(outputs[k], out_shape, rs) ||
           outputs[k].dim() != static_cast<int64_t>(concrete.size())) {
@@ -572,7 +631,11 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
     loop_strides[count + k] = strides[k].next;
   }
   const int64_t sizes[2] = {length, rows};
-  const CudaLoop loop{numel, 2, count, sizes, loop_strides.data(), data.data()};
+  CudaLoop loop{numel, 2, count, sizes, loop_strides.data(), data.data()};
+  if (any_sum) {
+    loop.summed = sums.data();
+    loop.sum_blocks = sum_blocks;
+  }
   if (device == Device::kCpu) {
     cpu(kernel_dtype(dtype), loop, scalars);
   } else {
@@ -584,6 +647,12 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
 #endif
   }
   for (auto& [target, stand_in] : copy_back) target.copy_(stand_in);
+  // The blocks' partial rows summed in a fixed order: ATen's reduction of one shape on one
+  // device takes the same steps on every run (no atomics).
+  const int64_t blocks_dim[] = {0};
+  for (size_t k = 0; k < partials.size(); ++k) {
+    if (partials[k].defined()) at::sum_out(outputs[k], partials[k], blocks_dim);
+  }
   return outputs;
 }
 
@@ -795,16 +864,19 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
 }
 
 // The backward on one device: the gradients selected by output_mask, in order, at the
-// broadcast shape (the autograd Function sums them to each input's shape). An op that
+// broadcast shape (the autograd Function sums them to each input's shape); a row op's
+// `summed` ones (run_rows) summed over the rows already. An op that
 // draws random numbers regenerates its forward's from the state given last.
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
-                                     const std::vector<at::Tensor>& given) {
+                                     const std::vector<at::Tensor>& given,
+                                     const std::vector<bool>& summed) {
   const OpDef& def = *op.def;
   const OpDef& cpu = device == Device::kCpu ? cpu_kernels_of(op) : def;  // its CPU kernels
   const Args args = a.named(def);
   if (def.rows) {  // gradients at the broadcast shape: none is one value per row
     return requested(run_rows(op.backward_name, device, args, a.mask, nullptr,
-                              cpu.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given));
+                              cpu.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given,
+                              summed));
   }
   Random random;  // (Meta: no kernel runs, only the linear layout matters)
   if (def.num_random > 0 && device != Device::kMeta) {

@@ -178,8 +178,10 @@ Dtype kernel_dtype(at::ScalarType t);
 // sampled: also return the random state drawn with (fusegen::<name>_sampled's last result).
 std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a,
                                     bool sampled = false);
+// summed (a row op's, per kernel output): sum it over the rows in the kernel (run_rows).
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
-                                     const std::vector<at::Tensor>& given = {});
+                                     const std::vector<at::Tensor>& given = {},
+                                     const std::vector<bool>& summed = {});
 
 // The kernel's operands for one step of TensorIterator's loop: `present[k]` says whether
 // output k of the kernel is one of the iterator's outputs (a requested gradient); absent

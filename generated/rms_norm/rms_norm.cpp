@@ -99,6 +99,7 @@ OpDef describe() {
 #ifdef FUSEGEN_WITH_CUDA
   def.backward_cuda = backward_cuda;
 #endif
+  def.backward_accumulates = true;
   def.num_jvp_args = 4;
   def.jvp_args = kJvpArgs;
   return def;

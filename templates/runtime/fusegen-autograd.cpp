@@ -77,10 +77,14 @@ std::vector<InputMeta> unpack_metadata(const std::vector<c10::SymInt>& all) {
 
 // A gradient computed at the broadcast shape, summed back to the input's shape and cast
 // to its dtype. A gradient that already fits is returned as is (no kernel: at::sum_to
-// sums even then when the shape is 0-d).
+// sums even then when the shape is 0-d); one of fewer dimensions than the input, a row
+// op's summed over the rows in its kernel (one value per column), is only reshaped.
 at::Tensor reduce_to_input(const InputMeta& meta, const at::Tensor& grad) {
   const c10::SymIntArrayRef sizes(meta.sizes);
-  at::Tensor g = grad.sym_sizes() == sizes ? grad : at::sum_to(grad, sizes);
+  const bool summed = grad.dim() < static_cast<int64_t>(sizes.size());
+  at::Tensor g = grad.sym_sizes() == sizes ? grad
+                 : summed                  ? grad.view_symint(sizes)
+                                           : at::sum_to(grad, sizes);
   return g.scalar_type() == meta.dtype ? g : g.to(meta.dtype);
 }
 
@@ -346,7 +350,7 @@ bool accumulates_in_kernel(const Op& op, const variable_list& douts,
   const OpDef& def = *op.def;
   const int count = def.num_kernel_grads;
   const at::Tensor& dout = douts[0];  // (several: one shape, one dtype)
-  if (def.backward_cuda == nullptr || !def.backward_accumulates || !dout.is_cuda() ||
+  if (def.rows || def.backward_cuda == nullptr || !def.backward_accumulates || !dout.is_cuda() ||
       at::globalContext().deterministicAlgorithms() ||
       backward_tensors(def) + 2 * count + 1 > kMaxVectorOperands) {  // Accumulating<F>::kOperands
     return false;
@@ -446,11 +450,40 @@ bool complete_douts(variable_list& douts) {
   return true;
 }
 
+// Per kernel output of a row op's backward (mask: those requested), whether its kernel sums
+// it over the rows (run_rows, summed): when every input that takes it, and needs it, is one
+// value per column (its sizes 1 but the last, the rows' length: a weight of shape (H,) or
+// (1, H)), as a weight's gradient is: the kernel adds it up as it computes it, where a
+// gradient at the broadcast shape would be written and read again by ATen's sum. On CUDA
+// only where the op's kernels sum (not an auxiliary op's: backward_accumulates).
+template <typename Needs>
+std::vector<bool> row_sums(const OpDef& def, c10::ArrayRef<InputMeta> meta, Needs&& needs,
+                           const std::vector<bool>& mask, bool cuda) {
+  std::vector<bool> summed;
+  if (!def.rows || (cuda && !def.backward_accumulates)) return summed;
+  c10::SymInt length = 1;  // the broadcast shape's last dimension: the inputs' largest
+  for (const InputMeta& m : meta) {
+    if (!m.sizes.empty() && m.sizes.back() > length) length = m.sizes.back();
+  }
+  const auto per_column = [&](const InputMeta& m) {
+    if (m.sizes.empty() || m.sizes.back() != length) return false;
+    return std::all_of(m.sizes.begin(), m.sizes.end() - 1,
+                       [](const c10::SymInt& d) { return d == 1; });
+  };
+  summed.assign(mask.begin(), mask.end());
+  for (int i = 0; i < def.num_inputs; ++i) {
+    const int k = def.grads[i].output;
+    if (needs(i) && k >= 0 && !per_column(meta[i])) summed[k] = false;
+  }
+  return summed;
+}
+
 // The first-order gradients of `op`'s inputs for which needs(i) holds: the eager ops of dout
 // alone, or <name>_backward over dout and `saved` (the tensors the backward reads). Without
 // create_graph nothing differentiates the backward, so its autograd kernel is skipped, and
 // for plain tensors its kernel is called directly (direct_call_ok), on CUDA summing the
-// gradients of broadcast inputs in the kernel where it can (accumulates_in_kernel); with
+// gradients of broadcast inputs in the kernel where it can (accumulates_in_kernel; a row
+// op's kernel sums a weight's on the CPU and CUDA: row_sums); with
 // create_graph, the autograd kernel records FusedDoubleBackward (double backward).
 // With SplitHalves, both halves' gradients are computed when u's is needed (its edge is in
 // the low half's place) and joined into it (split_gradient, join_halves).
@@ -491,7 +524,9 @@ variable_list first_order_grads(const Op& op, variable_list douts, std::vector<a
     if (direct) {
       RECORD_FUNCTION(op.backward_event.c_str(), std::vector<c10::IValue>());
       const bool cuda = device_arg(a.named(def)).tensor.is_cuda();
-      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a, given);
+      const std::vector<bool> summed =
+          given.empty() ? row_sums(def, meta, needs, mask, cuda) : std::vector<bool>();
+      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a, given, summed);
     }
     torch::jit::Stack stack;
     a.push(stack);

@@ -80,7 +80,9 @@ FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* 
 }
 
 // The loop over loop.sizes[1] rows of loop.sizes[0] elements: operand k's element (j, r)
-// at data[k] + j * strides[k] + r * strides[num_operands + k] (bytes); outputs first.
+// at data[k] + j * strides[k] + r * strides[num_operands + k] (bytes); outputs first. An
+// output summed over the rows (CudaLoop::summed) is added to its row of the compute type,
+// row after row: a fixed order.
 template <typename S, typename F>
 FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
   using A = typename Host<S>::acc;
@@ -114,6 +116,10 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
         if (base[k] == nullptr || (F::per_row(k) && j > 0)) continue;
         const int64_t count = F::per_row(k) ? 1 : m;
         char* out = base[k] + j * col[k];
+        if (loop.summed != nullptr && loop.summed[k]) {  // (its row of A: step[k] is 0)
+          for (int64_t e = 0; e < count; ++e) *reinterpret_cast<A*>(out + e * col[k]) += y[k][e];
+          continue;
+        }
         for (int64_t e = 0; e < count; ++e)
           *reinterpret_cast<S*>(out + e * col[k]) = Host<S>::store(y[k][e]);
       }

@@ -50,6 +50,10 @@ struct CudaLoop {
   const int64_t* strides;
   char* const* data;
   const Random* random = nullptr;  // an op that draws random numbers: its state
+  // A row op's backward (below): per operand, whether it is an output summed over the rows
+  // (nullptr: none is), and on CUDA the blocks that sum them, each into a partial row.
+  const bool* summed = nullptr;
+  int64_t sum_blocks = 0;
 };
 using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
@@ -57,7 +61,34 @@ using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* sca
 // rows, not by TensorIterator: its kernels get a CudaLoop of ndim == 2, sizes {row length,
 // rows} and strides[k] along a row, strides[num_operands + k] from one row to the next
 // (0 for an operand broadcast over that dimension), on the CPU as on CUDA.
+//
+// An output marked `summed` (the gradient of an input of one value per column, a weight's)
+// is summed over the rows into values of the compute type (float for fp16, bf16 and fp32,
+// double for fp64) instead of written per row: on the CPU into one row of them (zeros at
+// first), which the loop adds to in row order; on CUDA (one output per launch) each of
+// sum_blocks blocks writes the sums of the rows it takes into its own row of them
+// (strides[k] apart along it, strides[num_operands + k] from one block's to the next),
+// which the runtime then sums in a fixed order. No atomics: the same bits on every run.
 using RowCpuKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars);
+
+// The CUDA row kernel's shape (fusegen-cuda-rows.cuh), which the runtime's layout needs
+// too: threads per block, and the longest row one warp reduces alone (one row per block
+// beyond).
+constexpr int kRowBlock = 256;
+constexpr int64_t kWarpRowLength = 1024;
+constexpr int row_threads(int64_t length) { return length <= kWarpRowLength ? 32 : kRowBlock; }
+// Summing an output over the rows, a thread keeps the sums of its columns (the same ones on
+// every row) in registers: row_sum_columns of them at most, 32 registers' worth (32 floats,
+// 16 doubles; a 16-byte vector's elements divide it), so that the kernel fits the 128
+// registers of kRowSumBlocksPerSm resident blocks per SM without spilling (RMSNorm's
+// backward, ptxas -v for sm_90: 96-128 registers, no spill; 32 doubles spilled). Longer
+// rows (past 8192 elements, 4096 in fp64) are not summed in the kernel.
+constexpr int kRowSumBlocksPerSm = 2;
+FUSEGEN_HD_CONSTEXPR int row_sum_columns(int acc_bytes) { return 32 * 4 / acc_bytes; }
+constexpr bool row_sums_fit(int64_t length, int acc_bytes) {
+  return length <= int64_t(row_threads(length)) * row_sum_columns(acc_bytes);
+}
+
 // A row op's accumulator arrays (F::kRows of them): C++ has no empty arrays, and a
 // backward may reduce nothing.
 template <typename F>
@@ -214,7 +245,8 @@ struct OpDef {
   CudaKernel forward_cuda = nullptr;         // none in a build without CUDA
   CudaKernel backward_cuda = nullptr;
   bool backward_accumulates = false;         // backward_cuda takes accumulators
-                                             // (accumulates_in_kernel): not an auxiliary op's
+                                             // (accumulates_in_kernel), or for a row op sums
+                                             // outputs over the rows: not an auxiliary op's
   // Forward-mode AD through fusegen::<name>_jvp (built into the same library): its tensor
   // arguments, each an index into the inputs (that input's primal) or num_inputs + i
   // (input i's tangent), and its scalars as indices into the scalars. num_jvp_args: -1 when

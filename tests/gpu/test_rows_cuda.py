@@ -4,7 +4,8 @@ log_softmax, residual + RMSNorm of two outputs) through both shapes of the row k
 dtype, against eager in float64 on the same values, forward and every gradient; 3-D,
 transposed, sliced and per-row broadcast inputs; two runs, and the two compilers (NVRTC,
 nvcc), give the same bits; amax's and amin's gradient is split evenly between ties; no rows,
-no work.
+no work; a weight's gradient summed over the rows in the kernel (large shapes, two runs,
+deterministic mode).
 
     PYTHONPATH=. python -m pytest -q -m cuda tests/gpu/test_rows_cuda.py
 """
@@ -194,13 +195,51 @@ def test_layouts(ops, name, dtype, layout):
 @pytest.mark.parametrize("name", list(OPS))
 def test_two_runs_give_the_same_bits(ops, name, dtype, n):
     """Each row is reduced in a fixed order (no atomics): identical bits on every run, in
-    torch's default (nondeterministic) mode; a weight's gradient is ATen's sum over rows."""
+    torch's default (nondeterministic) mode; a weight's gradient is summed by the kernel's
+    blocks, and their partial rows by ATen's sum, in a fixed order too."""
     op = _call(ops["nvrtc"][name], name)
     leaves = _inputs(name, (300,), n, dtype, seed=3)
     douts = _douts(name, leaves, dtype)
     first, second = _run(op, leaves, douts), _run(op, leaves, douts)
     for k, (a, b) in enumerate(zip(first, second)):
         assert torch.equal(a, b), f"{name} {dtype} rows of {n}, result {k}"
+
+
+def _sums_of(op, leaves, douts):
+    """The input shapes of the aten::sum calls of op's backward."""
+    leaves = [t.detach().requires_grad_() for t in leaves]
+    out = op(*leaves)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.autograd.grad(out, leaves, douts)
+        torch.cuda.synchronize()
+    return [tuple(e.input_shapes[0]) for e in prof.events() if e.name == "aten::sum"]
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096), (333, 1000), (16384, 8192), (64, 8200)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+def test_weight_gradients_are_summed_in_the_row_kernel(ops, name, dtype, shape):
+    """A weight's gradient (shape (H,)) is summed over the rows by the backward kernel, each
+    block into one partial row, which ATen sums: no (rows, H) gradient is written for it
+    (rows past 8192 elements, and 16-bit rows, still are). It matches eager in float64, and two runs give the
+    same bits, also under torch.use_deterministic_algorithms (no atomics)."""
+    rows, n = shape
+    leaves = _inputs(name, (rows,), n, dtype, seed=4)
+    douts = _douts(name, leaves, dtype)
+    first = _check(name, ops, leaves, douts, dtype, f"{name} {dtype} {shape}")
+    op = _call(ops["nvrtc"][name], name)
+    assert all(torch.equal(a, b) for a, b in zip(first, _run(op, leaves, douts)))
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(first, _run(op, leaves, douts)))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    summed = _sums_of(op, leaves, douts)
+    full = [s for s in summed if s == shape]  # LayerNorm's bias: dout summed by ATen
+    # (16-bit rows write the weight's gradient whole: faster there, run_rows)
+    assert len(full) == (name == "layernorm") + (n > 8192 or dtype != torch.float32), summed
+    props = torch.cuda.get_device_properties(0)
+    assert all(s[0] <= 2 * props.multi_processor_count for s in summed if s != shape), summed
 
 
 def _tied_rows(n: int, sign: float) -> torch.Tensor:
