@@ -210,18 +210,17 @@ class _Converter:
         args = self._bind(node, name, spec)
         return spec.build(*args)
 
-    def _reduce(self, node, name, operand, rest, method: bool):
-        """A reduction over the last dimension, torch's call as written: `dim` must be -1
-        (or (-1,)) and `keepdim` True, so that the value broadcasts back over its row as
-        eager's does; the row kernels reduce nothing else."""
-        form = f"x.{name}(-1, keepdim=True)" if method else f"torch.{name}(x, -1, keepdim=True)"
-        slots = dict(zip(("dim", "keepdim"), rest))
-        if len(rest) > 2:
-            self.fail(node, f"{name}() takes at most 3 arguments, got {len(rest) + (0 if method else 1)}", f"expected {form}")
+    def _last_dim_slots(self, node, name, params, rest, method: bool, form: str, what: str) -> dict:
+        """The arguments after the tensor of a call along the last dimension (`params`:
+        dim and the rest, positional or keyword), with `dim` checked to be -1 (or (-1,))."""
+        slots = dict(zip(params, rest))
+        if len(rest) > len(params):
+            self.fail(node, f"{name}() takes at most {len(params) + 1} arguments, got "
+                      f"{len(rest) + (0 if method else 1)}", f"expected {form}")
         for kw in node.keywords:
             if kw.arg == "input" and not method:
                 continue
-            if kw.arg not in ("dim", "keepdim"):
+            if kw.arg not in params:
                 self.fail(node, f"{name}() got an unexpected keyword argument {kw.arg!r}", f"expected {form}")
             if kw.arg in slots:
                 self.fail(node, f"{name}() got multiple values for argument '{kw.arg}'")
@@ -229,8 +228,16 @@ class _Converter:
         dim = slots.get("dim")
         if dim is None or not _is_last_dim(dim):
             got = "no dim" if dim is None else f"dim={ast.unparse(dim)}"
-            self.fail(node, f"{name}() reduces over the last dimension only: expected dim=-1, got {got}",
+            self.fail(node, f"{name}() {what} the last dimension only: expected dim=-1, got {got}",
                       f"expected {form}")
+        return slots
+
+    def _reduce(self, node, name, operand, rest, method: bool):
+        """A reduction over the last dimension, torch's call as written: `dim` must be -1
+        (or (-1,)) and `keepdim` True, so that the value broadcasts back over its row as
+        eager's does; the row kernels reduce nothing else."""
+        form = f"x.{name}(-1, keepdim=True)" if method else f"torch.{name}(x, -1, keepdim=True)"
+        slots = self._last_dim_slots(node, name, ("dim", "keepdim"), rest, method, form, "reduces over")
         keep = slots.get("keepdim")
         if not (isinstance(keep, ast.Constant) and keep.value is True):
             got = "no keepdim" if keep is None else f"keepdim={ast.unparse(keep)}"
@@ -243,22 +250,7 @@ class _Converter:
         element at it. The index reads inputs and numbers only; an input it reads holds
         integers (ir/primitives.gather)."""
         form = "x.gather(-1, index)" if method else "torch.gather(x, -1, index)"
-        slots = dict(zip(("dim", "index"), rest))
-        if len(rest) > 2:
-            self.fail(node, f"gather() takes 3 arguments, got {len(rest) + (0 if method else 1)}", f"expected {form}")
-        for kw in node.keywords:
-            if kw.arg == "input" and not method:
-                continue
-            if kw.arg not in ("dim", "index"):
-                self.fail(node, f"gather() got an unexpected keyword argument {kw.arg!r}", f"expected {form}")
-            if kw.arg in slots:
-                self.fail(node, f"gather() got multiple values for argument '{kw.arg}'")
-            slots[kw.arg] = kw.value
-        dim = slots.get("dim")
-        if dim is None or not _is_last_dim(dim):
-            got = "no dim" if dim is None else f"dim={ast.unparse(dim)}"
-            self.fail(node, f"gather() picks along the last dimension only: expected dim=-1, got {got}",
-                      f"expected {form}")
+        slots = self._last_dim_slots(node, fn.GATHER, ("dim", "index"), rest, method, form, "picks along")
         if "index" not in slots:
             self.fail(node, "gather() is missing argument 'index'", f"expected {form}")
         index = self.convert(slots["index"])
