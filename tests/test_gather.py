@@ -149,6 +149,13 @@ def test_a_fused_function():
     torch.testing.assert_close(gather_ce_fused(x, label), eager(x, label))
 
 
+def test_onnx_translation_is_refused_by_name_and_left_out_of_the_whole_table():
+    pytest.importorskip("onnxscript")
+    with pytest.raises(fusegen.FusegenError, match="gathers along its rows"):
+        fusegen.onnx_translations(op())
+    assert op().op.default not in fusegen.onnx_translations()
+
+
 def test_index_arguments_are_checked():
     x = logits((4, 8)).detach()
     with pytest.raises(RuntimeError, match="argument 'label' is the index of a gather; expected an integer "

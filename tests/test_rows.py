@@ -153,6 +153,28 @@ def test_same_bits_every_run():
     assert all(torch.equal(p, q) for p, q in zip(torch.autograd.grad(a, xs, douts), torch.autograd.grad(b, xs, douts)))
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "log_softmax"])
+def test_rows_split_over_threads_give_the_bits_of_one_thread(name):
+    """Enough rows for the CPU loop to split them over threads (run_rows_cpu): values and
+    gradients, a weight's summed per range of rows included, equal eager's in float64 and
+    are the same bits on one thread as on several."""
+    xs = inputs(name, (700, 301), D)
+    douts = torch.randn(700, 301, dtype=D)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, max(2, threads)):
+            torch.set_num_threads(n)
+            out = call(name)(*xs)
+            runs.append([out, *torch.autograd.grad(out, xs, douts)])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    want = OPS[name][2](*xs)
+    for got, ref in zip(runs[0], [want, *torch.autograd.grad(want, xs, douts)]):
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+
 def _grads(name, xs, dout, **kw):
     """Each input's gradient, and the names of the ATen ops the backward ran."""
     y = call(name)(*xs)

@@ -251,6 +251,20 @@ def _result_dtype(name: str, tensors: dict, scalars) -> torch.dtype:
     return (out[0] if isinstance(out, tuple) else out).dtype  # (several outputs: one dtype)
 
 
+def _untranslatable(name: str, outputs) -> str | None:
+    """Why the op has no ONNX translation, or None."""
+    used = dag.free_symbols(list(outputs))
+    if any(fn.is_random(s) for s in used):
+        return (f"fusegen::{name} draws random numbers (rand_like, dropout): its ONNX export is not "
+                "supported; export the model in eval mode (dropout off) or without the translation "
+                "table (torch's own random ops are then exported)")
+    if fn.COLUMN in used:
+        return (f"fusegen::{name} gathers along its rows (x.gather(-1, index)): its ONNX export is not "
+                "supported; export the model without the translation table (torch's own ops are then "
+                "exported), or write the op without the gather")
+    return None
+
+
 def _translation(name: str, inputs, scalars, outputs, joined: bool = False) -> Callable:
     """The onnxscript translation of torch.ops.fusegen.<name>, computing `outputs` (the op's
     trees over symbols named `inputs` and `scalars`; several: a tuple of values). It takes the op's arguments (by position
@@ -260,15 +274,9 @@ def _translation(name: str, inputs, scalars, outputs, joined: bool = False) -> C
     signature = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                    for p in (*inputs, *scalars)])
 
-    if any(fn.is_random(s) for s in dag.free_symbols(list(outputs))):
-        raise FusegenError(f"fusegen::{name} draws random numbers (rand_like, dropout): its ONNX export "
-                           "is not supported; export the model in eval mode (dropout off) or without "
-                           "the translation table (torch's own random ops are then exported)")
-
-    if fn.COLUMN in dag.free_symbols(list(outputs)):
-        raise FusegenError(f"fusegen::{name} gathers along its rows (x.gather(-1, index)): its ONNX "
-                           "export is not supported; export the model without the translation table "
-                           "(torch's own ops are then exported), or write the op without the gather")
+    refusal = _untranslatable(name, outputs)
+    if refusal is not None:
+        raise FusegenError(refusal)
 
     def translate(*args, **kwargs):
         bound = signature.bind(*args, **kwargs).arguments
@@ -301,7 +309,8 @@ def onnx_translations(*ops) -> dict:
     `custom_translation_table`, for the given ops (FusedOp, @fused functions,
     torch.ops.fusegen.<name> or its overload, or op names), or, with none, for every op
     fusegen has built or loaded in this process (building the @fused functions that wait
-    for their first call: the model may not have run yet)."""
+    for their first call: the model may not have run yet) that has one: an op that draws
+    random numbers or gathers is refused by name, and left out of the whole table."""
     from fusegen import api
     from fusegen.frontend.decorator import build_pending
 
@@ -316,6 +325,8 @@ def onnx_translations(*ops) -> dict:
                                f"fusegen in this process; expected an op made with fusegen.fuse, "
                                f"fuse_many or @fused (the translation needs its expression)")
         spec = fused.spec
+        if not ops and _untranslatable(spec.name, spec.outputs) is not None:
+            continue  # (every op of the process: one without a translation exports as torch's ops)
         table[fused.op.default] = _translation(spec.name, spec.inputs, spec.scalars, spec.outputs, spec.joined)
     return table
 

@@ -489,6 +489,59 @@ bool row_strides(const at::Tensor& t, c10::IntArrayRef shape, RowStrides& out) {
   return true;
 }
 
+// Ranges of rows the CPU loop runs at most: enough to spread over the threads, few enough
+// that a summed output's partial rows (one per range) stay small.
+constexpr int64_t kCpuRowRanges = 64;
+
+// The CPU row loop with its rows split over threads: fixed ranges of rows (they depend on
+// the shape alone), handed out by TensorIterator::for_each over one byte per range
+// (libtorch's parallel backend: this unit has no OpenMP), each run as a loop of its own.
+// Rows are independent, so the split changes no bit; an output summed over the rows
+// (`sums`: the row of the compute type it is added to) is summed per range into a partial
+// row, and the partial rows are added in range order, so neither does its sum.
+void run_rows_cpu(RowCpuKernel cpu, Dtype dtype, const CudaLoop& loop, const double* scalars,
+                  const std::vector<at::Tensor>& sums) {
+  const int64_t length = loop.sizes[0];
+  const int64_t rows = loop.sizes[1];
+  const int64_t per_range = std::max((rows + kCpuRowRanges - 1) / kCpuRowRanges,
+                                     (kCpuGrain + length - 1) / length);
+  const int64_t ranges = (rows + per_range - 1) / per_range;
+  if (ranges <= 1) {  // (one thread too takes the ranges: a summed output's bits stay)
+    cpu(dtype, loop, scalars);
+    return;
+  }
+  const int count = loop.num_operands;
+  std::vector<at::Tensor> partials(sums.size());
+  for (size_t k = 0; k < sums.size(); ++k) {
+    if (sums[k].defined()) partials[k] = at::zeros({ranges, length}, sums[k].options());
+  }
+  at::Tensor bytes = at::empty({ranges}, at::TensorOptions().dtype(at::kByte));
+  const char* first = static_cast<const char*>(bytes.const_data_ptr());
+  at::TensorIterator iter = at::TensorIterator::nullary_op(bytes);
+  iter.for_each([&](char** data, const int64_t*, int64_t n) {
+    for (int64_t range = data[0] - first, end = range + n; range < end; ++range) {
+      const int64_t r = range * per_range;
+      const int64_t sizes[2] = {length, std::min(per_range, rows - r)};
+      c10::SmallVector<char*, 16> d(count);
+      for (int k = 0; k < count; ++k) {
+        const bool summed = static_cast<size_t>(k) < partials.size() && partials[k].defined();
+        d[k] = summed ? static_cast<char*>(partials[k][range].data_ptr())
+               : loop.data[k] == nullptr ? nullptr
+                                         : loop.data[k] + r * loop.strides[count + k];
+      }
+      CudaLoop part = loop;
+      part.numel = sizes[0] * sizes[1];
+      part.sizes = sizes;
+      part.data = d.data();
+      cpu(dtype, part, scalars);
+    }
+  }, /*grain_size=*/1);
+  for (size_t k = 0; k < partials.size(); ++k) {
+    if (!partials[k].defined()) continue;
+    for (int64_t range = 0; range < ranges; ++range) sums[k].add_(partials[k][range]);
+  }
+}
+
 std::vector<at::Tensor> run_rows(const std::string& name, Device device, const Args& args,
                                  const std::vector<bool>& present, const bool* per_row,
                                  RowCpuKernel cpu, CudaKernel cuda, const double* scalars,
@@ -637,7 +690,11 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
     loop.sum_blocks = sum_blocks;
   }
   if (device == Device::kCpu) {
-    cpu(kernel_dtype(dtype), loop, scalars);
+    std::vector<at::Tensor> summed_into(present.size());
+    for (size_t k = 0; k < present.size(); ++k) {
+      if (sums[k]) summed_into[k] = outputs[k];
+    }
+    run_rows_cpu(cpu, kernel_dtype(dtype), loop, scalars, summed_into);
   } else {
 #ifdef FUSEGEN_WITH_CUDA
     cuda(kernel_dtype(dtype), loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
