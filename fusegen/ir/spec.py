@@ -246,7 +246,8 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
     needs_kernel = any(e != GRAD and steps is None for e, steps in zip(exprs, dout_only))
     kernel_outputs: dict[sympy.Expr, int] = {}
     gradients = []
-    index_inputs = tuple(x for x in parsed.inputs if symbol(x) in fn.index_symbols(outputs))
+    index_symbols = fn.index_symbols(outputs)
+    index_inputs = tuple(x for x in parsed.inputs if symbol(x) in index_symbols)
     for inp, e, ke, steps in zip(parsed.inputs, exprs, kernel_exprs, dout_only):
         if inp in index_inputs:  # integers: autograd never asks for their gradient
             gradients.append(Gradient(inp, sympy.Integer(0), False))

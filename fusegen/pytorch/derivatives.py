@@ -312,7 +312,9 @@ def _values(info: OpInfo, tensors, scalars) -> dict:
     """Symbol -> value: each tensor in the promoted dtype (a gather's index in the dtype
     it is compared in), each scalar as it came."""
     dtype = composite.promoted_dtype(tensors)
-    index = fn.index_symbols(info.outputs)
+    index = info._derived.get("index")
+    if index is None:
+        index = info._derived["index"] = fn.index_symbols(info.outputs)
     values = {s: t.to(composite.index_dtype(dtype) if s in index else dtype)
               for s, t in zip(info.tensors, tensors)}
     values.update(zip(info.scalars, scalars))
