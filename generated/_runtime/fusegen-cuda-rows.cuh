@@ -297,8 +297,10 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     const auto go = [&](auto threads, auto vectors) {
       constexpr int kRowThreads = decltype(threads)::value;
       constexpr bool kVector = decltype(vectors)::value;
-      if constexpr (kSums) {
-        if (a.summed >= 0) {  // (the runtime asks only where row_sums_fit)
+      // (the runtime sums float32 and float64 rows only, where row_sums_fit: run_rows; no
+      // 16-bit summing kernel is built)
+      if constexpr (kSums && sizeof(S) >= 4) {
+        if (a.summed >= 0) {
           launch(FUSEGEN_KERNEL(f, rows_kernel, S, F, kRowThreads, kVector, true),
                  {static_cast<unsigned>(loop.sum_blocks)}, kRowBlock, 0, stream, a, f);
           return;
