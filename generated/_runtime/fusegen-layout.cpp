@@ -52,6 +52,12 @@ bool is_computed_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
+// The type the kernels accumulate in for an op computed in `dtype` (fusegen-half.h's acc):
+// double for float64, float for the others.
+at::ScalarType acc_dtype(at::ScalarType dtype) {
+  return dtype == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // A 0-dim CPU tensor is allowed with tensors of any device, as eager allows it.
 bool is_cpu_scalar(const at::Tensor& t) { return t.dim() == 0 && t.device().is_cpu(); }
 
@@ -152,8 +158,7 @@ std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype,
     }
     // A gather's index in the accumulator type the row kernels compute in, which holds
     // every index of a row they take (run_rows checks the length).
-    const at::ScalarType type =
-        !arg.index ? dtype : dtype == at::kDouble ? at::kDouble : at::kFloat;
+    const at::ScalarType type = arg.index ? acc_dtype(dtype) : dtype;
     out.push_back(t.scalar_type() == type ? t : t.to(type));
   }
   return out;
@@ -525,7 +530,8 @@ void run_rows_cpu(RowCpuKernel cpu, Dtype dtype, const CudaLoop& loop, const dou
       c10::SmallVector<char*, 16> d(count);
       for (int k = 0; k < count; ++k) {
         const bool summed = static_cast<size_t>(k) < partials.size() && partials[k].defined();
-        d[k] = summed ? static_cast<char*>(partials[k][range].data_ptr())
+        char* partial = summed ? static_cast<char*>(partials[k].data_ptr()) : nullptr;
+        d[k] = summed                    ? partial + range * length * loop.strides[k]
                : loop.data[k] == nullptr ? nullptr
                                          : loop.data[k] + r * loop.strides[count + k];
       }
@@ -560,8 +566,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   const at::TensorOptions options = device_arg(args).tensor.options().dtype(dtype);
   // Per operand: an output summed over the rows (bool, not vector<bool>: the kernel reads
   // an array of them).
-  const at::TensorOptions sum_options =
-      options.dtype(dtype == at::kDouble ? at::kDouble : at::kFloat);
+  const at::TensorOptions sum_options = options.dtype(acc_dtype(dtype));
   c10::SmallVector<bool, 16> sums(present.size() + args.size(), false);
   bool any_sum = false;
   if (device != Device::kMeta && !summed.empty()) {
