@@ -13,6 +13,8 @@ import fcntl
 import json
 import logging
 import os
+import re
+import stat
 import subprocess
 import sys
 import threading
@@ -386,3 +388,61 @@ def test_cache_as_an_expression_is_written_in_parentheses(tmp_path, capsys):
     assert 'fusegen "(cache)"' in capsys.readouterr().err
     assert main(["(cache)", "--name", "cache_op", "--out", str(tmp_path), "--no-build"]) == 0
     assert "torch.ops.fusegen.cache_op(cache)" in capsys.readouterr().out
+
+
+# -- Jinja's compiled templates (codegen/render.py) -------------------------------------------------
+
+def _render_in_new_process(root: Path) -> str:
+    """Render an op's files in a fresh process; print how many templates Jinja compiled
+    from source there."""
+    code = ("import jinja2, fusegen.api as api\n"
+            "n = []\n"
+            "compile = jinja2.Environment.compile\n"
+            "jinja2.Environment.compile = lambda self, *a, **k: n.append(1) or compile(self, *a, **k)\n"
+            "api.generate(api.Request('a*b+c', 'tpl_fma', None, ()))\n"
+            "print(len(n))\n")
+    env = dict(os.environ, FUSEGEN_CACHE_DIR=str(root))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_a_new_process_finds_the_templates_compiled(cache):
+    cache.build()  # the cache exists and is fusegen's
+    assert int(_render_in_new_process(cache.root)) > 0
+    kept = sorted(p.name for p in (cache.root / fcache.TEMPLATES).iterdir())
+    assert kept and all(re.fullmatch(r"__jinja2_[0-9a-f]{40}\.cache", n) for n in kept)
+    assert stat.S_IMODE((cache.root / fcache.TEMPLATES).stat().st_mode) == 0o700
+    assert _render_in_new_process(cache.root) == "0"
+
+
+def test_templates_are_not_kept_in_a_cache_that_is_not_private_or_not_fusegens(cache, tmp_path):
+    cache.build()
+    os.chmod(cache.root, 0o770)
+    assert fcache.template_folder() is None
+    os.chmod(cache.root, 0o700)
+    (cache.root / fcache.TEMPLATES).mkdir(mode=0o777)
+    os.chmod(cache.root / fcache.TEMPLATES, 0o777)
+    assert fcache.template_folder() is None  # Jinja would load code others can write
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    os.environ["FUSEGEN_CACHE_DIR"] = str(other)  # (the fixture's monkeypatch restores it)
+    assert fcache.template_folder() is None and not (other / fcache.TEMPLATES).exists()
+
+
+def test_list_and_clear_know_the_compiled_templates(cache, capsys):
+    cache.build()
+    folder = fcache.template_folder()
+    (folder / f"__jinja2_{'a' * 40}.cache").write_bytes(b"x")
+    (folder / f"__jinja2_{'b' * 40}.cachek1ll3d_x.tmp").write_bytes(b"x")
+    status, out, _ = run(capsys, "list")
+    assert status == 0 and "templates" not in out
+    assert fcache.foreign(cache.root) is None
+    status, out, _ = run(capsys, "clear")
+    assert status == 0 and not list(folder.iterdir())
+
+
+def test_a_stranger_in_the_templates_folder_makes_an_unmarked_folder_foreign(cache):
+    cache.build()
+    (fcache.template_folder() / "notes.txt").write_text("mine\n")
+    (cache.root / fcache.ROOT_MARKER).unlink()
+    assert fcache.foreign(cache.root) == [fcache.TEMPLATES]

@@ -44,8 +44,9 @@ def users_folder(root: Path) -> Path:
     """A folder as a user's ~/.cache or $HOME is: other tools' caches, documents, and folders
     named like fusegen's own temp folders and entries."""
     for sub in ("pip/http", "torch/hub", "Documents/taxes", f".build-{'a' * 20}-k1ll3d_x",
-                ".build-thing", f".trash-{'b' * 32}-0123abcd", "locks", "index"):
+                ".build-thing", f".trash-{'b' * 32}-0123abcd", "locks", "index", "templates"):
         (root / sub).mkdir(parents=True)
+    (root / "templates" / f"__jinja2_{'e' * 40}.cache").write_bytes(b"another tool's")
     (root / "Documents" / "taxes" / "2026.pdf").write_bytes(b"%PDF")
     (root / "locks" / f"{'c' * 32}.lock").write_text("")
     entry = root / ("d" * 32)  # a fusegen-like entry, in a folder fusegen never made

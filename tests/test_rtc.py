@@ -71,6 +71,31 @@ def test_launch_units_define_each_entry_point_and_source_once(tmp_path, monkeypa
     assert sorted(defined) == sorted(entries)
 
 
+def _launched_goldens() -> list[str]:
+    return sorted(n for n in GOLDEN if builder.LAUNCHED_MARK in (GENERATED / n / f"{n}.cpp").read_text())
+
+
+@pytest.mark.parametrize("name", _launched_goldens())
+def test_a_descriptor_compiled_alone_includes_no_math(tmp_path, monkeypatch, name):
+    """A new op's library on a GPU machine is its descriptor alone (its CPU kernels later,
+    its CUDA kernels from NVRTC): that unit compiles warning-free without the op's math or
+    <cmath>, most of a new op's build. The unit built whole checks the descriptor's
+    written-out launch counts against the functors (a static_assert)."""
+    monkeypatch.setenv("FUSEGEN_CUDA_COMPILER", "nvrtc")
+    folder = GENERATED / name
+    files = {f.name: f.read_text() for f in folder.iterdir() if f.suffix in (".cu", ".cpp")}
+    for later in (True, False):
+        units = builder._units([(name, files)], cuda=True, later=later)
+        assert list(units) == ["unit0.cpp"]
+        unit = tmp_path / f"unit_{later}.cpp"
+        unit.write_text(units["unit0.cpp"])
+        result = _compile(unit, "-fsyntax-only")
+        assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+        headers = _compile(unit, "-M").stdout.replace("\\\n", " ").split()
+        math = [h for h in headers if h.endswith(("/cmath", f"/{name}.h"))]
+        assert bool(math) != later, math
+
+
 # A stand-in for the runtime's NVRTC entry points that prints each kernel a launcher asks
 # for, and loops of every kind the launchers tell apart.
 HARNESS = r"""

@@ -4,8 +4,8 @@ Four figures, each measured in fresh processes (torch imported before the clock 
 user's program has it), with the median and the spread (min..max) of the runs:
 
 1. a new op to its first result: `import fusegen`, `fusegen.fuse(...)` of an op the cache
-   does not hold (the cache holds the shared runtime only), then its first forward and
-   backward call (synchronized on a GPU);
+   does not hold (the cache holds what any op leaves in it: the shared runtime and the
+   compiled templates), then its first forward and backward call (synchronized on a GPU);
 2. the first op ever: the same in an empty cache, so the shared runtime (once per
    torch/CUDA/compiler version) is built as well; and with the runtime `fusegen setup`
    built at install time (its time is a figure of its own), where the op alone is built;
@@ -35,6 +35,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from fusegen.build import cache as _cache
 from fusegen.files import write_text
 
 COLD_EXPR = "x*sigmoid(x)*alpha + y"
@@ -130,10 +131,15 @@ def summary(runs: list[dict], key: str = "wall_s") -> dict:
 
 
 def _seeded_cache(work: Path, runtime: Path | None) -> str:
-    """A new cache folder (0700) holding only the shared runtime's entry, when given."""
+    """A new cache folder (0700): empty, or, given the runtime's entry, a cache as a user's
+    is after a first op: fusegen's (its marker), the runtime and the compiled templates."""
     cache = Path(tempfile.mkdtemp(prefix="cache-", dir=work))
     if runtime is not None:
         shutil.copytree(runtime, cache / runtime.name)
+        templates = runtime.parent / _cache.TEMPLATES
+        if templates.is_dir():
+            shutil.copytree(templates, cache / _cache.TEMPLATES)
+        _cache.mark_root(cache)
     return str(cache)
 
 

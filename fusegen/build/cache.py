@@ -9,6 +9,8 @@ Layout of `$FUSEGEN_CACHE_DIR` (default `~/.cache/fusegen`), written by `builder
     runtime-<key>/              the shared runtime: libfusegen_runtime_<key>.so, its sources, entry.json
     locks/<folder>.lock         the flock a build of <folder> holds from start to publish (its pid inside)
     index/<request key>.json    which library a request was built into (fusegen/build/index.py)
+    templates/__jinja2_<sha1>.cache  Jinja's compiled templates (codegen/render.py): a new op's
+                                process then skips compiling them (0.1 s of its build)
     .build-<folder[:20]>-XXXX/  a build in progress (or killed), holding fusegen-owner
     .trash-<folder>-XXXX/       an entry being removed (renamed aside first, then deleted)
 
@@ -40,6 +42,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -56,6 +59,7 @@ VERIFIED_FILE = "verified"
 OWNER_FILE = "fusegen-owner"  # not "lock": cpp_extension's FileBaton uses that name in the build folder
 LOCKS = "locks"
 INDEX = "index"
+TEMPLATES = "templates"
 TEMP_PREFIX = ".build-"
 TRASH_PREFIX = ".trash-"
 # The cache's own marker: a cache directory tag (https://bford.info/cachedir/), so backup
@@ -73,6 +77,10 @@ _TRASH_NAME = (r"\.trash-(?:(?:runtime-)?[0-9a-f]{32}|build-(?:[0-9a-f]{20}|runt
                          r"-[0-9a-f]{8}")
 _INDEX_NAME = r"[0-9a-f]{32}\.json"
 _LOCK_NAME = r"(?:runtime-)?[0-9a-f]{32}\.lock"
+# Jinja's FileSystemBytecodeCache names, and its temp file (NamedTemporaryFile: the name, a
+# random part, .tmp) left by a crash mid-write.
+_TEMPLATE_NAME = r"__jinja2_[0-9a-f]{40}\.cache(?:[a-z0-9_]+\.tmp)?"
+_FOLDER_NAMES = {LOCKS: _LOCK_NAME, INDEX: _INDEX_NAME, TEMPLATES: _TEMPLATE_NAME}
 KINDS = ("op", "runtime")
 
 
@@ -112,8 +120,8 @@ def foreign(root: Path) -> list[str] | None:
         name = path.name
         if is_entry(path):
             entries_seen += 1
-        elif name in (LOCKS, INDEX) and path.is_dir() and not path.is_symlink():
-            pattern = _LOCK_NAME if name == LOCKS else _INDEX_NAME
+        elif name in _FOLDER_NAMES and path.is_dir() and not path.is_symlink():
+            pattern = _FOLDER_NAMES[name]
             if not all(re.fullmatch(pattern, p.name) or p.name.startswith(".") for p in _children(path)):
                 others.append(name)
         elif not (re.fullmatch(_TEMP_NAME, name) or re.fullmatch(_TRASH_NAME, name)):
@@ -482,7 +490,7 @@ def others(root: Path | None = None) -> list[Path]:
     own): listed, never removed."""
     root = cache_dir() if root is None else root
     return [p for p in _children(root)
-            if not (is_entry(p) or p.name in (LOCKS, INDEX, ROOT_MARKER) or re.fullmatch(_TEMP_NAME, p.name)
+            if not (is_entry(p) or p.name in (*_FOLDER_NAMES, ROOT_MARKER) or re.fullmatch(_TEMP_NAME, p.name)
                     or re.fullmatch(_TRASH_NAME, p.name) or _is_own_temp_file(p.name))]
 
 
@@ -593,4 +601,47 @@ def prune_index(root: Path | None = None, everything: bool = False) -> int:
             removed += 1
         except FileNotFoundError:
             pass
+    return removed
+
+
+# -- compiled templates ----------------------------------------------------------------------------
+
+def template_folder() -> Path | None:
+    """Where render.py keeps Jinja's compiled templates: `templates/` in a cache that is
+    fusegen's (its marker) and private (this user's, written by nobody else, for Jinja loads
+    the code in it), created 0700; None otherwise (the templates are compiled from source)."""
+    root = cache_dir()
+    folder = root / TEMPLATES
+    me = os.geteuid()
+    try:
+        if not _tagged(root) or not _private(os.stat(root), me):
+            return None
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(folder)
+        return folder if stat.S_ISDIR(st.st_mode) and _private(st, me) else None
+    except OSError:
+        return None
+
+
+def _private(st: os.stat_result, me: int) -> bool:
+    return st.st_uid == me and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def clear_templates(root: Path | None = None) -> int:
+    """Remove the compiled templates (recompiled on the next new op); how many went."""
+    root = cache_dir() if root is None else root
+    folder = root / TEMPLATES
+    if folder.is_symlink():
+        return 0
+    removed = 0
+    for path in _children(folder):
+        if re.fullmatch(_TEMPLATE_NAME, path.name) and not path.is_symlink():
+            try:
+                path.unlink()
+                removed += 1
+            except FileNotFoundError:
+                pass
     return removed

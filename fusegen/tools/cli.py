@@ -388,6 +388,8 @@ def _cache_remove(root: Path, args, now: float) -> int:
             kept += 1
             print(f"kept     {e.name}: a build in progress holds its lock (building it, or linking against it)")
     cache.prune_index(root, everything=clear and not kept)
+    if clear:
+        cache.clear_templates(root)
     left = cache.entries(root)
     print(f"cache    {root}: removed {removed} entr{'y' if removed == 1 else 'ies'} ({_size(freed)}); "
           f"{len(left)} left, {_size(sum(e.size for e in left))}")

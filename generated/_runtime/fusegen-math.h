@@ -5,6 +5,10 @@
 
 #ifdef __CUDACC_RTC__
 #include "fusegen-rtc.h"
+#elif defined(FUSEGEN_CPU_LATER)
+// An op's descriptor alone (its CPU kernels left for later, OpDef::cpu_later; its CUDA
+// kernels compiled by NVRTC) computes nothing, and <cmath> would be most of its compile.
+#include <cstdint>
 #else
 #include <cmath>
 #include <cstdint>
@@ -77,6 +81,7 @@ FUSEGEN_HD T sign(T x) {
   return static_cast<T>((T(0) < x) - (x < T(0)));
 }
 
+#ifndef FUSEGEN_CPU_LATER
 FUSEGEN_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 FUSEGEN_HD double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
@@ -85,6 +90,7 @@ FUSEGEN_HD double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 // log1p keeps the digits of a tiny exp(x) (large negative x gives exp(x), not 0).
 FUSEGEN_HD float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 FUSEGEN_HD double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+#endif  // FUSEGEN_CPU_LATER
 
 }  // namespace fusegen
 

@@ -156,12 +156,17 @@ struct LaunchDef {
 void run_launched(const LaunchDef& def, Dtype dtype, const CudaLoop& loop, const double* scalars,
                   void* stream);
 
-// F's LaunchDef, its counts and name from F itself.
+// Whether `def` (written out by an op's descriptor, which is compiled without the op's math
+// where its CPU kernels come later: OpDef::cpu_later) has F's own counts and name. The
+// op's .cpp checks it wherever the math is compiled too (a static_assert).
+constexpr bool same_name(const char* a, const char* b) {
+  return *a == *b && (*a == 0 || same_name(a + 1, b + 1));
+}
 template <template <typename> class F>
-constexpr LaunchDef launch_def(const RtcSource* source, int scalars, bool accumulates,
-                               bool every_kernel) {
-  return {source, F<float>::kName, F<float>::kInputs, F<float>::kOutputs, scalars,
-          kRandomOf<F<float>>, accumulates, every_kernel};
+constexpr bool launches(const LaunchDef& def) {
+  return same_name(def.functor, F<float>::kName) && def.inputs == F<float>::kInputs &&
+         def.outputs == F<float>::kOutputs && def.random == kRandomOf<F<float>> &&
+         launchable<F>(def.scalars);
 }
 #endif
 

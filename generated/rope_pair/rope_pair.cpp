@@ -25,9 +25,11 @@
 // TensorIterator (promotion, broadcasting, strides, memory format, output allocation),
 // runs these kernels over it in parallel and registers the op. This file is the op's CPU
 // entry points and its descriptor.
-#include "fusegen-cpu.h"
 #include "fusegen-runtime.h"
+#ifndef FUSEGEN_CPU_LATER  // the math: not in a descriptor compiled alone (OpDef::cpu_later)
+#include "fusegen-cpu.h"
 #include "rope_pair.h"
+#endif
 
 namespace fusegen::op_rope_pair {
 
@@ -35,15 +37,21 @@ namespace fusegen::op_rope_pair {
 // The NVRTC route: the runtime's launchers run this op's kernels (run_launched), compiled
 // from its .cu, at FUSEGEN_RTC_FILE in the library's folder: no launcher code here.
 const RtcSource kSource{FUSEGEN_RTC_FILE, &kSource};
-static_assert(launchable<Forward>(0), "Forward as the bytes run_launched passes");
-const LaunchDef kForwardLaunch =
-    launch_def<Forward>(&kSource, 0, /*accumulates=*/false, /*every_kernel=*/true);
+constexpr LaunchDef kForwardLaunch = {
+    &kSource, "fusegen::op_rope_pair::Forward", /*inputs=*/4, /*outputs=*/2, /*scalars=*/0,
+    /*random=*/0, /*accumulates=*/false, /*every_kernel=*/true};
+#ifndef FUSEGEN_CPU_LATER
+static_assert(launches<Forward>(kForwardLaunch), "Forward as run_launched passes it");
+#endif
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   run_launched(kForwardLaunch, dtype, loop, scalars, stream);
 }
-static_assert(launchable<Backward>(0), "Backward as the bytes run_launched passes");
-const LaunchDef kBackwardLaunch =
-    launch_def<Backward>(&kSource, 0, /*accumulates=*/true, /*every_kernel=*/true);
+constexpr LaunchDef kBackwardLaunch = {
+    &kSource, "fusegen::op_rope_pair::Backward", /*inputs=*/6, /*outputs=*/4, /*scalars=*/0,
+    /*random=*/0, /*accumulates=*/true, /*every_kernel=*/true};
+#ifndef FUSEGEN_CPU_LATER
+static_assert(launches<Backward>(kBackwardLaunch), "Backward as run_launched passes it");
+#endif
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   run_launched(kBackwardLaunch, dtype, loop, scalars, stream);
 }
