@@ -135,6 +135,13 @@ _OP_FILES = (".h", ".cu", ".cpp")  # an op's own files (codegen/render.py's TEMP
 _HELPER_PREFIX = "fusegen-"        # the hand-written headers beside them (no op name has a '-')
 
 
+def _compiled_templates() -> str | None:
+    """Where Jinja keeps the compiled templates: the cache's folder, if the cache is fusegen's."""
+    from fusegen.build.cache import template_folder
+    folder = template_folder()
+    return str(folder) if folder else None
+
+
 def generate(request: Request) -> Generated:
     """Every stage but the compiler: what `fusegen --no-build` writes."""
     from fusegen.ir import limits
@@ -147,7 +154,8 @@ def generate(request: Request) -> Generated:
         spec = differentiate(parsed, name=request.name, command=request.command)    # differentiate
         auxiliary = auxiliary_specs(spec)                                           # ... again
         printed = [print_op(_with_c_names(s)) for s in (spec,) + auxiliary]         # print
-        files = render(spec, printed[0], tuple(zip(auxiliary, printed[1:])))        # render
+        files = render(spec, printed[0], tuple(zip(auxiliary, printed[1:])),        # render
+                       compiled=_compiled_templates())
         limits.check_source(spec.name, files)  # the runtime is not among them
     return Generated(spec, files, auxiliary)
 
@@ -484,7 +492,7 @@ def generate_step(parsed, name: str | None = None, command: str | None = None):
     from fusegen.ir.step import step_spec
 
     spec = step_spec(parsed, name, command)                                         # spec
-    files = render_step(spec, *print_step(spec))                                    # print, render
+    files = render_step(spec, *print_step(spec), compiled=_compiled_templates())  # print, render
     limits.check_source(spec.name, files)
     return spec, files
 

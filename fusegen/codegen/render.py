@@ -43,14 +43,13 @@ COMPUTE_TYPES = ("float", "double")
 
 
 @lru_cache(maxsize=None)
-def _environment() -> jinja2.Environment:
-    # Compiling the templates is 0.1 s of a new op's process: Jinja keeps them compiled in
-    # the cache (checked against each template's source), when the cache is fusegen's.
-    from fusegen.build.cache import template_folder
-    folder = template_folder()
+def _environment(compiled: str | None = None) -> jinja2.Environment:
+    # Compiling the templates is 0.1 s of a new op's process: given a folder (the driver
+    # passes the cache's, when the cache is fusegen's), Jinja keeps them compiled there,
+    # checked against each template's source.
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
-        bytecode_cache=jinja2.FileSystemBytecodeCache(str(folder)) if folder else None,
+        bytecode_cache=jinja2.FileSystemBytecodeCache(compiled) if compiled else None,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -196,12 +195,12 @@ def _check_names(spec: OpSpec):
                 raise SpecError(f"{what} {value!r} {problem}")
 
 
-def render(spec: OpSpec, printed: PrintedOp, auxiliary=()) -> dict[str, str]:
+def render(spec: OpSpec, printed: PrintedOp, auxiliary=(), compiled: str | None = None) -> dict[str, str]:
     """All files of one op, name -> text, in a fixed order. spec.json carries the hash.
 
     `auxiliary`: (spec, printed) of the ops derived from it (`<name>_grad2`, `<name>_jvp`),
     rendered by the same templates into the same folder and built into the same library."""
-    env = _environment()
+    env = _environment(compiled)
     files: dict[str, str] = {}
     jvp = next((a for a, _ in auxiliary if a.name == spec.name + names.JVP_SUFFIX), None)
     grad2 = any(a.name == spec.name + names.GRAD2_SUFFIX for a, _ in auxiliary)
@@ -237,7 +236,7 @@ STEP_TEMPLATES = {
 }
 
 
-def render_step(spec, program_by_type: dict, derived: list) -> dict[str, str]:
+def render_step(spec, program_by_type: dict, derived: list, compiled: str | None = None) -> dict[str, str]:
     """The files of one step op (ir/step.py): `program_by_type` is its Program printed per
     compute type (printer.print_program), `derived` its derived scalars printed in double,
     (name, code)."""
@@ -269,7 +268,7 @@ def render_step(spec, program_by_type: dict, derived: list) -> dict[str, str]:
         "foreach_schema": spec.foreach_schema(),
         "math": [{"ctype": t, "step": program_by_type[t]} for t in COMPUTE_TYPES],
     }
-    env = _environment()
+    env = _environment(compiled)
     files = {}
     for pattern, (template, role) in STEP_TEMPLATES.items():
         files[pattern.format(name=spec.name)] = wrap(env.get_template(template).render(context, file_role=role))
