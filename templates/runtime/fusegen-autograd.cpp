@@ -893,6 +893,7 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
   at::Tensor state;  // an op that draws random numbers: the state it drew with
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const BackwardExpected expected(def.num_kernel_grads > 0);
     if (def.num_random > 0) {
       op.sampled_op->redispatchBoxed(keys & c10::after_autograd_keyset, stack);
       state = stack->back().toTensor();

@@ -28,7 +28,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -267,6 +269,8 @@ struct State {
   // are built once and kept, fusegen-cuda-common.cuh), so a launch does no string work.
   std::map<std::tuple<const RtcSource*, const char*, int>, Function> functions;
   std::vector<std::string> events;                      // "compiled <kernel>", "loaded <kernel>"
+  // Backward kernels compiling on threads of their own (compile_ahead), by cubin path.
+  std::map<std::string, std::shared_future<Cubin>> ahead;
 };
 
 State& state() {
@@ -350,14 +354,28 @@ Cubin compile(const std::string& source_path, const std::string& kernel,
   return cubin;
 }
 
-// The kernel on the current device: found in this process, loaded from the cubin cache,
-// or compiled. Called with the state's mutex held.
-Function& function(State& s, const RtcSource& source, const char* kernel) {
-  const int device = c10::cuda::current_device();
-  const auto key = std::make_tuple(&source, kernel, device);
-  const auto found = s.functions.find(key);
-  if (found != s.functions.end()) return found->second;
+// Where and how the kernels of `source` compile on the current device: the folder of the
+// op's entry, the NVRTC options, and the identity of a cubin beside the kernel's name.
+struct Target {
+  std::string folder;
+  std::string file;  // the kernel source, relative to the folder
+  std::vector<std::string> options;
+  bool ptx = false;
+  std::string identity;  // what a cubin depends on besides its kernel
 
+  std::string cubins() const { return folder + "/cubin"; }
+  std::string cubin_path(const std::string& kernel) const {
+    const std::string id = kernel + "\n" + identity;
+    return cubins() + "/" + hex(fnv1a(id.data(), id.size())) + ".cubin";
+  }
+  Cubin compile_kernel(const std::string& kernel) const {
+    Cubin cubin = compile(folder + "/" + file, kernel, options, ptx);
+    keep_cubin(cubins(), cubin_path(kernel), cubin);
+    return cubin;
+  }
+};
+
+Target target_of(State& s, const RtcSource& source, int device) {
   auto folder = s.folders.find(&source);
   if (folder == s.folders.end()) {
     std::string path = library_folder(source.anchor, source.file);
@@ -367,36 +385,110 @@ Function& function(State& s, const RtcSource& source, const char* kernel) {
   int arch_major = 0, arch_minor = 0, major = 0, minor = 0, driver = 0;
   cudaDeviceGetAttribute(&arch_major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&arch_minor, cudaDevAttrComputeCapabilityMinor, device);
-  const int target = target_arch(arch_major * 10 + arch_minor);
-  const bool ptx = target != arch_major * 10 + arch_minor;
+  const int arch = target_arch(arch_major * 10 + arch_minor);
   api().nvrtcVersion(&major, &minor);
   cudaDriverGetVersion(&driver);
-  const std::string file = source.file;
-  const size_t slash = file.rfind('/');
+  Target t;
+  t.folder = folder->second;
+  t.file = source.file;
+  t.ptx = arch != arch_major * 10 + arch_minor;
+  const size_t slash = t.file.rfind('/');
   // The nvcc route's device flags (build/toolchain.py: no fast math, which both leave off
   // by default), so that both routes compute the same bits; -default-device compiles the
   // shared headers' unannotated inline functions (fusegen-half.h's) for the device.
-  const std::vector<std::string> options = {
-      (ptx ? "--gpu-architecture=compute_" : "--gpu-architecture=sm_") + std::to_string(target),
+  t.options = {
+      (t.ptx ? "--gpu-architecture=compute_" : "--gpu-architecture=sm_") + std::to_string(arch),
       "-std=c++17",
       "-default-device",
       "-DFUSEGEN_WITH_CUDA",
-      "-I" + folder->second + "/_runtime",
-      "-I" + folder->second + "/" + (slash == std::string::npos ? "." : file.substr(0, slash)),
+      "-I" + t.folder + "/_runtime",
+      "-I" + t.folder + "/" + (slash == std::string::npos ? "." : t.file.substr(0, slash)),
   };
-  // What the cubin depends on; the include folders by their flag alone, so that a cache
-  // that moved keeps its cubins.
-  std::string identity = std::string(kernel) + "\n" + std::to_string(major) + "." +
-                         std::to_string(minor) + "\n" + std::to_string(driver) + "\n" + file;
-  for (const std::string& o : options)
-    identity += "\n" + o.substr(0, o.rfind("-I", 0) == 0 ? 2 : o.npos);
-  const std::string cubins = folder->second + "/cubin";
-  const std::string path = cubins + "/" + hex(fnv1a(identity.data(), identity.size())) + ".cubin";
-  Cubin cubin = load_cubin(cubins, path);
-  const bool cached = !cubin.code.empty();
-  if (!cached) {
-    cubin = compile(folder->second + "/" + file, kernel, options, ptx);
-    keep_cubin(cubins, path, cubin);
+  // The include folders by their flag alone, so that a cache that moved keeps its cubins.
+  t.identity = std::to_string(major) + "." + std::to_string(minor) + "\n" +
+               std::to_string(driver) + "\n" + t.file;
+  for (const std::string& o : t.options)
+    t.identity += "\n" + o.substr(0, o.rfind("-I", 0) == 0 ? 2 : o.npos);
+  return t;
+}
+
+// The backward kernels a forward kernel's loop suggests, in its dtype: the same kind with
+// the op's Backward functor for its Forward (dout laid out as the inputs), and after the
+// contiguous kernel also the vector kernel without gathers (dout broadcast, as the
+// gradient of a sum is); none for a kernel that is not a forward's.
+std::vector<std::string> backwards_of(const std::string& kernel) {
+  static const std::string kForward = "::Forward<", kBackward = "::Backward<";
+  static const std::string kContiguous = "fusegen::contiguous_kernel<";
+  const size_t at = kernel.rfind(kForward);
+  if (at == std::string::npos) return {};
+  const std::string same = kernel.substr(0, at) + kBackward + kernel.substr(at + kForward.size());
+  std::vector<std::string> names = {same};
+  // contiguous_kernel<T, kVec, F> -> vector_kernel<T, kVec, false, F>
+  const size_t vec = same.find(", ", same.find(", ") + 1);
+  if (same.rfind(kContiguous, 0) == 0 && vec != std::string::npos) {
+    const std::string type_and_width = same.substr(kContiguous.size(), vec - kContiguous.size());
+    names.push_back("fusegen::vector_kernel<" + type_and_width + ", false" + same.substr(vec));
+  }
+  return names;
+}
+
+// Before compiling a forward kernel whose backward will run (rt::backward_expected): the
+// backward kernels it suggests compile on threads of their own, beside the forward's compile
+// and while the forward runs, unless their cubins are on disk already; function() picks
+// them up, so a new op's first backward waits for no compile of its own. A guess that the
+// backward does not use (its loop takes another kind) costs only its thread's time.
+// Before the process exits, the threads still compiling are waited for.
+void compile_ahead(State& s, const Target& t, const std::string& kernel) {
+  static std::once_flag wait_at_exit;
+  for (const std::string& backward : backwards_of(kernel)) {
+    const std::string path = t.cubin_path(backward);
+    if (s.ahead.count(path) != 0 || access(path.c_str(), F_OK) == 0) continue;
+    std::call_once(wait_at_exit, [] {
+      std::atexit([] {
+        std::vector<std::shared_future<Cubin>> running;
+        {
+          State& st = state();
+          std::lock_guard<std::mutex> lock(st.mutex);
+          for (const auto& entry : st.ahead) running.push_back(entry.second);
+        }
+        for (const auto& f : running) f.wait();
+      });
+    });
+    s.ahead.emplace(path, std::async(std::launch::async,
+                                     [t, backward] { return t.compile_kernel(backward); })
+                              .share());
+  }
+}
+
+// The kernel on the current device: found in this process, compiled ahead, loaded from the
+// cubin cache, or compiled. Called with the state's mutex held.
+Function& function(State& s, const RtcSource& source, const char* kernel) {
+  const int device = c10::cuda::current_device();
+  const auto key = std::make_tuple(&source, kernel, device);
+  const auto found = s.functions.find(key);
+  if (found != s.functions.end()) return found->second;
+
+  const Target t = target_of(s, source, device);
+  const std::string path = t.cubin_path(kernel);
+  Cubin cubin;
+  bool cached = false;
+  const auto ahead = s.ahead.find(path);
+  if (ahead != s.ahead.end()) {
+    const std::shared_future<Cubin> compiling = ahead->second;
+    s.ahead.erase(ahead);
+    try {
+      cubin = compiling.get();
+    } catch (const std::exception&) {
+      cubin = {};  // compiled again below, which reports the error
+    }
+  }
+  if (cubin.code.empty()) {
+    cubin = load_cubin(t.cubins(), path);
+    cached = !cubin.code.empty();
+  }
+  if (cubin.code.empty()) {
+    if (rt::backward_expected) compile_ahead(s, t, kernel);  // beside this one's compile
+    cubin = t.compile_kernel(kernel);
   }
   ensure_context();
   CUmodule module = nullptr;

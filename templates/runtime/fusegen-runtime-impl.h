@@ -30,6 +30,21 @@ class Library;
 
 namespace fusegen::rt {
 
+// Set on this thread while a forward that records its backward runs its kernels
+// (record_forward): a forward kernel that NVRTC compiles meanwhile starts the compile of
+// its backward's on another thread (fusegen-rtc.cpp), so that a new op's first backward
+// finds its kernel compiled, or nearly.
+inline thread_local bool backward_expected = false;
+struct BackwardExpected {
+  explicit BackwardExpected(bool expected) : previous(backward_expected) {
+    backward_expected = expected;
+  }
+  ~BackwardExpected() { backward_expected = previous; }
+  BackwardExpected(const BackwardExpected&) = delete;
+  BackwardExpected& operator=(const BackwardExpected&) = delete;
+  const bool previous;
+};
+
 // One tensor argument with the name it has in the schema, for error messages.
 struct Arg {
   const char* name;

@@ -138,6 +138,33 @@ def test_fp32_forward_compiles_one_kernel_and_a_later_process_none(tmp_path):
     assert any("Backward<float>" in e for e in events) and not any("<float, 4" in e for e in events)
 
 
+def test_a_forward_that_records_its_backward_compiles_the_backward_kernel_beside_it(tmp_path):
+    """A new op's first forward with inputs that require grad starts the backward kernels
+    its loop suggests (the same kind and dtype for a dout laid out as the inputs, the vector
+    kernel for a broadcast one) on threads of their own: their cubins land while the
+    forward's result is awaited, and the backward of a sum uses the vector kernel's,
+    compiling nothing more; a later process loads both kernels it uses."""
+    body = """
+        import os, time
+        from pathlib import Path
+        cubins = lambda: sorted(Path(os.environ["FUSEGEN_CACHE_DIR"]).glob("*/cubin/*.cubin"))
+        a, b, c = (torch.randn(1 << 20, device="cuda", requires_grad=True) for _ in range(3))
+        out = op(a, b, c); torch.cuda.synchronize()
+        deadline = time.time() + 120
+        while len(cubins()) < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        assert len(cubins()) == 3, cubins()
+        out.sum().backward(); torch.cuda.synchronize()
+        assert len(cubins()) == 3, cubins()
+    """
+    forward = "fusegen::contiguous_kernel<float, 4, fusegen::op_rtc_lazy::Forward<float>>"
+    backward = "fusegen::vector_kernel<float, 4, false, fusegen::op_rtc_lazy::Backward<float>>"
+    events, _ = _process(tmp_path / "cache", body)
+    assert events == [f"compiled {forward}", f"compiled {backward}"]
+    events, _ = _process(tmp_path / "cache", body)
+    assert events == [f"loaded {forward}", f"loaded {backward}"]
+
+
 def test_a_damaged_cubin_is_compiled_again(tmp_path):
     cache = tmp_path / "cache"
     _process(cache, FP32_FORWARD)
