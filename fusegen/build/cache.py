@@ -596,12 +596,17 @@ def prune_index(root: Path | None = None, everything: bool = False) -> int:
         if not everything and isinstance(library, str) and isinstance(runtime, str) \
                 and (root / library).is_dir() and (root / f"runtime-{runtime}").is_dir():
             continue
-        try:
-            path.unlink()
-            removed += 1
-        except FileNotFoundError:
-            pass
+        removed += _unlink(path)
     return removed
+
+
+def _unlink(path: Path) -> int:
+    """Remove one file fusegen made; 1 if it went, 0 if another process removed it first."""
+    try:
+        path.unlink()
+        return 1
+    except FileNotFoundError:
+        return 0
 
 
 # -- compiled templates ----------------------------------------------------------------------------
@@ -639,9 +644,5 @@ def clear_templates(root: Path | None = None) -> int:
     removed = 0
     for path in _children(folder):
         if re.fullmatch(_TEMPLATE_NAME, path.name) and not path.is_symlink():
-            try:
-                path.unlink()
-                removed += 1
-            except FileNotFoundError:
-                pass
+            removed += _unlink(path)
     return removed
