@@ -104,6 +104,29 @@ def test_backward_through_a_layout_the_forward_did_not_have(ops):
     assert torch.equal(gx, g * mask.double() * 2)
 
 
+def test_the_numbers_are_the_same_on_any_number_of_threads(ops):
+    """The CPU loop splits a random op's elements over threads as any op's: each run draws
+    by its place in the output, so one thread and four give the same bits, forward and
+    backward, for contiguous and column-major inputs alike."""
+    x, b, r = _args(torch.float32, 1024, 1000, grad=False)  # 2^20 elements: many runs
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 4):
+            torch.set_num_threads(n)
+            for xs in (x, x.t().contiguous().t()):
+                xs = xs.detach().requires_grad_()
+                torch.manual_seed(11)
+                y = ops["bda"](xs, b, r, 0.5)
+                (gx,) = torch.autograd.grad(y, xs, torch.ones_like(y))
+                results.append((y, gx))
+    finally:
+        torch.set_num_threads(threads)
+    for y, gx in results[1:]:
+        assert torch.equal(y, results[0][0]) and torch.equal(gx, results[0][1])
+    assert ((results[0][0] - r) == 0).float().mean().item() == pytest.approx(0.5, abs=0.01)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_dtypes(ops, dtype):
     x, b, r = _args(dtype, 128, 512, grad=False)

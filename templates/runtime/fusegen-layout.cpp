@@ -312,38 +312,57 @@ void advise_huge_pages(const std::vector<at::Tensor>& outputs) {
 // The CPU kernel over the iterator: TensorIterator::for_each splits it over threads
 // (at::parallel_for) and calls back with 1-D runs; each run goes to the kernel with the
 // kernel's operand order (absent outputs null).
-// An op that draws random numbers (`random`) runs on one thread, in the loop's linear order,
-// so that each run knows the linear index of its first element (Random::first).
+// An op that draws random numbers (`random`) numbers each element by its place in the
+// broadcast shape (Random::first: a run's first). Its first output is new and contiguous in
+// that shape (make_iterator), so a run's place is where it starts in that output, and its
+// runs go to threads as any op's do, each element drawing the same numbers on any number of
+// threads. Only into given outputs of another layout (the halves of a joined op's gradient)
+// does it run on one thread, in the loop's linear order.
 void launch_cpu(at::TensorIterator& iter, const Operands& ops, CpuKernel kernel, Dtype dtype,
                 const double* scalars, const Random* random) {
   const int count = ops.size();
-  if (random != nullptr) {
-    Random run = *random;
-    const int ntensors = iter.ntensors();
-    iter.serial_for_each([&](char** data, const int64_t* strides, int64_t size0, int64_t size1) {
+  const auto runs = [&](const Random* drawn) {
+    return [&, drawn](char** data, const int64_t* strides, int64_t n) {
       c10::SmallVector<char*, 16> d(count);
       c10::SmallVector<int64_t, 16> s(count);
-      for (int64_t outer = 0; outer < size1; ++outer, run.first += size0) {
-        for (int k = 0; k < count; ++k) {
-          const int i = ops.slot[k];
-          d[k] = i < 0 ? nullptr : data[i] + outer * strides[ntensors + i];
-          s[k] = i < 0 ? 0 : strides[i];
-        }
-        kernel(dtype, d.data(), s.data(), size0, scalars, &run);
+      for (int k = 0; k < count; ++k) {
+        const int i = ops.slot[k];
+        d[k] = i < 0 ? nullptr : data[i];
+        s[k] = i < 0 ? 0 : strides[i];
       }
-    }, {0, iter.numel()});
+      kernel(dtype, d.data(), s.data(), n, scalars, drawn);
+    };
+  };
+  if (random == nullptr) {
+    iter.for_each(runs(nullptr), kCpuGrain);
     return;
   }
-  iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
+  const at::Tensor& numbered = iter.output(0);
+  if (numbered.numel() == iter.numel() && numbered.is_contiguous()) {
+    const char* const base = static_cast<const char*>(iter.data_ptr(0));
+    const int64_t size = iter.element_size(0);
+    iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
+      TORCH_INTERNAL_ASSERT(n == 1 || strides[0] == size, "fusegen: a random run is not linear");
+      Random run = *random;
+      run.first += (data[0] - base) / size;
+      runs(&run)(data, strides, n);
+    }, kCpuGrain);
+    return;
+  }
+  Random run = *random;
+  const int ntensors = iter.ntensors();
+  iter.serial_for_each([&](char** data, const int64_t* strides, int64_t size0, int64_t size1) {
     c10::SmallVector<char*, 16> d(count);
     c10::SmallVector<int64_t, 16> s(count);
-    for (int k = 0; k < count; ++k) {
-      const int i = ops.slot[k];
-      d[k] = i < 0 ? nullptr : data[i];
-      s[k] = i < 0 ? 0 : strides[i];
+    for (int64_t outer = 0; outer < size1; ++outer, run.first += size0) {
+      for (int k = 0; k < count; ++k) {
+        const int i = ops.slot[k];
+        d[k] = i < 0 ? nullptr : data[i] + outer * strides[ntensors + i];
+        s[k] = i < 0 ? 0 : strides[i];
+      }
+      kernel(dtype, d.data(), s.data(), size0, scalars, &run);
     }
-    kernel(dtype, d.data(), s.data(), n, scalars, nullptr);
-  }, kCpuGrain);
+  }, {0, iter.numel()});
 }
 
 #ifdef FUSEGEN_WITH_CUDA
