@@ -437,14 +437,18 @@ std::vector<std::string> backwards_of(const std::string& kernel) {
 // and while the forward runs, unless their cubins are on disk already; function() picks
 // them up, so a new op's first backward waits for no compile of its own. A guess that the
 // backward does not use (its loop takes another kind) costs only its thread's time.
-// Before the process exits, the threads still compiling are waited for.
+// Before the process exits, the threads still compiling are waited for (not in a child
+// forked meanwhile, which has none).
 void compile_ahead(State& s, const Target& t, const std::string& kernel) {
   static std::once_flag wait_at_exit;
   for (const std::string& backward : backwards_of(kernel)) {
     const std::string path = t.cubin_path(backward);
     if (s.ahead.count(path) != 0 || access(path.c_str(), F_OK) == 0) continue;
     std::call_once(wait_at_exit, [] {
+      static const pid_t owner = getpid();
       std::atexit([] {
+        // A forked child has the map (and maybe a held mutex) but not the threads.
+        if (getpid() != owner) return;
         std::vector<std::shared_future<Cubin>> running;
         {
           State& st = state();
