@@ -351,16 +351,11 @@ void launch_cpu(at::TensorIterator& iter, const Operands& ops, CpuKernel kernel,
   }
   Random run = *random;
   const int ntensors = iter.ntensors();
+  c10::SmallVector<char*, 16> row(ntensors);
   iter.serial_for_each([&](char** data, const int64_t* strides, int64_t size0, int64_t size1) {
-    c10::SmallVector<char*, 16> d(count);
-    c10::SmallVector<int64_t, 16> s(count);
     for (int64_t outer = 0; outer < size1; ++outer, run.first += size0) {
-      for (int k = 0; k < count; ++k) {
-        const int i = ops.slot[k];
-        d[k] = i < 0 ? nullptr : data[i] + outer * strides[ntensors + i];
-        s[k] = i < 0 ? 0 : strides[i];
-      }
-      kernel(dtype, d.data(), s.data(), size0, scalars, &run);
+      for (int i = 0; i < ntensors; ++i) row[i] = data[i] + outer * strides[ntensors + i];
+      runs(&run)(row.data(), strides, size0);
     }
   }, {0, iter.numel()});
 }
