@@ -182,12 +182,34 @@ def test_parse_errors():
         fusegen.fuse("torch.randn_like(x)", name="rnd_normal")
 
 
+def test_double_backward_draws_the_forwards_numbers(ops):
+    """A gradient penalty through dropout: the second derivative (<name>_grad2_backward)
+    regenerates the forward's mask from the saved state, so it equals eager's formula on
+    that mask, in float64; gradgradcheck with the seed set inside the function."""
+    x, b, r = _args()
+    y = ops["bda"](x, b, r, 0.5)
+    kept = ((y - r) != 0).double()
+    g = torch.randn_like(y, requires_grad=True)  # a gradient penalty's dout
+    gx, gb = torch.autograd.grad(y, (x, b), g, create_graph=True)
+    dg, = torch.autograd.grad((gx * gx).sum() + (gb ** 3).sum(), g)
+    g = g.detach()
+    want = 2 * (g * kept * 2) * kept * 2 + 3 * ((g * kept * 2).sum(0) ** 2) * kept * 2
+    assert torch.allclose(dg, want, rtol=1e-12, atol=1e-12)
+
+    def seeded(x, b, r):
+        torch.manual_seed(5)
+        return ops["bda"](x, b, r, 0.3)
+    small = [t[..., :8].detach().requires_grad_() for t in (x[:4], b, r[:4])]
+    assert torch.autograd.gradgradcheck(seeded, small)
+
+
 def test_higher_orders_and_transforms_are_refused(ops):
     x, b, r = _args()
     y = ops["bda"](x, b, r, 0.5)
-    g = torch.randn_like(y, requires_grad=True)  # a gradient penalty's dout
-    with pytest.raises((RuntimeError, FusegenError), match="double backward"):
-        torch.autograd.grad(y, x, g, create_graph=True)
+    g = torch.randn_like(y, requires_grad=True)
+    gx, = torch.autograd.grad(y, x, g, create_graph=True)
+    with pytest.raises((RuntimeError, FusegenError), match="third derivative"):
+        torch.autograd.grad((gx * gx).sum(), g, create_graph=True)  # to take a third
     with pytest.raises((RuntimeError, FusegenError), match="random numbers"):
         torch.func.jvp(lambda t: ops["bda"](t, b, r, 0.5), (x.detach(),), (torch.ones_like(x),))
     with pytest.raises((RuntimeError, FusegenError), match="random numbers"):

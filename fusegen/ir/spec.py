@@ -446,7 +446,10 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
         tree = term if tree is None else fn.add(tree, term)
     _check_size(tree, f"the double backward of '{spec.name}'")
     inputs = tuple(douts) + spec.backward_inputs + tuple(gg)
-    parsed = Parsed(text(tree), (tree,), inputs, spec.backward_scalars)
+    # An op that draws keeps its streams (the same symbols): the double backward passes
+    # <name>_grad2_backward the forward's saved state, so it draws the forward's numbers.
+    parsed = Parsed(text(tree), (tree,), inputs, spec.backward_scalars, random=len(spec.random),
+                    probabilities=tuple(p for p in spec.probabilities if p in spec.backward_scalars))
     return differentiate(parsed, name=spec.name + names.GRAD2_SUFFIX, command=spec.command, auxiliary=True)
 
 
@@ -511,10 +514,11 @@ def _check_size(tree, what: str):
 def auxiliary_specs(spec: OpSpec) -> tuple[OpSpec, ...]:
     """The ops built beside `spec` into its library: <name>_grad2 (when it has a backward
     kernel) and <name>_jvp (when some gradient is not zero). An op that draws random numbers
-    has none: its derivatives beyond first-order reverse mode are refused (the runtime's
-    Autograd kernel), as they would need its numbers again in ops of their own."""
+    has no _jvp: its forward-mode tangent would need the numbers the forward is drawing
+    (refused by the runtime's Autograd kernel); its _grad2 regenerates them from the saved
+    state as its backward does."""
     if spec.random:
-        return ()
+        return tuple(s for s in (grad2_spec(spec),) if s is not None)
     return tuple(s for s in (grad2_spec(spec), jvp_spec(spec)) if s is not None)
 
 

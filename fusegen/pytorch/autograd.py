@@ -188,9 +188,9 @@ def _composite_kernel(member: Member):
         if len(tensors) == member.tensors and (
                 (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors)) or _has_tangent(tensors)):
             if member.random:  # its composite would draw other numbers than the forward did
-                raise FusegenError(f"fusegen::{member.name}: double backward (create_graph=True) and forward-mode "
-                                   "AD of an op that draws random numbers are not supported; its first-order "
-                                   "gradients are")
+                raise FusegenError(f"fusegen::{member.name}: a third derivative, or forward-mode AD through a "
+                                   "double backward, of an op that draws random numbers is not supported; its "
+                                   "first and second reverse-mode derivatives are")
             from fusegen.pytorch.derivatives import _composite_forward
             return _composite_forward(_info(member.name), args)
         with torch._C._AutoDispatchBelowAutograd():

@@ -699,9 +699,13 @@ class FusedDoubleBackward final : public torch::autograd::Node {
     saved.reserve(saved_.size());
     for (torch::autograd::SavedVariable& v : saved_) saved.push_back(v.unpack());
     const int own = backward_tensors(def);
+    // The douts and the tensors the backward reads, which <name>_grad2 takes first; an op
+    // that draws random numbers has its state after them, which <name>_grad2_backward takes
+    // last (it draws the forward's numbers again, as the backward did).
+    const int differentiable = def.num_outputs + def.num_backward_inputs;
     variable_list grads(own);
     // <name>_grad2's inputs: the douts, the backward's tensors, then gg_k per kernel output.
-    std::vector<at::Tensor> inputs(saved.begin(), saved.end());
+    std::vector<at::Tensor> inputs(saved.begin(), saved.begin() + differentiable);
     const at::ScalarType dtype = check_args(op.backward_name, BackwardArgs::of(def, saved));
     const at::TensorOptions options = saved[0].options().dtype(dtype);
     bool any_gg = false;
@@ -715,12 +719,14 @@ class FusedDoubleBackward final : public torch::autograd::Node {
     const at::Tensor one = at::ones({}, options);
     // d h / d input = 1 (a passthrough of grad2) is the incoming gradient: ones.
     const at::Tensor ones = one.expand_symint(saved[0].sym_sizes());
-    gradients_of(def2, ones, meta_, [&](int i) { return i < own && task_should_compute_output(i); },
+    gradients_of(def2, ones, meta_,
+                 [&](int i) { return i < differentiable && task_should_compute_output(i); },
                  [&](const std::vector<bool>& mask2) {
       BackwardArgs a;
       a.tensors.push_back(one);
       for (int i = 0; i < def2.num_backward_inputs; ++i)
         a.tensors.push_back(inputs[def2.backward_inputs[i]]);
+      if (def2.num_random > 0) a.tensors.push_back(saved.back());
       for (int i = 0; i < def2.num_backward_scalars; ++i)
         a.scalars.push_back(scalars_[def2.backward_scalars[i]]);
       a.mask = mask2;
@@ -977,14 +983,13 @@ void run_autograd(const Op& op, bool backward, const c10::OperatorHandle& handle
   const OpDef& def = *op.def;
   const bool graph = records_graph(def, backward, *stack);
   const bool tangents = has_tangents(def, backward, *stack);
-  // An op that draws random numbers has first-order reverse mode only: its derivatives
-  // beyond would need the same numbers again in ops of their own.
+  // An op that draws random numbers has reverse mode to second order: its backward and
+  // <name>_grad2_backward draw the forward's numbers again from its saved state. Forward
+  // mode would need them in an op of its own (<name>_jvp), and a third order in the
+  // composite's eager ops.
   TORCH_CHECK(def.num_random == 0 || !tangents, "fusegen::", backward ? op.backward_name : op.name,
               ": forward-mode AD (torch.func.jvp, jacfwd, forward_ad) of an op that draws random "
               "numbers is not supported; differentiate it in reverse mode");
-  TORCH_CHECK(def.num_random == 0 || !backward || !graph, "fusegen::", op.backward_name,
-              ": double backward (create_graph=True) of an op that draws random numbers is not "
-              "supported; its first-order gradients are");
   if (!graph && !tangents) {
     // Nothing to differentiate (no_grad, or no tensor requires grad, and no tangent): no
     // autograd node, no saved state; on to the next kernel (the device's), as eager's

@@ -19,9 +19,9 @@
 //       Tensor[]
 // with CPU and Meta kernels, CUDA kernels in a CUDA build, and an Autograd kernel:
 //   reverse mode     fusegen::bias_dropout_add_sampled, then fusegen::bias_dropout_add_backward
-//       (the same
-//                    random numbers, regenerated from the state the forward drew with)
-//   forward mode     a zero tangent (every gradient is zero)
+//                    (the forward's numbers, regenerated from the state it drew with)
+//   double backward  fusegen::bias_dropout_add_grad2 (the same numbers, from the same state)
+//   forward mode     refused (it would need the forward's numbers in an op of its own)
 //
 // No torch header: the shared runtime checks the arguments, lays them out with
 // TensorIterator (promotion, broadcasting, strides, memory format, output allocation),
