@@ -1,17 +1,18 @@
 """Bias-dropout-add, forward+backward: `fusegen bench dropout`.
 
-    fusegen bench dropout [--shapes 8192x4096,8192x2048,4096x1024] [--dtypes bf16,fp32]
+    fusegen bench dropout [--shapes 16384x4096,...] [--dtypes bf16,fp32]
                           [--p 0.1] [--reps 20] [--json out.json]
 
 The op is Megatron's `dropout(x + bias, p) + residual` on (tokens, hidden) activations with a
-bias of shape (hidden,); one step is the forward and the gradients of x, bias and residual
+bias of shape (hidden,), at Llama's widths (4096 in 7-8B, 8192 in 70B) and GPT-3's (12288),
+and two smaller ones; one step is the forward and the gradients of x, bias and residual
 (torch.autograd.grad with a given output gradient). Against eager (`F.dropout`, which saves
 a bool mask) and torch.compile of the same function (its first calls, which compile, are
 the warm-up). fusegen saves no mask: its backward regenerates the forward's numbers.
 Medians of CUDA events (perf_counter on a CPU) with the spread of the samples, and the share
 of a device copy's rate for the bytes the fused step must move (x, residual and the output
 in the forward; the output gradient in and x's gradient out in the backward, bias's summed
-from it).
+from it in the same kernel).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from fusegen.bench.core import DTYPES, _sample_ms, _sync, device_info, dtype_nam
 from fusegen.files import write_text
 
 BDA = "torch.nn.functional.dropout(x + bias, p) + residual"
-SHAPES = "8192x4096,8192x2048,4096x1024"
+SHAPES = "16384x4096,8192x8192,4096x12288,8192x4096,8192x2048,4096x1024"
 
 
 def eager_bda(x, bias, residual, p: float):

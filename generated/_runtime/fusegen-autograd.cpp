@@ -362,21 +362,24 @@ bool accumulates_in_kernel(const Op& op, const variable_list& douts,
     for (const c10::SymInt& d : meta[i].sizes) numel *= d.expect_int();
     return numel == dout.numel();
   };
-  // Per kernel output (and dout, at index count): the input whose shape it is summed to;
-  // kFull: computed at the broadcast shape.
+  // Per kernel output (and dout, at index count): the input whose shape it is summed to
+  // (kFull: none, inputs of two shapes take it), and whether it is also written at the
+  // broadcast shape (wide: an input of that shape takes it, as x's gradient and a bias's
+  // are one output of bias-dropout-add's backward; the kernel writes and sums it at once).
   constexpr int kNone = -1, kFull = -2;
   const KernelRequest request = kernel_request(def, needs);
   std::vector<int> target(count + 1, kNone);
+  std::vector<bool> wide(count + 1, false);
   for (int i = 0; i < def.num_inputs; ++i) {
     if (!needs(i)) continue;
     const GradDef& g = def.grads[i];
     const int k = g.output >= 0 ? g.output : g.num_steps >= 0 ? count : kNone;
-    if (k == kNone || target[k] == kFull) continue;
+    if (k == kNone) continue;
     if (nothing_to_sum(i)) {
-      if (k < count) target[k] = kFull;
+      wide[k] = true;
     } else if (target[k] == kNone) {
       target[k] = i;
-    } else if (k < count && meta[target[k]].sizes != meta[i].sizes) {
+    } else if (k < count && target[k] >= 0 && meta[target[k]].sizes != meta[i].sizes) {
       target[k] = kFull;
     }
   }
@@ -396,7 +399,7 @@ bool accumulates_in_kernel(const Op& op, const variable_list& douts,
   std::vector<bool> present(count, false);
   int num_outputs = 0;
   for (int k = 0; k < count; ++k) {
-    present[k] = request.mask[k] && target[k] < 0;
+    present[k] = request.mask[k] && (target[k] < 0 || wide[k]);
     num_outputs += present[k];
   }
   for (int k = 0; k <= count; ++k) {
@@ -406,15 +409,18 @@ bool accumulates_in_kernel(const Op& op, const variable_list& douts,
     for (const c10::SymInt& d : meta[target[k]].sizes) sizes.push_back(d.expect_int());
     sums[k] = at::zeros(sizes, inputs.front().options().dtype(at::kFloat));
   }
-  at::TensorIterator iter = make_iterator(num_outputs, inputs, sums);
+  // An op that draws random numbers: its forward's, in its loop's linear order.
+  const bool random = def.num_random > 0;
+  at::TensorIterator iter = make_iterator(num_outputs, inputs, sums, {}, random);
   if (iter.numel() == 0 || iter.is_contiguous() || iter.shape()[0] % kAccumulatingWidth != 0 ||
       !iter.can_use_32bit_indexing()) {
     return false;
   }
   {
     RECORD_FUNCTION(op.backward_event.c_str(), std::vector<c10::IValue>());
+    const Random drawn = random ? saved_random(op.backward_name, saved.back(), on) : Random();
     launch_cuda(iter, Operands(present, static_cast<int>(inputs.size()), sums), def.backward_cuda,
-                kernel_dtype(dtype), scalars.data());
+                kernel_dtype(dtype), scalars.data(), random ? &drawn : nullptr);
   }
   std::vector<at::Tensor> full(count);
   for (int k = 0, next = 0; k < count; ++k) {
@@ -425,7 +431,8 @@ bool accumulates_in_kernel(const Op& op, const variable_list& douts,
     const GradDef& g = def.grads[i];
     at::Tensor grad;
     if (g.output >= 0) {
-      grad = sums[g.output].defined() ? sums[g.output] : full[g.output];
+      const bool from_sum = sums[g.output].defined() && !nothing_to_sum(i);
+      grad = from_sum ? sums[g.output] : full[g.output];
     } else if (g.num_steps >= 0) {
       const bool from_sum = sums[count].defined() && meta[target[count]].sizes == meta[i].sizes;
       grad = apply_steps(g, from_sum ? sums[count] : dout);

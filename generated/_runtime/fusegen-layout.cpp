@@ -864,7 +864,6 @@ Drawn draw_random(const OpDef& def, Device device, c10::Device on, bool sampled)
   return d;
 }
 
-// A backward's random numbers: those its forward drew, from the state it returned.
 Random saved_random(const std::string& op, const at::Tensor& state, c10::Device on) {
   TORCH_CHECK(state.defined() && state.scalar_type() == at::kLong && state.numel() == 2 &&
                   state.is_contiguous() && state.device() == on,

@@ -123,6 +123,7 @@ OpDef describe() {
 #ifdef FUSEGEN_WITH_CUDA
   def.backward_cuda = backward_cuda;
 #endif
+  def.backward_accumulates = true;
   def.num_random = 1;  // rand0: fresh on every call
   def.sampled_schema = "bias_dropout_add_sampled(Tensor x, Tensor bias, Tensor residual) -> "
       "(Tensor, Tensor)";

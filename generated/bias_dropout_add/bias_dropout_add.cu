@@ -87,14 +87,14 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream),
+  run_cuda<DtypeGroup::kHalf, true>(dtype, loop, static_cast<cudaStream_t>(stream),
       backward_cuda_functor(scalars, loop.random));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
-  run_cuda<DtypeGroup::kBFloat16>(dtype, loop, static_cast<cudaStream_t>(stream),
+  run_cuda<DtypeGroup::kBFloat16, true>(dtype, loop, static_cast<cudaStream_t>(stream),
       backward_cuda_functor(scalars, loop.random));
 }
 #endif
@@ -103,7 +103,7 @@ void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   if (dtype == Dtype::kFloat16) return backward_cuda_fp16(dtype, loop, scalars, stream);
   if (dtype == Dtype::kBFloat16) return backward_cuda_bf16(dtype, loop, scalars, stream);
-  run_cuda<DtypeGroup::kWide>(dtype, loop, static_cast<cudaStream_t>(stream),
+  run_cuda<DtypeGroup::kWide, true>(dtype, loop, static_cast<cudaStream_t>(stream),
       backward_cuda_functor(scalars, loop.random));
 }
 #endif

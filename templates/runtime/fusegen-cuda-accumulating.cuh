@@ -140,11 +140,13 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS)
        r += rows.rows_per_step) {  // the same trip count in every lane
     Vec<T, kVec> x_v[kAccumulatingUnroll][kIn];
     int32_t offset[kAccumulatingUnroll][A::kOperands];
+    uint32_t vec[kAccumulatingUnroll];  // the vector's place in the loop's linear order
     bool valid[kAccumulatingUnroll];
 #pragma unroll
     for (int u = 0; u < kAccumulatingUnroll; ++u) {
       const uint32_t row = r + row_of[u];
       const uint32_t v = row * rows.row + col_of[u];
+      vec[u] = v;
       valid[u] =
           row_of[u] < rows.rows_per_step && row < end_row && col_of[u] < rows.row && v < rows.n_vec;
       if (!valid[u]) continue;
@@ -158,11 +160,13 @@ __global__ void __launch_bounds__(kThreads, FUSEGEN_ACCUMULATING_BLOCKS)
       float add[kAcc][kVec];  // what each accumulator sums: F's outputs unrounded, and dout
       if (valid[u]) {
         Vec<T, kVec> y_v[kOut];
+        // (its first element's linear index numbers the draws of an op that makes them, as
+        // in every kernel of its)
         compute_vector(x_v[u], y_v, f, [&](int e, const acc_t<T>* x, const acc_t<T>* y) {
 #pragma unroll
           for (int k = 0; k < kOut; ++k) add[k][e] = y[k];
           add[kOut][e] = x[0];
-        });
+        }, uint64_t(vec[u]) * kVec);
 #pragma unroll
         for (int k = 0; k < kOut; ++k) {
           if (p.p[k] != nullptr) store_operand<true>(modes, k, p.p[k] + offset[u][k], y_v[k]);

@@ -1,9 +1,10 @@
 """On a GPU: ops that draw random numbers (torch.rand_like, F.dropout). The mask of every
 kernel kind (contiguous 16-byte, vector with a broadcast bias, strided through a transposed
 input, a misaligned slice) against eager's formula on that mask, forward and backward, in
-every dtype; one (seed, offset) draws the same bits whatever the layout; the statistics;
-torch.manual_seed reproduces; CUDA graph capture draws fresh numbers on every replay and its
-backward regenerates each replay's mask; torch.compile in both modes.
+every dtype, the bias's gradient summed in the backward kernel; the double backward; one
+(seed, offset) draws the same bits whatever the layout; the statistics; torch.manual_seed
+reproduces; CUDA graph capture draws fresh numbers on every replay and its backward
+regenerates each replay's mask; torch.compile in both modes.
 
     PYTHONPATH=. python -m pytest -q -m cuda tests/gpu/test_random_cuda.py
 """
@@ -78,6 +79,48 @@ def test_forward_and_backward_on_the_kernels_mask(op, dtype, layout):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(512, 1024), (4, 128, 768), (8, 1000)])
+def test_bias_gradient_is_summed_in_the_backward_kernel(op, dtype, shape):
+    """x's gradient and bias's are one output of the backward: the accumulating kernel writes
+    it and sums it over the rows at once (no ATen reduction runs), drawing the forward's
+    numbers; against float64 sums of eager's formula on the forward's mask."""
+    x = torch.randn(shape, dtype=dtype, device="cuda", requires_grad=True)
+    b = torch.randn(shape[-1], dtype=dtype, device="cuda", requires_grad=True)
+    r = torch.randn(shape, dtype=dtype, device="cuda", requires_grad=True)
+    kept = _mask(op, x, 0.25, 3)
+    torch.manual_seed(3)
+    y = op(x, b, r, 0.25)
+    g = torch.randn_like(y)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        gx, gb, gr = torch.autograd.grad(y, (x, b, r), g)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("accumulating_kernel" in k for k in kernels), kernels
+    assert not any("reduce_kernel" in k for k in kernels), kernels
+    want = g.double() * kept / 0.75
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    assert torch.allclose(gx.double(), want.to(dtype).double(), rtol=tol, atol=tol)
+    rows = x.numel() // shape[-1]
+    sum_tol = 1e-5 * rows if dtype == torch.float32 else tol * math.sqrt(rows) + 1e-2
+    assert torch.allclose(gb.double(), want.reshape(-1, shape[-1]).sum(0), rtol=1e-3, atol=sum_tol)
+    assert gb.dtype == dtype and torch.equal(gr, g)
+
+
+def test_double_backward_on_cuda(op):
+    """A gradient penalty through dropout on the GPU: <name>_grad2_backward draws the
+    forward's mask from the saved state, as on the CPU (tests/test_random.py)."""
+    x, b, r = (t.double().requires_grad_() for t in _layouts(torch.float32)["bias"])
+    y = op(x, b, r, 0.5)
+    kept = ((y - r) != 0).double()
+    g = torch.randn_like(y, requires_grad=True)
+    gx, gb = torch.autograd.grad(y, (x, b), g, create_graph=True)
+    dg, = torch.autograd.grad((gx * gx).sum() + (gb ** 3).sum(), g)
+    g = g.detach()
+    want = 2 * (g * kept * 2) * kept * 2 + 3 * ((g * kept * 2).sum(0) ** 2) * kept * 2
+    assert torch.allclose(dg, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_one_seed_draws_the_same_bits_in_every_layout(op, dtype):
     outs = []
     for layout in ("contiguous", "bias", "transposed"):
@@ -112,8 +155,8 @@ def test_cuda_graph_replays_draw_fresh_masks_and_their_backward_follows(op):
 
     def step():
         y = op(x, b, r, 0.5)
-        gx, = torch.autograd.grad(y, (x,), g)
-        static["y"], static["gx"] = y, gx
+        gx, gb = torch.autograd.grad(y, (x, b), g)  # bias's summed in the backward kernel
+        static["y"], static["gx"], static["gb"] = y, gx, gb
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -129,6 +172,7 @@ def test_cuda_graph_replays_draw_fresh_masks_and_their_backward_follows(op):
         torch.cuda.synchronize()
         kept = (static["y"] - r) != 0
         assert torch.equal(static["gx"], g * kept * 2)
+        assert torch.allclose(static["gb"], (g * kept * 2).sum(0), rtol=1e-4, atol=1e-4)
         masks.append(kept.clone())
     assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
 
