@@ -50,7 +50,7 @@ void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void
 }
 constexpr LaunchDef kBackwardLaunch = {
     &kSource, "fusegen::op_bias_dropout_add::Backward", /*inputs=*/1, /*outputs=*/1, /*scalars=*/0,
-    /*random=*/1, /*accumulates=*/false, /*every_kernel=*/true};
+    /*random=*/1, /*accumulates=*/true, /*every_kernel=*/true};
 #ifndef FUSEGEN_CPU_LATER
 static_assert(launches<Backward>(kBackwardLaunch), "Backward as run_launched passes it");
 #endif
