@@ -231,6 +231,22 @@ def test_ffn_on_the_cpu(tmp_path, capsys):
     assert "| case | layout | dtype | direction | fusegen | eager | functional |" in capsys.readouterr().out
 
 
+def test_dropout_on_the_cpu(tmp_path, capsys):
+    """`fusegen bench dropout`: every implementation and both references time a step in
+    each dtype, with ratios against eager and torch.compile."""
+    out = tmp_path / "dropout.json"
+    assert bench_main(["dropout", "--device", "cpu", "--shapes", "64x128", "--dtypes", "fp32,bf16",
+                       "--reps", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    from fusegen.bench.dropout import IMPLS
+    assert [(r["shape"], r["dtype"]) for r in result["rows"]] == [
+        ("64x128", "float32"), ("64x128", "bfloat16")]
+    for row in result["rows"]:
+        assert all(row[k]["ms"] > 0 and row[k]["copy_pct"] > 0 for k in IMPLS)
+        assert row["fusegen/eager"] == row["fusegen"]["ms"] / row["eager"]["ms"]
+    assert "fusegen, no draws" in capsys.readouterr().out
+
+
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
 

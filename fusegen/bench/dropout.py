@@ -9,7 +9,10 @@ and two smaller ones; one step is the forward and the gradients of x, bias and r
 (torch.autograd.grad with a given output gradient). Against eager (`F.dropout`, which saves
 a bool mask) and torch.compile of the same function (its first calls, which compile, are
 the warm-up). fusegen saves no mask: its backward regenerates the forward's numbers.
-Medians of CUDA events (perf_counter on a CPU) with the spread of the samples, and the share
+Two references for fusegen itself: the same op without the draws (`(x + bias) * (1 - p) +
+residual`: the same tensors moved, so the gap is what drawing costs), and fusegen under
+`torch.use_deterministic_algorithms(True)`, where ATen sums bias's gradient instead of the
+backward kernel. Medians of CUDA events (perf_counter on a CPU) with the spread of the samples, and the share
 of a device copy's rate for the bytes the fused step must move (x, residual and the output
 in the forward; the output gradient in and x's gradient out in the backward, bias's summed
 from it in the same kernel).
@@ -28,6 +31,8 @@ from fusegen.bench.core import DTYPES, _sample_ms, _sync, device_info, dtype_nam
 from fusegen.files import write_text
 
 BDA = "torch.nn.functional.dropout(x + bias, p) + residual"
+NO_DRAWS = "(x + bias) * (1 - p) + residual"
+IMPLS = ("eager", "compile", "fusegen", "fusegen, no draws", "fusegen, ATen sum")
 SHAPES = "16384x4096,8192x8192,4096x12288,8192x4096,8192x2048,4096x1024"
 
 
@@ -39,17 +44,28 @@ def _implementations(p: float) -> dict:
     import fusegen
 
     op = fusegen.fuse(BDA, name="bench_bias_dropout_add", scalars=["p"], compile="opaque")
+    no_draws = fusegen.fuse(NO_DRAWS, name="bench_bias_scale_add", scalars=["p"])
     compiled = torch.compile(eager_bda)
     return {"eager": lambda x, b, r: eager_bda(x, b, r, p),
             "compile": lambda x, b, r: compiled(x, b, r, p),
-            "fusegen": lambda x, b, r: op(x, b, r, p)}
+            "fusegen": lambda x, b, r: op(x, b, r, p),
+            "fusegen, no draws": lambda x, b, r: no_draws(x, b, r, p),
+            "fusegen, ATen sum": lambda x, b, r: op(x, b, r, p)}
 
 
-def _step(f):
+def _step(f, deterministic: bool = False):
     def step(x, b, r, g):
         y = f(x, b, r)
         return torch.autograd.grad(y, (x, b, r), g)
-    return step
+
+    def aten_sum(x, b, r, g):
+        before = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            return step(x, b, r, g)
+        finally:
+            torch.use_deterministic_algorithms(before)
+    return aten_sum if deterministic else step
 
 
 def _copy_ms(n_bytes: int, device: str, reps: int) -> float:
@@ -72,7 +88,7 @@ def run(shapes, dtypes, p: float, reps: int, device: str) -> dict:
             copy = _copy_ms(moved, device, reps)
             row = {"shape": f"{tokens}x{hidden}", "dtype": dtype_name(dtype), "copy_ms": copy}
             for name, f in impls.items():
-                step = _step(f)
+                step = _step(f, deterministic=name.endswith("ATen sum"))
                 for _ in range(3):
                     step(x, b, r, g)
                 _sync(device)
@@ -88,12 +104,11 @@ def run(shapes, dtypes, p: float, reps: int, device: str) -> dict:
 def report(result) -> str:
     lines = [f"bias-dropout-add fwd+bwd, p = {result['p']}, on {result['device'].get('name', 'cpu')}: "
              "median ms (spread %, % of the copy rate)",
-             f"{'shape':>11} {'dtype':>9} {'eager':>20} {'compile':>20} {'fusegen':>20} {'/eager':>7} {'/compile':>9}"]
+             f"{'shape':>11} {'dtype':>9} " + " ".join(f"{k:>20}" for k in IMPLS) + f" {'/eager':>7} {'/compile':>9}"]
     for row in result["rows"]:
-        cells = [f"{row[k]['ms']:.3f} ({row[k]['spread_pct']:.0f}%, {row[k]['copy_pct']:.0f}%)"
-                 for k in ("eager", "compile", "fusegen")]
-        lines.append(f"{row['shape']:>11} {row['dtype']:>9} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20} "
-                     f"{row['fusegen/eager']:>7.2f} {row['fusegen/compile']:>9.2f}")
+        cells = [f"{row[k]['ms']:.3f} ({row[k]['spread_pct']:.0f}%, {row[k]['copy_pct']:.0f}%)" for k in IMPLS]
+        lines.append(f"{row['shape']:>11} {row['dtype']:>9} " + " ".join(f"{c:>20}" for c in cells)
+                     + f" {row['fusegen/eager']:>7.2f} {row['fusegen/compile']:>9.2f}")
     return "\n".join(lines)
 
 
