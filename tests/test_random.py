@@ -208,8 +208,10 @@ def test_higher_orders_and_transforms_are_refused(ops):
     y = ops["bda"](x, b, r, 0.5)
     g = torch.randn_like(y, requires_grad=True)
     gx, = torch.autograd.grad(y, x, g, create_graph=True)
+    h, = torch.autograd.grad((gx * gx).sum(), g, create_graph=True)  # the second: fused
+    assert torch.allclose(h, 2 * g * ((y - r) != 0) * 4)
     with pytest.raises((RuntimeError, FusegenError), match="third derivative"):
-        torch.autograd.grad((gx * gx).sum(), g, create_graph=True)  # to take a third
+        torch.autograd.grad(h.sum(), g)
     with pytest.raises((RuntimeError, FusegenError), match="random numbers"):
         torch.func.jvp(lambda t: ops["bda"](t, b, r, 0.5), (x.detach(),), (torch.ones_like(x),))
     with pytest.raises((RuntimeError, FusegenError), match="random numbers"):

@@ -176,6 +176,27 @@ def _call_op(name: str, *args):
     return call(name, *args)
 
 
+def _refused_order(name: str) -> str:
+    return (f"fusegen::{name}: a third derivative, or forward-mode AD through a double backward, of an "
+            "op that draws random numbers is not supported; its first and second reverse-mode derivatives are")
+
+
+class _RefusedOrder(torch.autograd.Function):
+    """The second derivative of an op that draws random numbers, computed by its fused
+    kernel, with a node that refuses to be differentiated again: create_graph=True on a
+    double backward (a gradient penalty written with it out of habit) works, and only a
+    third derivative, when asked for, raises."""
+
+    @staticmethod
+    def forward(ctx, name, compute, *tensors):
+        ctx.name = name
+        return tuple(compute())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise FusegenError(_refused_order(ctx.name))
+
+
 def _composite_kernel(member: Member):
     """The autograd kernel (AutogradCPU/CUDA/Meta, which win over the shared runtime's C++
     kernel at the Autograd alias key) of an op with no fused derivative
@@ -188,9 +209,13 @@ def _composite_kernel(member: Member):
         if len(tensors) == member.tensors and (
                 (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors)) or _has_tangent(tensors)):
             if member.random:  # its composite would draw other numbers than the forward did
-                raise FusegenError(f"fusegen::{member.name}: a third derivative, or forward-mode AD through a "
-                                   "double backward, of an op that draws random numbers is not supported; its "
-                                   "first and second reverse-mode derivatives are")
+                if _has_tangent(tensors):
+                    raise FusegenError(_refused_order(member.name))
+
+                def below():
+                    with torch._C._AutoDispatchBelowAutograd():
+                        return _op(member.name).redispatch(keyset & after, *args)
+                return list(_RefusedOrder.apply(member.name, below, *tensors))
             from fusegen.pytorch.derivatives import _composite_forward
             return _composite_forward(_info(member.name), args)
         with torch._C._AutoDispatchBelowAutograd():
