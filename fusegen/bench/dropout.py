@@ -12,10 +12,10 @@ the warm-up). fusegen saves no mask: its backward regenerates the forward's numb
 Two references for fusegen itself: the same op without the draws (`(x + bias) * (1 - p) +
 residual`: the same tensors moved, so the gap is what drawing costs), and fusegen under
 `torch.use_deterministic_algorithms(True)`, where ATen sums bias's gradient instead of the
-backward kernel. Medians of CUDA events (perf_counter on a CPU) with the spread of the samples, and the share
-of a device copy's rate for the bytes the fused step must move (x, residual and the output
-in the forward; the output gradient in and x's gradient out in the backward, bias's summed
-from it in the same kernel).
+backward kernel. Medians of CUDA events (perf_counter on a CPU) with the spread of the
+samples, and the share of a device copy's rate for the bytes the fused step must move (x,
+residual and the output in the forward; the output gradient in and x's gradient out in the
+backward, bias's summed from it in the same kernel).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from fusegen.files import write_text
 
 BDA = "torch.nn.functional.dropout(x + bias, p) + residual"
 NO_DRAWS = "(x + bias) * (1 - p) + residual"
-IMPLS = ("eager", "compile", "fusegen", "fusegen, no draws", "fusegen, ATen sum")
+ATEN_SUM = "fusegen, ATen sum"  # fusegen's step under deterministic mode: ATen sums bias's gradient
+IMPLS = ("eager", "compile", "fusegen", "fusegen, no draws", ATEN_SUM)
 SHAPES = "16384x4096,8192x8192,4096x12288,8192x4096,8192x2048,4096x1024"
 
 
@@ -50,7 +51,7 @@ def _implementations(p: float) -> dict:
             "compile": lambda x, b, r: compiled(x, b, r, p),
             "fusegen": lambda x, b, r: op(x, b, r, p),
             "fusegen, no draws": lambda x, b, r: no_draws(x, b, r, p),
-            "fusegen, ATen sum": lambda x, b, r: op(x, b, r, p)}
+            ATEN_SUM: lambda x, b, r: op(x, b, r, p)}
 
 
 def _step(f, deterministic: bool = False):
@@ -88,7 +89,7 @@ def run(shapes, dtypes, p: float, reps: int, device: str) -> dict:
             copy = _copy_ms(moved, device, reps)
             row = {"shape": f"{tokens}x{hidden}", "dtype": dtype_name(dtype), "copy_ms": copy}
             for name, f in impls.items():
-                step = _step(f, deterministic=name.endswith("ATen sum"))
+                step = _step(f, deterministic=name == ATEN_SUM)
                 for _ in range(3):
                     step(x, b, r, g)
                 _sync(device)
