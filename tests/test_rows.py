@@ -133,6 +133,16 @@ def test_per_row_inputs_strided_rows_and_broadcast_weights():
     torch.testing.assert_close(call("rms_norm")(sliced, w), OPS["rms_norm"][2](sliced, w))
 
 
+@pytest.mark.parametrize("name, forward, backward", [("rms_norm", 1, 1), ("layer_norm", 2, 3), ("softmax", 2, 3),
+                                                   ("residual_rms", 1, 1)])
+def test_factors_of_one_value_per_row_leave_the_sums_early(name, forward, backward):
+    """A sum's factors of one value per row (rsqrt(mean + eps) ** 3 in RMSNorm's backward, a
+    runtime scalar among them) are applied after the sum, so the sum joins an earlier pass:
+    RMSNorm's backward reads its row once; the values are those of eager (above)."""
+    spec = op(name).spec
+    assert (spec.forward_rows.levels, spec.backward_rows.levels) == (forward, backward)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_narrow_dtypes_compute_in_float(dtype):
     tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]

@@ -298,9 +298,10 @@ def test_nvrtc_compiles_a_step_kernel(tmp_path, lib):
 
 @pytest.mark.parametrize("name", ["rms_norm", "softmax"])
 def test_nvrtc_compiles_the_row_kernels(tmp_path, lib, name):
-    """A row op's kernel in every storage type, both row widths (a warp, a block), forward
-    and backward, and RMSNorm's backward summing its weight's gradient over the rows (an op
-    of one input has none), as run_rows_cuda names them."""
+    """A row op's kernel in every storage type, both row widths (a warp, a block), holding
+    the row in registers (1, 2 or 4 vectors a thread) or reading it again, forward and
+    backward, and RMSNorm's backward summing its weight's gradient over the rows (an op of
+    one input has none), as run_rows_cuda names them."""
     folder = tmp_path / "entry"
     shutil.copytree(GENERATED / "_runtime", folder / "_runtime")
     shutil.copytree(GENERATED / name, folder / name)
@@ -310,9 +311,11 @@ def test_nvrtc_compiles_the_row_kernels(tmp_path, lib, name):
                          ("fusegen::BFloat16", "float")):
         summing = [("Backward", "true")] if name == "rms_norm" else []
         for functor, sums in [("Forward", "false"), ("Backward", "false")] + summing:
-            for threads, vector in ((32, "true"), (256, "false")):
+            shapes = ([(32, "true", 0), (256, "false", 0)] if sums == "true" else
+                      [(32, "true", 4), (256, "true", 1), (256, "true", 2), (256, "false", 0)])
+            for threads, vector, cache in shapes:
                 kernel = (f"fusegen::rows_kernel<{storage}, fusegen::op_{name}::{functor}<{acc}>, {threads}, "
-                          f"{vector}, {sums}>")
+                          f"{vector}, {sums}, {cache}>")
                 log = _nvrtc_compile(lib, folder / name / f"{name}.cu", kernel, options)
                 if log is not None:
                     failures.append(f"{kernel}:\n{log}")

@@ -249,8 +249,9 @@ class PrintedPass:
     element: Statements          # results: ("v[k]", code)
     init: tuple[tuple[str, str], ...]     # ("acc[k]", code)
     combine: tuple[tuple[str, str], ...]  # ("acc[k]", code in acc[k] and other[k])
-    finish: tuple[tuple[str, str], ...]   # ("row[k]", code in acc[k], n and row[j])
+    finish: tuple[tuple[str, str], ...]   # ("row[k]", code in acc[k], n, row[j] and scalars)
     finish_reads_n: bool
+    finish_params: tuple[str, ...] = ()   # the scalars the finish reads, in order
 
 
 @dataclass(frozen=True)
@@ -339,7 +340,8 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
             a = program.accumulators[k]
             (f,) = dag.substitute([a.finish], {rows.ACC: _slot("acc", k), **slots})
             finishes.append((f"row[{k}]", p.doprint(f)))
-        finish_free = dag.free_symbols([program.accumulators[k].finish for k in ks])  # reads n?
+        finish_free = dag.free_symbols([program.accumulators[k].finish for k in ks])  # n, scalars
+        finish_names = {x.name for x in finish_free}
         passes.append(PrintedPass(
             begin=ks[0], end=ks[-1] + 1, params=_params(elements, order),
             element=print_program(element, ctype),
@@ -348,6 +350,7 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
                 _slot("acc", k), _slot("other", k)))) for k in ks),
             finish=tuple(finishes),
             finish_reads_n=rows.ROW_LENGTH in finish_free,
+            finish_params=tuple(n for n in order if n in finish_names),
         ))
     results = _cse_program(list(program.results), slots)
     return PrintedRows(tuple(passes), _params([e for _, e in program.results], order),

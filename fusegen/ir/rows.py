@@ -12,6 +12,10 @@ over it. `schedule` turns result trees that contain them into a `RowProgram`:
   accumulators before it; those it reads set its level, and one pass over the row
   computes every accumulator of a level (RMSNorm: one pass, then the outputs; softmax:
   the maximum, the sum, then the outputs);
+- a sum's factors of one value per row move into its finish (sum(c * f) = c * sum(f)), so
+  that it starts in the pass its other factors allow: RMSNorm's backward sums
+  `dout * w * x` in the pass that sums `x * x`, and multiplies by `rsqrt(mean + eps) ** 3`
+  at the end of it;
 - the results read inputs, scalars and row values: the last pass writes them. A result
   that reads no element value outside a reduction is one value per row (`per_row`).
 
@@ -120,6 +124,39 @@ def _lowered(node, arg) -> list[tuple[str, object, object]]:
 _PREV = sympy.Symbol("prev")
 
 
+def _row_factor(element, per_row):
+    """(c, f) with element == c * f, c the product of its factors of one value per row
+    (`per_row(e)`) through products, negations and divisions by them; c is None when there
+    is none."""
+    constant, rest = [], []
+
+    def walk(e):
+        t = type(e)
+        if t is fn.Times:
+            walk(e.args[0])
+            walk(e.args[1])
+        elif t is fn.Negative:
+            constant.append(sympy.Integer(-1))
+            walk(e.args[0])
+        elif t is fn.Divide and per_row(e.args[1]):
+            walk(e.args[0])
+            constant.append(fn.div(sympy.Integer(1), e.args[1]))
+        elif per_row(e):
+            constant.append(e)
+        else:
+            rest.append(e)
+
+    walk(element)
+    if not any(not fn.is_number(c) for c in constant):
+        return None, element
+    c, f = constant[0], sympy.Integer(1)
+    for e in constant[1:]:
+        c = fn.mul(c, e)
+    for e in rest:
+        f = fn.mul(f, e)
+    return c, f
+
+
 def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") -> RowProgram:
     """The passes and results of row trees (see the module's docstring); `scalars`: the
     names that are runtime scalars, not tensors; `op`: the op's name, for the limit's error."""
@@ -128,17 +165,28 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
     made: dict = {}     # reduction node -> its row symbol
     pending = []        # (kind, element, finish, level), in the order made
     level_of: dict = {}  # row symbol -> level
+    def per_row(e) -> bool:  # one value per row: reads row values, scalars and numbers only
+        return all(is_row_symbol(s) or s.name in scalars for s in dag.free_symbols([e]))
+
     for node in dag.postorder(exprs):
         if not fn.is_reduction(node) or node in made:
             continue
         (arg,) = dag.substitute([node.args[0]], made)
-        level = 1 + max((level_of[s] for s in dag.free_symbols([arg]) if s in level_of), default=-1)
+        lowered = _lowered(node, arg)
+        if len(lowered) == 1 and lowered[0][0] == SUM:
+            c, f = _row_factor(arg, per_row)
+            if c is not None:
+                (finish,) = dag.substitute([lowered[0][2]], {ACC: fn.mul(c, ACC)})
+                lowered = [(SUM, f, finish)]
         prev = None
-        for kind, element, finish in _lowered(node, arg):
+        for kind, element, finish in lowered:
             sym = row_symbol(len(pending))
             if prev is not None:
                 (element, finish) = dag.substitute([element, finish], {_PREV: prev})
-                level += 1
+            # after the passes of the rows its elements read, and no earlier than those its
+            # finish reads (finished before it in the same pass: they were made first)
+            level = max([1 + level_of[s] for s in dag.free_symbols([element]) if s in level_of]
+                        + [level_of[s] for s in dag.free_symbols([finish]) if s in level_of] + [0])
             pending.append((kind, element, finish, level))
             level_of[sym] = level
             prev = sym

@@ -31,6 +31,15 @@ struct RowArgs {
   int summed;
 };
 
+// The inputs a row cache holds: those that are not a gather's index (which arrives in the
+// compute type, one value per row).
+template <typename F>
+FUSEGEN_HD_CONSTEXPR int row_cached_inputs() {
+  int n = 0;
+  for (int i = 0; i < F::kInputs; ++i) n += F::index(i) ? 0 : 1;
+  return n;
+}
+
 #if FUSEGEN_DEVICE_CODE
 // Pass P's accumulators combined across the kRowThreads threads of a row.
 template <int kP, int kRowThreads, typename F, typename A>
@@ -68,62 +77,111 @@ __device__ __forceinline__ void row_combine(const F& f, A* acc, A (*shared)[kRow
 template <typename S, bool kVector>
 constexpr int kRowVec = kVector ? kVecWidth<S> : 1;
 
+// A thread's share of a row held in registers (kIters > 0: fusegen-runtime.h,
+// row_cache_vectors): v[t][i] is input i's 16-byte vector at element (t * kRowThreads +
+// lane) * kVec, in the storage type (half the registers of the compute type for 16-bit
+// rows). Inputs of stride 0 along the row and a gather's index are not held: they are one
+// value per row, read where used.
+template <typename S, typename F, int kIters>
+struct RowCache {
+  Vec<S, kVecWidth<S>> v[kIters > 0 ? kIters : 1][F::kInputs > 0 ? F::kInputs : 1];
+};
+
+// body(t, j) for each of a thread's accesses to a row, j its first element, in the order
+// of j: with a row cache (kIters > 0) the loop is unrolled, so that v[t] names registers.
+template <int kRowThreads, int kVec, int kIters, typename Body>
+__device__ __forceinline__ void row_each(int64_t length, int lane, Body&& body) {
+  if constexpr (kIters > 0) {
+#pragma unroll
+    for (int t = 0; t < kIters; ++t) {
+      const int64_t j = (int64_t(t) * kRowThreads + lane) * kVec;
+      if (j < length) body(t, j);
+    }
+  } else {
+    for (int64_t j = int64_t(lane) * kVec; j < length; j += int64_t(kRowThreads) * kVec)
+      body(0, j);
+  }
+}
+
 // The kVec elements from j of every input, in the compute type: x[e][i] is element j + e of
-// input i (an input of stride 0 along the row is read once).
-template <typename S, typename F, bool kVector, int kN>
+// input i (an input of stride 0 along the row is read once), from the row cache c[t] when
+// there is one.
+template <typename S, typename F, bool kVector, int kIters, int kN>
 __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* base, int64_t j,
+                                           const RowCache<S, F, kIters>& c, int t,
                                            acc_t<S> (*x)[F::kInputs > 0 ? F::kInputs : 1]) {
   constexpr int kVec = kRowVec<S, kVector>;
 #pragma unroll
   for (int i = 0; i < F::kInputs; ++i) {
     const int k = F::kOutputs + i;
-    if (kVec == 1 || a.along[k] == 0) {  // (a gather's index always: one per row, in acc_t)
+    if (kVec == 1 || F::index(i) || a.along[k] == 0) {
       const char* p = base[k] + j * a.along[k];
       const acc_t<S> value = F::index(i) ? *reinterpret_cast<const acc_t<S>*>(p)
                                          : to_acc(*reinterpret_cast<const S*>(p));
 #pragma unroll
       for (int e = 0; e < kVec; ++e) x[e][i] = value;
     } else {
-      const Vec<S, kVec> v = *reinterpret_cast<const Vec<S, kVec>*>(base[k] + j * sizeof(S));
+      Vec<S, kVec> v;
+      if constexpr (kIters > 0) {
+        v = c.v[t][i];
+      } else {
+        v = *reinterpret_cast<const Vec<S, kVec>*>(base[k] + j * sizeof(S));
+      }
 #pragma unroll
       for (int e = 0; e < kVec; ++e) x[e][i] = to_acc(v.v[e]);
     }
   }
 }
 
-template <int kP, typename S, typename F, int kRowThreads, bool kVector, int kN>
+// A row's vectors loaded into the row cache, every load issued before any pass waits on one.
+template <typename S, typename F, int kRowThreads, int kIters, int kN>
+__device__ __forceinline__ void row_load(const RowArgs<kN>& a, char* const* base, int lane,
+                                         RowCache<S, F, kIters>& c) {
+  if constexpr (kIters > 0) {
+    row_each<kRowThreads, kVecWidth<S>, kIters>(a.length, lane, [&](int t, int64_t j) {
+#pragma unroll
+      for (int i = 0; i < F::kInputs; ++i) {
+        const int k = F::kOutputs + i;
+        if (F::index(i) || a.along[k] == 0) continue;
+        c.v[t][i] = *reinterpret_cast<const Vec<S, kVecWidth<S>>*>(base[k] + j * sizeof(S));
+      }
+    });
+  }
+}
+
+template <int kP, typename S, typename F, int kRowThreads, bool kVector, int kIters, int kN>
 __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, char* const* base,
-                                           int lane, acc_t<S>* row,
-                                           acc_t<S> (*shared)[kRowSlots<F>]) {
+                                           int lane, const RowCache<S, F, kIters>& c,
+                                           acc_t<S>* row, acc_t<S> (*shared)[kRowSlots<F>]) {
   if constexpr (kP < F::kPasses) {
     using A = acc_t<S>;
     constexpr int kVec = kRowVec<S, kVector>;
     A acc[kRowSlots<F>];
     f.template init<kP>(acc);
-    for (int64_t j = int64_t(lane) * kVec; j < a.length; j += int64_t(kRowThreads) * kVec) {
+    row_each<kRowThreads, kVec, kIters>(a.length, lane, [&](int t, int64_t j) {
       A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
-      row_inputs<S, F, kVector>(a, base, j, x);
+      row_inputs<S, F, kVector>(a, base, j, c, t, x);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         A v[kRowSlots<F>];
         f.template pass<kP>(x[e], row, static_cast<A>(j + e), v);
         f.template combine<kP>(acc, v);
       }
-    }
+    });
     row_combine<kP, kRowThreads>(f, acc, shared);
     f.template finish<kP>(static_cast<A>(a.length), acc, row);
-    row_passes<kP + 1, S, F, kRowThreads, kVector>(f, a, base, lane, row, shared);
+    row_passes<kP + 1, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
   }
 }
 
 // The outputs of the kVec elements from j of a row: y[e][k] is output k of element j + e.
-template <typename S, typename F, bool kVector, int kN>
+template <typename S, typename F, bool kVector, int kIters, int kN>
 __device__ __forceinline__ void row_outputs(const F& f, const RowArgs<kN>& a, char* const* base,
-                                            int64_t j, const acc_t<S>* row,
-                                            acc_t<S> (*y)[F::kOutputs]) {
+                                            int64_t j, const RowCache<S, F, kIters>& c, int t,
+                                            const acc_t<S>* row, acc_t<S> (*y)[F::kOutputs]) {
   constexpr int kVec = kRowVec<S, kVector>;
   acc_t<S> x[kVec][F::kInputs > 0 ? F::kInputs : 1];
-  row_inputs<S, F, kVector>(a, base, j, x);
+  row_inputs<S, F, kVector>(a, base, j, c, t, x);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) f(x[e], row, static_cast<acc_t<S>>(j + e), y[e]);
 }
@@ -152,89 +210,88 @@ __device__ __forceinline__ void row_bases(const RowArgs<kN>& a, int64_t r, char*
   for (int k = 0; k < kN; ++k) base[k] = a.p[k] == nullptr ? nullptr : a.p[k] + r * a.next[k];
 }
 
+// Where a thread keeps its sum at element e of its access t to a row, in its group's sums
+// (rows_kernel's kSums): consecutive lanes at consecutive addresses, free of bank conflicts.
+template <int kRowThreads, int kVec>
+__device__ __forceinline__ int row_sum_slot(int t, int lane, int e) {
+  return (t * kVec + e) * kRowThreads + lane;
+}
+
 // A block's sums of the summed output (RowArgs::summed), into its partial row: in warp mode
-// its warps' sums added in warp order through shared memory, so the bits do not depend on
-// timing. sum[t][e]: the sum at column (t * kRowThreads + lane) * kVec + e.
-template <typename S, int kRowThreads, bool kVector, int kIters, int kN>
-__device__ __forceinline__ void row_partials(const RowArgs<kN>& a, int lane,
-                                             const acc_t<S> (*sum)[kRowVec<S, kVector>]) {
+// its warps' sums added in warp order, so the bits do not depend on timing. sum[g]: the
+// sums of the rows group g took, each at its column's row_sum_slot.
+template <typename S, int kRowThreads, int kVec, int kColumns, int kN>
+__device__ __forceinline__ void row_partials(const RowArgs<kN>& a,
+                                             const acc_t<S> (*sum)[kColumns]) {
   using A = acc_t<S>;
-  constexpr int kVec = kRowVec<S, kVector>;
   constexpr int kGroups = kRowBlock / kRowThreads;  // rows the block takes at once
   char* partial = a.p[a.summed] + int64_t(blockIdx.x) * a.next[a.summed];
   const int64_t along = a.along[a.summed];
-  if constexpr (kGroups == 1) {
+  __syncthreads();
+  for (int c = threadIdx.x; c < a.length; c += kRowBlock) {
+    const int slot = row_sum_slot<kRowThreads, kVec>(c / (kRowThreads * kVec),
+                                                     c / kVec % kRowThreads, c % kVec);
+    A v = sum[0][slot];
 #pragma unroll
-    for (int t = 0; t < kIters; ++t) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const int64_t c = (int64_t(t) * kRowThreads + lane) * kVec + e;
-        if (c < a.length) *reinterpret_cast<A*>(partial + c * along) = sum[t][e];
-      }
-    }
-  } else {
-    __shared__ A column[kWarpRowLength];
-    const int group = threadIdx.x / kRowThreads;
-    for (int g = 0; g < kGroups; ++g) {
-      if (group == g) {
-#pragma unroll
-        for (int t = 0; t < kIters; ++t) {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) {
-            const int c = (t * kRowThreads + lane) * kVec + e;
-            if (c >= a.length) continue;
-            const A v = g == 0 ? sum[t][e] : column[c] + sum[t][e];
-            if (g + 1 < kGroups) {
-              column[c] = v;
-            } else {
-              *reinterpret_cast<A*>(partial + c * along) = v;
-            }
-          }
-        }
-      }
-      __syncthreads();
-    }
+    for (int g = 1; g < kGroups; ++g) v = v + sum[g][slot];
+    *reinterpret_cast<A*>(partial + c * along) = v;
   }
 }
 
 // One row per warp or block (kRowThreads), or, when kSums, a grid of CudaLoop::sum_blocks
 // blocks striding over the rows, each thread summing the summed output at its columns (at
-// most row_sum_columns of them: the rows' length fits, row_sums_fit) in registers, which
-// row_partials writes at the end.
-template <typename S, typename F, int kRowThreads, bool kVector, bool kSums>
+// most row_sum_columns of them: the rows' length fits, row_sums_fit) in shared memory,
+// which row_partials writes at the end. kCache > 0 (not with kSums): each row is loaded
+// into registers once (RowCache), kCache vectors of each input a thread, as many as the row
+// needs, since the registers held set how many rows an SM keeps in flight.
+template <typename S, typename F, int kRowThreads, bool kVector, bool kSums, int kCache>
 __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
     rows_kernel(const RowArgs<F::kInputs + F::kOutputs> a, const F f) {
   using A = acc_t<S>;
   constexpr int kN = F::kInputs + F::kOutputs;
   constexpr int kGroups = kRowBlock / kRowThreads;
   constexpr int kVec = kRowVec<S, kVector>;
+  constexpr int kSumIters = row_sum_columns(sizeof(A)) / kVec;
+  constexpr int kIters = kCache;
+  static_assert(kCache == 0 || kVector, "a row cache holds 16-byte vectors");
+  static_assert(kCache == 0 || !kSums, "a summing kernel reads each pass's row again");
   __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
   const int lane = threadIdx.x % kRowThreads;
   const int64_t first = int64_t(blockIdx.x) * kGroups + threadIdx.x / kRowThreads;
   char* base[kN];
   A row[kRowSlots<F>];
+  RowCache<S, F, kIters> c;
   if constexpr (!kSums) {
     if (first >= a.rows) return;  // whole warps (kRowThreads 32) or the whole block
     row_bases(a, first, base);
-    row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, row, shared);
-    for (int64_t j = int64_t(lane) * kVec; j < a.length; j += int64_t(kRowThreads) * kVec) {
+    row_load<S, F, kRowThreads>(a, base, lane, c);
+    row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
+    row_each<kRowThreads, kVec, kIters>(a.length, lane, [&](int t, int64_t j) {
       A y[kVec][F::kOutputs];
-      row_outputs<S, F, kVector>(f, a, base, j, row, y);
+      row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
 #pragma unroll
       for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
-    }
+    });
   } else {
-    constexpr int kIters = row_sum_columns(sizeof(A)) / kVec;
-    A sum[kIters][kVec] = {};
+    // The sums live in shared memory, not registers, which a held row needs.
+    constexpr int kColumns = kRowThreads * row_sum_columns(sizeof(A));
+    __shared__ A sum[kGroups][kColumns];
+    A(*mine)[kColumns] = sum + threadIdx.x / kRowThreads;
+#pragma unroll
+    for (int t = 0; t < kSumIters; ++t) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) mine[0][row_sum_slot<kRowThreads, kVec>(t, lane, e)] = A(0);
+    }
     for (int64_t r = first; r < a.rows; r += int64_t(gridDim.x) * kGroups) {
       row_bases(a, r, base);
-      row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, row, shared);
+      row_load<S, F, kRowThreads>(a, base, lane, c);
+      row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
 #pragma unroll
-      for (int t = 0; t < kIters; ++t) {
+      for (int t = 0; t < kSumIters; ++t) {
         const int64_t j = (int64_t(t) * kRowThreads + lane) * kVec;
         if (j >= a.length) continue;
         A y[kVec][F::kOutputs];
-        row_outputs<S, F, kVector>(f, a, base, j, row, y);
+        row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
 #pragma unroll
         for (int k = 0; k < F::kOutputs; ++k) {
           if (k != a.summed) {
@@ -242,22 +299,23 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
             continue;
           }
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) sum[t][e] += y[e][k];
+          for (int e = 0; e < kVec; ++e)
+            mine[0][row_sum_slot<kRowThreads, kVec>(t, lane, e)] += y[e][k];
         }
       }
     }
-    row_partials<S, kRowThreads, kVector, kIters>(a, lane, sum);
+    row_partials<S, kRowThreads, kVec, kColumns>(a, sum);
   }
 }
 #endif  // FUSEGEN_DEVICE_CODE
 
 #ifdef FUSEGEN_RTC_HOST
-template <typename S, typename F, int kRowThreads, bool kVector, bool kSums>
+template <typename S, typename F, int kRowThreads, bool kVector, bool kSums, int kCache>
 const KernelRef& rows_kernel_ref(const F& f) {
   struct Name {
     static std::string get([[maybe_unused]] const LaunchDef* def) {
       return kernel_name("fusegen::rows_kernel", TypeName<S>::get(), functor_name<F>(def),
-                         kRowThreads, kVector, kSums);
+                         kRowThreads, kVector, kSums, kCache);
     }
   };
   return kernel_ref<Name>(f);
@@ -294,31 +352,70 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       vector = vector && a.along[k] == int64_t(sizeof(S)) &&
                reinterpret_cast<std::uintptr_t>(a.p[k]) % 16 == 0 && a.next[k] % 16 == 0;
     }
-    const auto go = [&](auto threads, auto vectors) {
+    const auto go = [&](auto threads, auto vectors, auto cached, auto sums) {
       constexpr int kRowThreads = decltype(threads)::value;
       constexpr bool kVector = decltype(vectors)::value;
-      // (the runtime sums float32 and float64 rows only, where row_sums_fit: run_rows; no
-      // 16-bit summing kernel is built)
-      if constexpr (kSums && sizeof(S) >= 4) {
-        if (a.summed >= 0) {
-          launch(FUSEGEN_KERNEL(f, rows_kernel, S, F, kRowThreads, kVector, true),
-                 {static_cast<unsigned>(loop.sum_blocks)}, kRowBlock, 0, stream, a, f);
-          return;
-        }
+      constexpr int kCache = decltype(cached)::value;
+      constexpr bool kSum = decltype(sums)::value;
+      // (a reference: the NVRTC route keys its kernels by the address of their names)
+      const auto& kernel =
+          FUSEGEN_KERNEL(f, rows_kernel, S, F, kRowThreads, kVector, kSum, kCache);
+      if constexpr (kSum) {
+        launch(kernel, {static_cast<unsigned>(loop.sum_blocks)}, kRowBlock, 0, stream, a, f);
+      } else {
+        constexpr int64_t kPerBlock = kRowBlock / kRowThreads;
+        const unsigned grid = static_cast<unsigned>((a.rows + kPerBlock - 1) / kPerBlock);
+        launch(kernel, {grid}, kRowBlock, 0, stream, a, f);
       }
-      constexpr int64_t kPerBlock = kRowBlock / kRowThreads;
-      const unsigned grid = static_cast<unsigned>((a.rows + kPerBlock - 1) / kPerBlock);
-      launch(FUSEGEN_KERNEL(f, rows_kernel, S, F, kRowThreads, kVector, false), {grid},
-             kRowBlock, 0, stream, a, f);
     };
     using Warp = std::integral_constant<int, 32>;
     using Block = std::integral_constant<int, kRowBlock>;
     using On = std::true_type;
     using Off = std::false_type;
-    if (row_threads(a.length) == 32) {
-      vector ? go(Warp{}, On{}) : go(Warp{}, Off{});
+    using None = std::integral_constant<int, 0>;
+    const bool warp = row_threads(a.length) == 32;
+    if constexpr (kSums) {
+      // (float32 and float64 rows only, where row_sums_fit: fusegen-layout.cpp; each pass
+      // reads the row again, as the sums take the registers)
+      if constexpr (sizeof(S) >= 4) {
+        if (a.summed >= 0) {
+          if (warp) {
+            vector ? go(Warp{}, On{}, None{}, On{}) : go(Warp{}, Off{}, None{}, On{});
+          } else {
+            vector ? go(Block{}, On{}, None{}, On{}) : go(Block{}, Off{}, None{}, On{});
+          }
+          return;
+        }
+      }
+    }
+    // A row that fits the registers of a warp or a block (row_cache_vectors) is held there,
+    // in 1, 2, 4 or 8 vectors of each input a thread; a longer one, or one of other strides,
+    // is read again by each pass.
+    constexpr int kMost = row_cache_vectors(row_cached_inputs<F>());
+    const auto held = [&](auto threads) {
+      constexpr int64_t kPerVector = int64_t(decltype(threads)::value) * kVecWidth<S>;
+      [[maybe_unused]] const int64_t needed = (a.length + kPerVector - 1) / kPerVector;
+      bool done = false;
+      const auto one = [&](auto size) {
+        if constexpr (decltype(size)::value <= kMost) {
+          if (!done && needed <= decltype(size)::value) {
+            go(threads, On{}, size, Off{});
+            done = true;
+          }
+        }
+      };
+      one(std::integral_constant<int, 1>{});
+      one(std::integral_constant<int, 2>{});
+      one(std::integral_constant<int, 4>{});
+      one(std::integral_constant<int, 8>{});
+      return done;
+    };
+    if (vector && warp && held(Warp{})) return;
+    if (vector && held(Block{})) return;
+    if (warp) {  // (rows of other strides: a vector row of a warp's length is held)
+      go(Warp{}, Off{}, None{}, Off{});
     } else {
-      vector ? go(Block{}, On{}) : go(Block{}, Off{});
+      vector ? go(Block{}, On{}, None{}, Off{}) : go(Block{}, Off{}, None{}, Off{});
     }
   });
 }

@@ -43,33 +43,23 @@ FUSEGEN_HD void forward_outputs(float in_x, float in_w, const float* row, float&
   out = in_x*(1.0f/sqrtf(row[0] + 1e-06f))*in_w;
 }
 
-// Pass 0 over a row: what one element adds to accumulator 0.
-FUSEGEN_HD void backward_pass0(float in_x, float* v) {
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
+FUSEGEN_HD void backward_pass0(float dout, float in_x, float in_w, float* v) {
   v[0] = in_x*in_x;
+  v[1] = dout*in_w*in_x;
 }
 FUSEGEN_HD void backward_init0(float* acc) {
   acc[0] = 0.0f;
+  acc[1] = 0.0f;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
   acc[0] = acc[0] + other[0];
+  acc[1] = acc[1] + other[1];
 }
 FUSEGEN_HD void backward_finish0(float n, const float* acc, float* row) {
   row[0] = acc[0]/n;
-}
-
-// Pass 1 over a row: what one element adds to accumulator 1.
-FUSEGEN_HD void backward_pass1(float dout, float in_x, float in_w, const float* row, float* v) {
-  v[1] = -0.5f*(dout*in_w*in_x)*((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
-      1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f)));
-}
-FUSEGEN_HD void backward_init1(float* acc) {
-  acc[1] = 0.0f;
-}
-FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[1] = acc[1] + other[1];
-}
-FUSEGEN_HD void backward_finish1(float n, const float* acc, float* row) {
-  row[1] = acc[1]/n;
+  row[1] = -0.5f*((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
+      1e-06f)))*acc[1]/n;
 }
 
 // The outputs of one element, from its inputs and the row's values, in float.
@@ -100,34 +90,23 @@ FUSEGEN_HD void forward_outputs(double in_x, double in_w, const double* row, dou
   out = in_x*(1.0/sqrt(row[0] + 1e-06))*in_w;
 }
 
-// Pass 0 over a row: what one element adds to accumulator 0.
-FUSEGEN_HD void backward_pass0(double in_x, double* v) {
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
+FUSEGEN_HD void backward_pass0(double dout, double in_x, double in_w, double* v) {
   v[0] = in_x*in_x;
+  v[1] = dout*in_w*in_x;
 }
 FUSEGEN_HD void backward_init0(double* acc) {
   acc[0] = 0.0;
+  acc[1] = 0.0;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
   acc[0] = acc[0] + other[0];
+  acc[1] = acc[1] + other[1];
 }
 FUSEGEN_HD void backward_finish0(double n, const double* acc, double* row) {
   row[0] = acc[0]/n;
-}
-
-// Pass 1 over a row: what one element adds to accumulator 1.
-FUSEGEN_HD void backward_pass1(double dout, double in_x, double in_w, const double* row,
-    double* v) {
-  v[1] = -0.5*(dout*in_w*in_x)*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +
-      1e-06))*(1.0/sqrt(row[0] + 1e-06)));
-}
-FUSEGEN_HD void backward_init1(double* acc) {
-  acc[1] = 0.0;
-}
-FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[1] = acc[1] + other[1];
-}
-FUSEGEN_HD void backward_finish1(double n, const double* acc, double* row) {
-  row[1] = acc[1]/n;
+  row[1] = -0.5*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +
+      1e-06)))*acc[1]/n;
 }
 
 // The outputs of one element, from its inputs and the row's values, in double.
@@ -208,10 +187,10 @@ struct Backward {
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 2;
   static constexpr int kRows = 2;    // values per row (one per accumulator)
-  static constexpr int kPasses = 2;  // passes over a row before the outputs'
+  static constexpr int kPasses = 1;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 2};
+    constexpr int kBegin[] = {0, 2};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -229,33 +208,25 @@ struct Backward {
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
       backward_init0(acc);
-    } else if constexpr (kP == 1) {
-      backward_init1(acc);
     }
   }
   template <int kP>
   FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                        [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
-      backward_pass0(x[1], v);
-    } else if constexpr (kP == 1) {
-      backward_pass1(x[0], x[1], x[2], row, v);
+      backward_pass0(x[0], x[1], x[2], v);
     }
   }
   template <int kP>
   FUSEGEN_HD void combine(T* acc, const T* other) const {
     if constexpr (kP == 0) {
       backward_combine0(acc, other);
-    } else if constexpr (kP == 1) {
-      backward_combine1(acc, other);
     }
   }
   template <int kP>
   FUSEGEN_HD void finish(T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       backward_finish0(n, acc, row);
-    } else if constexpr (kP == 1) {
-      backward_finish1(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,

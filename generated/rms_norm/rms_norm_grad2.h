@@ -46,33 +46,23 @@ namespace fusegen::op_rms_norm_grad2 {
 const RtcSource& rtc_source();
 #endif
 
-// Pass 0 over a row: what one element adds to accumulator 0.
-FUSEGEN_HD void forward_pass0(float in_x, float* v) {
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
+FUSEGEN_HD void forward_pass0(float in_dout, float in_x, float in_w, float* v) {
   v[0] = in_x*in_x;
+  v[1] = in_dout*in_w*in_x;
 }
 FUSEGEN_HD void forward_init0(float* acc) {
   acc[0] = 0.0f;
+  acc[1] = 0.0f;
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
   acc[0] = acc[0] + other[0];
+  acc[1] = acc[1] + other[1];
 }
 FUSEGEN_HD void forward_finish0(float n, const float* acc, float* row) {
   row[0] = acc[0]/n;
-}
-
-// Pass 1 over a row: what one element adds to accumulator 1.
-FUSEGEN_HD void forward_pass1(float in_dout, float in_x, float in_w, const float* row, float* v) {
-  v[1] = -0.5f*(in_dout*in_w*in_x)*((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
-      1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f)));
-}
-FUSEGEN_HD void forward_init1(float* acc) {
-  acc[1] = 0.0f;
-}
-FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
-  acc[1] = acc[1] + other[1];
-}
-FUSEGEN_HD void forward_finish1(float n, const float* acc, float* row) {
-  row[1] = acc[1]/n;
+  row[1] = -0.5f*((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
+      1e-06f)))*acc[1]/n;
 }
 
 // The output of one element, from its inputs and the row's values, in float.
@@ -83,46 +73,47 @@ FUSEGEN_HD void forward_outputs(float in_dout, float in_x, float in_w, float in_
   out = in_gg_x*(in_dout*in_w*t0 + t1 + t1) + in_gg_w*(in_dout*(in_x*t0));
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1.
-FUSEGEN_HD void backward_pass0(float dout, float in_x, float in_gg_x, float* v) {
+// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+FUSEGEN_HD void backward_pass0(float dout, float in_dout, float in_x, float in_w, float in_gg_x,
+    float* v) {
   const float t0 = dout*in_gg_x;
   v[0] = in_x*in_x;
   v[1] = (t0 + t0)*in_x;
+  v[2] = in_dout*in_w*in_x;
 }
 FUSEGEN_HD void backward_init0(float* acc) {
   acc[0] = 0.0f;
   acc[1] = 0.0f;
+  acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
   acc[0] = acc[0] + other[0];
   acc[1] = acc[1] + other[1];
+  acc[2] = acc[2] + other[2];
 }
 FUSEGEN_HD void backward_finish0(float n, const float* acc, float* row) {
   row[0] = acc[0]/n;
   row[1] = acc[1]/n;
+  row[2] = -0.5f*((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
+      1e-06f)))*acc[2]/n;
 }
 
-// Pass 1 over a row: what one element adds to accumulators 2, 3.
+// Pass 1 over a row: what one element adds to accumulator 3.
 FUSEGEN_HD void backward_pass1(float dout, float in_dout, float in_x, float in_w, float in_gg_x,
     float in_gg_w, const float* row, float* v) {
   const float t0 = in_dout*in_w;
-  const float t1 = -0.5f*(t0*in_x);
-  const float t2 = 1.0f/sqrtf(row[0] + 1e-06f);
-  const float t3 = t2*t2*t2;
-  v[2] = t1*t3;
-  v[3] = -0.5f*(dout*in_gg_w*in_dout*in_x + row[1]*t1*(3.0f*(t2*t2)) + dout*in_gg_x*t0)*t3;
+  v[3] = dout*in_gg_w*in_dout*in_x + row[1]*(-0.5f*(t0*in_x))*(3.0f*((1.0f/sqrtf(row[0] +
+      1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f)))) + dout*in_gg_x*t0;
 }
 FUSEGEN_HD void backward_init1(float* acc) {
-  acc[2] = 0.0f;
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[2] = acc[2] + other[2];
   acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void backward_finish1(float n, const float* acc, float* row) {
-  row[2] = acc[2]/n;
-  row[3] = acc[3]/n;
+  row[3] = -0.5f*((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
+      1e-06f)))*acc[3]/n;
 }
 
 // The outputs of one element, from its inputs and the row's values, in float.
@@ -145,34 +136,23 @@ FUSEGEN_HD void backward_outputs(float dout, float in_dout, float in_x, float in
   grad_gg_w = dout*(in_dout*t2);
 }
 
-// Pass 0 over a row: what one element adds to accumulator 0.
-FUSEGEN_HD void forward_pass0(double in_x, double* v) {
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
+FUSEGEN_HD void forward_pass0(double in_dout, double in_x, double in_w, double* v) {
   v[0] = in_x*in_x;
+  v[1] = in_dout*in_w*in_x;
 }
 FUSEGEN_HD void forward_init0(double* acc) {
   acc[0] = 0.0;
+  acc[1] = 0.0;
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
   acc[0] = acc[0] + other[0];
+  acc[1] = acc[1] + other[1];
 }
 FUSEGEN_HD void forward_finish0(double n, const double* acc, double* row) {
   row[0] = acc[0]/n;
-}
-
-// Pass 1 over a row: what one element adds to accumulator 1.
-FUSEGEN_HD void forward_pass1(double in_dout, double in_x, double in_w, const double* row,
-    double* v) {
-  v[1] = -0.5*(in_dout*in_w*in_x)*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +
-      1e-06))*(1.0/sqrt(row[0] + 1e-06)));
-}
-FUSEGEN_HD void forward_init1(double* acc) {
-  acc[1] = 0.0;
-}
-FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
-  acc[1] = acc[1] + other[1];
-}
-FUSEGEN_HD void forward_finish1(double n, const double* acc, double* row) {
-  row[1] = acc[1]/n;
+  row[1] = -0.5*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +
+      1e-06)))*acc[1]/n;
 }
 
 // The output of one element, from its inputs and the row's values, in double.
@@ -183,46 +163,47 @@ FUSEGEN_HD void forward_outputs(double in_dout, double in_x, double in_w, double
   out = in_gg_x*(in_dout*in_w*t0 + t1 + t1) + in_gg_w*(in_dout*(in_x*t0));
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1.
-FUSEGEN_HD void backward_pass0(double dout, double in_x, double in_gg_x, double* v) {
+// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+FUSEGEN_HD void backward_pass0(double dout, double in_dout, double in_x, double in_w,
+    double in_gg_x, double* v) {
   const double t0 = dout*in_gg_x;
   v[0] = in_x*in_x;
   v[1] = (t0 + t0)*in_x;
+  v[2] = in_dout*in_w*in_x;
 }
 FUSEGEN_HD void backward_init0(double* acc) {
   acc[0] = 0.0;
   acc[1] = 0.0;
+  acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
   acc[0] = acc[0] + other[0];
   acc[1] = acc[1] + other[1];
+  acc[2] = acc[2] + other[2];
 }
 FUSEGEN_HD void backward_finish0(double n, const double* acc, double* row) {
   row[0] = acc[0]/n;
   row[1] = acc[1]/n;
+  row[2] = -0.5*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +
+      1e-06)))*acc[2]/n;
 }
 
-// Pass 1 over a row: what one element adds to accumulators 2, 3.
+// Pass 1 over a row: what one element adds to accumulator 3.
 FUSEGEN_HD void backward_pass1(double dout, double in_dout, double in_x, double in_w,
     double in_gg_x, double in_gg_w, const double* row, double* v) {
   const double t0 = in_dout*in_w;
-  const double t1 = -0.5*(t0*in_x);
-  const double t2 = 1.0/sqrt(row[0] + 1e-06);
-  const double t3 = t2*t2*t2;
-  v[2] = t1*t3;
-  v[3] = -0.5*(dout*in_gg_w*in_dout*in_x + row[1]*t1*(3.0*(t2*t2)) + dout*in_gg_x*t0)*t3;
+  v[3] = dout*in_gg_w*in_dout*in_x + row[1]*(-0.5*(t0*in_x))*(3.0*((1.0/sqrt(row[0] +
+      1e-06))*(1.0/sqrt(row[0] + 1e-06)))) + dout*in_gg_x*t0;
 }
 FUSEGEN_HD void backward_init1(double* acc) {
-  acc[2] = 0.0;
   acc[3] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[2] = acc[2] + other[2];
   acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void backward_finish1(double n, const double* acc, double* row) {
-  row[2] = acc[2]/n;
-  row[3] = acc[3]/n;
+  row[3] = -0.5*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +
+      1e-06)))*acc[3]/n;
 }
 
 // The outputs of one element, from its inputs and the row's values, in double.
@@ -257,10 +238,10 @@ struct Forward {
   static constexpr int kInputs = 5;
   static constexpr int kOutputs = 1;
   static constexpr int kRows = 2;    // values per row (one per accumulator)
-  static constexpr int kPasses = 2;  // passes over a row before the outputs'
+  static constexpr int kPasses = 1;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 2};
+    constexpr int kBegin[] = {0, 2};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -278,33 +259,25 @@ struct Forward {
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
       forward_init0(acc);
-    } else if constexpr (kP == 1) {
-      forward_init1(acc);
     }
   }
   template <int kP>
   FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                        [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
-      forward_pass0(x[1], v);
-    } else if constexpr (kP == 1) {
-      forward_pass1(x[0], x[1], x[2], row, v);
+      forward_pass0(x[0], x[1], x[2], v);
     }
   }
   template <int kP>
   FUSEGEN_HD void combine(T* acc, const T* other) const {
     if constexpr (kP == 0) {
       forward_combine0(acc, other);
-    } else if constexpr (kP == 1) {
-      forward_combine1(acc, other);
     }
   }
   template <int kP>
   FUSEGEN_HD void finish(T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       forward_finish0(n, acc, row);
-    } else if constexpr (kP == 1) {
-      forward_finish1(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
@@ -327,7 +300,7 @@ struct Backward {
   static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 2, 4};
+    constexpr int kBegin[] = {0, 3, 4};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -353,7 +326,7 @@ struct Backward {
   FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                        [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
-      backward_pass0(x[0], x[2], x[4], v);
+      backward_pass0(x[0], x[1], x[2], x[3], x[4], v);
     } else if constexpr (kP == 1) {
       backward_pass1(x[0], x[1], x[2], x[3], x[4], x[5], row, v);
     }

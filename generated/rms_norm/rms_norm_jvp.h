@@ -64,46 +64,46 @@ FUSEGEN_HD void forward_outputs(float in_x, float in_w, float in_t_x, float in_t
   out = (in_t_x*t0 + -0.5f*row[1]*(t0*t0*t0)*in_x)*in_w + in_t_w*(in_x*t0);
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1.
-FUSEGEN_HD void backward_pass0(float in_x, float in_t_x, float* v) {
+// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+FUSEGEN_HD void backward_pass0(float dout, float in_x, float in_w, float in_t_x, float* v) {
   const float t0 = in_t_x*in_x;
   v[0] = in_x*in_x;
   v[1] = t0 + t0;
+  v[2] = dout*in_w*in_x;
 }
 FUSEGEN_HD void backward_init0(float* acc) {
   acc[0] = 0.0f;
   acc[1] = 0.0f;
+  acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
   acc[0] = acc[0] + other[0];
   acc[1] = acc[1] + other[1];
+  acc[2] = acc[2] + other[2];
 }
 FUSEGEN_HD void backward_finish0(float n, const float* acc, float* row) {
   row[0] = acc[0]/n;
   row[1] = acc[1]/n;
+  row[2] = ((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
+      1e-06f)))*(-0.5f)*acc[2]/n;
 }
 
-// Pass 1 over a row: what one element adds to accumulators 2, 3.
+// Pass 1 over a row: what one element adds to accumulator 3.
 FUSEGEN_HD void backward_pass1(float dout, float in_x, float in_w, float in_t_x, float in_t_w,
     const float* row, float* v) {
   const float t0 = dout*in_w;
-  const float t1 = t0*in_x;
-  const float t2 = 1.0f/sqrtf(row[0] + 1e-06f);
-  const float t3 = t2*t2*t2;
-  v[2] = t1*t3*(-0.5f);
-  v[3] = -0.5f*(dout*in_t_w*in_x + t1*(-0.5f*row[1])*(3.0f*(t2*t2)) + t0*in_t_x)*t3;
+  v[3] = dout*in_t_w*in_x + t0*in_x*(-0.5f*row[1])*(3.0f*((1.0f/sqrtf(row[0] +
+      1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f)))) + t0*in_t_x;
 }
 FUSEGEN_HD void backward_init1(float* acc) {
-  acc[2] = 0.0f;
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[2] = acc[2] + other[2];
   acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void backward_finish1(float n, const float* acc, float* row) {
-  row[2] = acc[2]/n;
-  row[3] = acc[3]/n;
+  row[3] = -0.5f*((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
+      1e-06f)))*acc[3]/n;
 }
 
 // The outputs of one element, from its inputs and the row's values, in float.
@@ -146,46 +146,46 @@ FUSEGEN_HD void forward_outputs(double in_x, double in_w, double in_t_x, double 
   out = (in_t_x*t0 + -0.5*row[1]*(t0*t0*t0)*in_x)*in_w + in_t_w*(in_x*t0);
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1.
-FUSEGEN_HD void backward_pass0(double in_x, double in_t_x, double* v) {
+// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+FUSEGEN_HD void backward_pass0(double dout, double in_x, double in_w, double in_t_x, double* v) {
   const double t0 = in_t_x*in_x;
   v[0] = in_x*in_x;
   v[1] = t0 + t0;
+  v[2] = dout*in_w*in_x;
 }
 FUSEGEN_HD void backward_init0(double* acc) {
   acc[0] = 0.0;
   acc[1] = 0.0;
+  acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
   acc[0] = acc[0] + other[0];
   acc[1] = acc[1] + other[1];
+  acc[2] = acc[2] + other[2];
 }
 FUSEGEN_HD void backward_finish0(double n, const double* acc, double* row) {
   row[0] = acc[0]/n;
   row[1] = acc[1]/n;
+  row[2] = ((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +
+      1e-06)))*(-0.5)*acc[2]/n;
 }
 
-// Pass 1 over a row: what one element adds to accumulators 2, 3.
+// Pass 1 over a row: what one element adds to accumulator 3.
 FUSEGEN_HD void backward_pass1(double dout, double in_x, double in_w, double in_t_x, double in_t_w,
     const double* row, double* v) {
   const double t0 = dout*in_w;
-  const double t1 = t0*in_x;
-  const double t2 = 1.0/sqrt(row[0] + 1e-06);
-  const double t3 = t2*t2*t2;
-  v[2] = t1*t3*(-0.5);
-  v[3] = -0.5*(dout*in_t_w*in_x + t1*(-0.5*row[1])*(3.0*(t2*t2)) + t0*in_t_x)*t3;
+  v[3] = dout*in_t_w*in_x + t0*in_x*(-0.5*row[1])*(3.0*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0]
+      + 1e-06)))) + t0*in_t_x;
 }
 FUSEGEN_HD void backward_init1(double* acc) {
-  acc[2] = 0.0;
   acc[3] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[2] = acc[2] + other[2];
   acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void backward_finish1(double n, const double* acc, double* row) {
-  row[2] = acc[2]/n;
-  row[3] = acc[3]/n;
+  row[3] = -0.5*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +
+      1e-06)))*acc[3]/n;
 }
 
 // The outputs of one element, from its inputs and the row's values, in double.
@@ -276,7 +276,7 @@ struct Backward {
   static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 2, 4};
+    constexpr int kBegin[] = {0, 3, 4};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -302,7 +302,7 @@ struct Backward {
   FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                        [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
-      backward_pass0(x[1], x[3], v);
+      backward_pass0(x[0], x[1], x[2], x[3], v);
     } else if constexpr (kP == 1) {
       backward_pass1(x[0], x[1], x[2], x[3], x[4], row, v);
     }

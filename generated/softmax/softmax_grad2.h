@@ -120,56 +120,47 @@ FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2.
-FUSEGEN_HD void forward_pass1(float in_x, const float* row, float* v) {
-  v[1] = expf(in_x - row[0]);
-  v[2] = (in_x == row[0] ? 1.0f : 0.0f);
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
+FUSEGEN_HD void forward_pass1(float in_dout, float in_x, const float* row, float* v) {
+  const float t0 = expf(in_x - row[0]);
+  v[1] = t0;
+  v[2] = in_dout*t0;
+  v[3] = (in_x == row[0] ? 1.0f : 0.0f);
 }
 FUSEGEN_HD void forward_init1(float* acc) {
   acc[1] = 0.0f;
   acc[2] = 0.0f;
+  acc[3] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
+  acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
-  row[2] = acc[2];
-}
-
-// Pass 2 over a row: what one element adds to accumulator 3.
-FUSEGEN_HD void forward_pass2(float in_dout, float in_x, const float* row, float* v) {
-  v[3] = -in_dout*(expf(in_x - row[0])/row[1]/row[1]);
-}
-FUSEGEN_HD void forward_init2(float* acc) {
-  acc[3] = 0.0f;
-}
-FUSEGEN_HD void forward_combine2(float* acc, const float* other) {
-  acc[3] = acc[3] + other[3];
-}
-FUSEGEN_HD void forward_finish2(float /*n*/, const float* acc, float* row) {
+  row[2] = -(1.0f/row[1])*(1.0f/row[1])*acc[2];
   row[3] = acc[3];
 }
 
-// Pass 3 over a row: what one element adds to accumulator 4.
-FUSEGEN_HD void forward_pass3(float in_dout, float in_x, const float* row, float* v) {
-  v[4] = -((in_dout/row[1] + row[3])*expf(in_x - row[0]));
+// Pass 2 over a row: what one element adds to accumulator 4.
+FUSEGEN_HD void forward_pass2(float in_dout, float in_x, const float* row, float* v) {
+  v[4] = -((in_dout/row[1] + row[2])*expf(in_x - row[0]));
 }
-FUSEGEN_HD void forward_init3(float* acc) {
+FUSEGEN_HD void forward_init2(float* acc) {
   acc[4] = 0.0f;
 }
-FUSEGEN_HD void forward_combine3(float* acc, const float* other) {
+FUSEGEN_HD void forward_combine2(float* acc, const float* other) {
   acc[4] = acc[4] + other[4];
 }
-FUSEGEN_HD void forward_finish3(float /*n*/, const float* acc, float* row) {
+FUSEGEN_HD void forward_finish2(float /*n*/, const float* acc, float* row) {
   row[4] = acc[4];
 }
 
 // The output of one element, from its inputs and the row's values, in float.
 FUSEGEN_HD void forward_outputs(float in_dout, float in_x, float in_gg_x, const float* row,
     float& out) {
-  out = in_gg_x*((in_dout/row[1] + row[3])*expf(in_x - row[0]) + row[4]/row[2]*(in_x == row[0] ?
+  out = in_gg_x*((in_dout/row[1] + row[2])*expf(in_x - row[0]) + row[4]/row[3]*(in_x == row[0] ?
       1.0f : 0.0f));
 }
 
@@ -187,95 +178,87 @@ FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2.
-FUSEGEN_HD void backward_pass1(float in_x, const float* row, float* v) {
-  v[1] = (in_x == row[0] ? 1.0f : 0.0f);
-  v[2] = expf(in_x - row[0]);
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3, 4.
+FUSEGEN_HD void backward_pass1(float dout, float in_dout, float in_x, float in_gg_x,
+    const float* row, float* v) {
+  const float t0 = (in_x == row[0] ? 1.0f : 0.0f);
+  const float t1 = expf(in_x - row[0]);
+  v[1] = t0;
+  v[2] = dout*in_gg_x*t0;
+  v[3] = t1;
+  v[4] = in_dout*t1;
 }
 FUSEGEN_HD void backward_init1(float* acc) {
   acc[1] = 0.0f;
   acc[2] = 0.0f;
+  acc[3] = 0.0f;
+  acc[4] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
-}
-FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
-  row[1] = acc[1];
-  row[2] = acc[2];
-}
-
-// Pass 2 over a row: what one element adds to accumulators 3, 4.
-FUSEGEN_HD void backward_pass2(float dout, float in_dout, float in_x, float in_gg_x,
-    const float* row, float* v) {
-  v[3] = dout*in_gg_x*(in_x == row[0] ? 1.0f : 0.0f)/row[1];
-  v[4] = -in_dout*(expf(in_x - row[0])/row[2]/row[2]);
-}
-FUSEGEN_HD void backward_init2(float* acc) {
-  acc[3] = 0.0f;
-  acc[4] = 0.0f;
-}
-FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
   acc[3] = acc[3] + other[3];
   acc[4] = acc[4] + other[4];
 }
-FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
+FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
+  row[1] = acc[1];
+  row[2] = (1.0f/row[1])*acc[2];
   row[3] = acc[3];
-  row[4] = acc[4];
+  row[4] = -(1.0f/row[3])*(1.0f/row[3])*acc[4];
 }
 
-// Pass 3 over a row: what one element adds to accumulators 5, 6.
-FUSEGEN_HD void backward_pass3(float dout, float in_dout, float in_x, float in_gg_x,
+// Pass 2 over a row: what one element adds to accumulators 5, 6.
+FUSEGEN_HD void backward_pass2(float dout, float in_dout, float in_x, float in_gg_x,
     const float* row, float* v) {
   const float t0 = expf(in_x - row[0]);
-  v[5] = (dout*in_gg_x + (-row[3]))*t0;
-  v[6] = -((in_dout/row[2] + row[4])*t0);
+  v[5] = (dout*in_gg_x + (-row[2]))*t0;
+  v[6] = -((in_dout/row[3] + row[4])*t0);
 }
-FUSEGEN_HD void backward_init3(float* acc) {
+FUSEGEN_HD void backward_init2(float* acc) {
   acc[5] = 0.0f;
   acc[6] = 0.0f;
 }
-FUSEGEN_HD void backward_combine3(float* acc, const float* other) {
+FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
   acc[5] = acc[5] + other[5];
   acc[6] = acc[6] + other[6];
 }
-FUSEGEN_HD void backward_finish3(float /*n*/, const float* acc, float* row) {
+FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
   row[5] = acc[5];
   row[6] = acc[6];
 }
 
-// Pass 4 over a row: what one element adds to accumulator 7.
-FUSEGEN_HD void backward_pass4(float dout, float in_dout, float in_x, float in_gg_x,
+// Pass 3 over a row: what one element adds to accumulator 7.
+FUSEGEN_HD void backward_pass3(float dout, float in_dout, float in_x, float in_gg_x,
     const float* row, float* v) {
   const float t0 = row[5]*(-in_dout);
   const float t1 = expf(in_x - row[0]);
-  const float t2 = t1/row[2]/row[2];
-  v[7] = -t0*(t2/row[2]) + -(t0/row[2])*t2 + -((dout*in_gg_x +
-      (-row[3]))*t1)*(in_dout/row[2]/row[2]);
+  const float t2 = t1/row[3]/row[3];
+  v[7] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -((dout*in_gg_x +
+      (-row[2]))*t1)*(in_dout/row[3]/row[3]);
 }
-FUSEGEN_HD void backward_init4(float* acc) {
+FUSEGEN_HD void backward_init3(float* acc) {
   acc[7] = 0.0f;
 }
-FUSEGEN_HD void backward_combine4(float* acc, const float* other) {
+FUSEGEN_HD void backward_combine3(float* acc, const float* other) {
   acc[7] = acc[7] + other[7];
 }
-FUSEGEN_HD void backward_finish4(float /*n*/, const float* acc, float* row) {
+FUSEGEN_HD void backward_finish3(float /*n*/, const float* acc, float* row) {
   row[7] = acc[7];
 }
 
-// Pass 5 over a row: what one element adds to accumulator 8.
-FUSEGEN_HD void backward_pass5(float dout, float in_dout, float in_x, float in_gg_x,
+// Pass 4 over a row: what one element adds to accumulator 8.
+FUSEGEN_HD void backward_pass4(float dout, float in_dout, float in_x, float in_gg_x,
     const float* row, float* v) {
-  v[8] = -(((dout*in_gg_x + (-row[3]))*(in_dout/row[2] + row[4]) + row[5]*(-in_dout)/row[2]/row[2] +
+  v[8] = -(((dout*in_gg_x + (-row[2]))*(in_dout/row[3] + row[4]) + row[5]*(-in_dout)/row[3]/row[3] +
       row[7])*expf(in_x - row[0]));
 }
-FUSEGEN_HD void backward_init5(float* acc) {
+FUSEGEN_HD void backward_init4(float* acc) {
   acc[8] = 0.0f;
 }
-FUSEGEN_HD void backward_combine5(float* acc, const float* other) {
+FUSEGEN_HD void backward_combine4(float* acc, const float* other) {
   acc[8] = acc[8] + other[8];
 }
-FUSEGEN_HD void backward_finish5(float /*n*/, const float* acc, float* row) {
+FUSEGEN_HD void backward_finish4(float /*n*/, const float* acc, float* row) {
   row[8] = acc[8];
 }
 
@@ -283,11 +266,11 @@ FUSEGEN_HD void backward_finish5(float /*n*/, const float* acc, float* row) {
 FUSEGEN_HD void backward_outputs(float dout, float in_dout, float in_x, float in_gg_x,
     const float* row, float& grad_dout, float& grad_x, float& grad_gg_x) {
   const float t0 = expf(in_x - row[0]);
-  const float t1 = dout*in_gg_x + (-row[3]);
-  const float t2 = in_dout/row[2] + row[4];
+  const float t1 = dout*in_gg_x + (-row[2]);
+  const float t2 = in_dout/row[3] + row[4];
   const float t3 = (in_x == row[0] ? 1.0f : 0.0f);
-  grad_dout = -(row[5]*(t0/row[2]/row[2])) + t1*t0/row[2];
-  grad_x = (t1*t2 + row[5]*(-in_dout)/row[2]/row[2] + row[7])*t0 + row[8]/row[1]*t3;
+  grad_dout = -(row[5]*(t0/row[3]/row[3])) + t1*t0/row[3];
+  grad_x = (t1*t2 + row[5]*(-in_dout)/row[3]/row[3] + row[7])*t0 + row[8]/row[1]*t3;
   grad_gg_x = dout*(t2*t0 + row[6]/row[1]*t3);
 }
 
@@ -305,56 +288,47 @@ FUSEGEN_HD void forward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2.
-FUSEGEN_HD void forward_pass1(double in_x, const double* row, double* v) {
-  v[1] = exp(in_x - row[0]);
-  v[2] = (in_x == row[0] ? 1.0 : 0.0);
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
+FUSEGEN_HD void forward_pass1(double in_dout, double in_x, const double* row, double* v) {
+  const double t0 = exp(in_x - row[0]);
+  v[1] = t0;
+  v[2] = in_dout*t0;
+  v[3] = (in_x == row[0] ? 1.0 : 0.0);
 }
 FUSEGEN_HD void forward_init1(double* acc) {
   acc[1] = 0.0;
   acc[2] = 0.0;
+  acc[3] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
+  acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
-  row[2] = acc[2];
-}
-
-// Pass 2 over a row: what one element adds to accumulator 3.
-FUSEGEN_HD void forward_pass2(double in_dout, double in_x, const double* row, double* v) {
-  v[3] = -in_dout*(exp(in_x - row[0])/row[1]/row[1]);
-}
-FUSEGEN_HD void forward_init2(double* acc) {
-  acc[3] = 0.0;
-}
-FUSEGEN_HD void forward_combine2(double* acc, const double* other) {
-  acc[3] = acc[3] + other[3];
-}
-FUSEGEN_HD void forward_finish2(double /*n*/, const double* acc, double* row) {
+  row[2] = -(1.0/row[1])*(1.0/row[1])*acc[2];
   row[3] = acc[3];
 }
 
-// Pass 3 over a row: what one element adds to accumulator 4.
-FUSEGEN_HD void forward_pass3(double in_dout, double in_x, const double* row, double* v) {
-  v[4] = -((in_dout/row[1] + row[3])*exp(in_x - row[0]));
+// Pass 2 over a row: what one element adds to accumulator 4.
+FUSEGEN_HD void forward_pass2(double in_dout, double in_x, const double* row, double* v) {
+  v[4] = -((in_dout/row[1] + row[2])*exp(in_x - row[0]));
 }
-FUSEGEN_HD void forward_init3(double* acc) {
+FUSEGEN_HD void forward_init2(double* acc) {
   acc[4] = 0.0;
 }
-FUSEGEN_HD void forward_combine3(double* acc, const double* other) {
+FUSEGEN_HD void forward_combine2(double* acc, const double* other) {
   acc[4] = acc[4] + other[4];
 }
-FUSEGEN_HD void forward_finish3(double /*n*/, const double* acc, double* row) {
+FUSEGEN_HD void forward_finish2(double /*n*/, const double* acc, double* row) {
   row[4] = acc[4];
 }
 
 // The output of one element, from its inputs and the row's values, in double.
 FUSEGEN_HD void forward_outputs(double in_dout, double in_x, double in_gg_x, const double* row,
     double& out) {
-  out = in_gg_x*((in_dout/row[1] + row[3])*exp(in_x - row[0]) + row[4]/row[2]*(in_x == row[0] ? 1.0
+  out = in_gg_x*((in_dout/row[1] + row[2])*exp(in_x - row[0]) + row[4]/row[3]*(in_x == row[0] ? 1.0
       : 0.0));
 }
 
@@ -372,95 +346,87 @@ FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2.
-FUSEGEN_HD void backward_pass1(double in_x, const double* row, double* v) {
-  v[1] = (in_x == row[0] ? 1.0 : 0.0);
-  v[2] = exp(in_x - row[0]);
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3, 4.
+FUSEGEN_HD void backward_pass1(double dout, double in_dout, double in_x, double in_gg_x,
+    const double* row, double* v) {
+  const double t0 = (in_x == row[0] ? 1.0 : 0.0);
+  const double t1 = exp(in_x - row[0]);
+  v[1] = t0;
+  v[2] = dout*in_gg_x*t0;
+  v[3] = t1;
+  v[4] = in_dout*t1;
 }
 FUSEGEN_HD void backward_init1(double* acc) {
   acc[1] = 0.0;
   acc[2] = 0.0;
+  acc[3] = 0.0;
+  acc[4] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
-}
-FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
-  row[1] = acc[1];
-  row[2] = acc[2];
-}
-
-// Pass 2 over a row: what one element adds to accumulators 3, 4.
-FUSEGEN_HD void backward_pass2(double dout, double in_dout, double in_x, double in_gg_x,
-    const double* row, double* v) {
-  v[3] = dout*in_gg_x*(in_x == row[0] ? 1.0 : 0.0)/row[1];
-  v[4] = -in_dout*(exp(in_x - row[0])/row[2]/row[2]);
-}
-FUSEGEN_HD void backward_init2(double* acc) {
-  acc[3] = 0.0;
-  acc[4] = 0.0;
-}
-FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
   acc[3] = acc[3] + other[3];
   acc[4] = acc[4] + other[4];
 }
-FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
+FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
+  row[1] = acc[1];
+  row[2] = (1.0/row[1])*acc[2];
   row[3] = acc[3];
-  row[4] = acc[4];
+  row[4] = -(1.0/row[3])*(1.0/row[3])*acc[4];
 }
 
-// Pass 3 over a row: what one element adds to accumulators 5, 6.
-FUSEGEN_HD void backward_pass3(double dout, double in_dout, double in_x, double in_gg_x,
+// Pass 2 over a row: what one element adds to accumulators 5, 6.
+FUSEGEN_HD void backward_pass2(double dout, double in_dout, double in_x, double in_gg_x,
     const double* row, double* v) {
   const double t0 = exp(in_x - row[0]);
-  v[5] = (dout*in_gg_x + (-row[3]))*t0;
-  v[6] = -((in_dout/row[2] + row[4])*t0);
+  v[5] = (dout*in_gg_x + (-row[2]))*t0;
+  v[6] = -((in_dout/row[3] + row[4])*t0);
 }
-FUSEGEN_HD void backward_init3(double* acc) {
+FUSEGEN_HD void backward_init2(double* acc) {
   acc[5] = 0.0;
   acc[6] = 0.0;
 }
-FUSEGEN_HD void backward_combine3(double* acc, const double* other) {
+FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
   acc[5] = acc[5] + other[5];
   acc[6] = acc[6] + other[6];
 }
-FUSEGEN_HD void backward_finish3(double /*n*/, const double* acc, double* row) {
+FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
   row[5] = acc[5];
   row[6] = acc[6];
 }
 
-// Pass 4 over a row: what one element adds to accumulator 7.
-FUSEGEN_HD void backward_pass4(double dout, double in_dout, double in_x, double in_gg_x,
+// Pass 3 over a row: what one element adds to accumulator 7.
+FUSEGEN_HD void backward_pass3(double dout, double in_dout, double in_x, double in_gg_x,
     const double* row, double* v) {
   const double t0 = row[5]*(-in_dout);
   const double t1 = exp(in_x - row[0]);
-  const double t2 = t1/row[2]/row[2];
-  v[7] = -t0*(t2/row[2]) + -(t0/row[2])*t2 + -((dout*in_gg_x +
-      (-row[3]))*t1)*(in_dout/row[2]/row[2]);
+  const double t2 = t1/row[3]/row[3];
+  v[7] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -((dout*in_gg_x +
+      (-row[2]))*t1)*(in_dout/row[3]/row[3]);
 }
-FUSEGEN_HD void backward_init4(double* acc) {
+FUSEGEN_HD void backward_init3(double* acc) {
   acc[7] = 0.0;
 }
-FUSEGEN_HD void backward_combine4(double* acc, const double* other) {
+FUSEGEN_HD void backward_combine3(double* acc, const double* other) {
   acc[7] = acc[7] + other[7];
 }
-FUSEGEN_HD void backward_finish4(double /*n*/, const double* acc, double* row) {
+FUSEGEN_HD void backward_finish3(double /*n*/, const double* acc, double* row) {
   row[7] = acc[7];
 }
 
-// Pass 5 over a row: what one element adds to accumulator 8.
-FUSEGEN_HD void backward_pass5(double dout, double in_dout, double in_x, double in_gg_x,
+// Pass 4 over a row: what one element adds to accumulator 8.
+FUSEGEN_HD void backward_pass4(double dout, double in_dout, double in_x, double in_gg_x,
     const double* row, double* v) {
-  v[8] = -(((dout*in_gg_x + (-row[3]))*(in_dout/row[2] + row[4]) + row[5]*(-in_dout)/row[2]/row[2] +
+  v[8] = -(((dout*in_gg_x + (-row[2]))*(in_dout/row[3] + row[4]) + row[5]*(-in_dout)/row[3]/row[3] +
       row[7])*exp(in_x - row[0]));
 }
-FUSEGEN_HD void backward_init5(double* acc) {
+FUSEGEN_HD void backward_init4(double* acc) {
   acc[8] = 0.0;
 }
-FUSEGEN_HD void backward_combine5(double* acc, const double* other) {
+FUSEGEN_HD void backward_combine4(double* acc, const double* other) {
   acc[8] = acc[8] + other[8];
 }
-FUSEGEN_HD void backward_finish5(double /*n*/, const double* acc, double* row) {
+FUSEGEN_HD void backward_finish4(double /*n*/, const double* acc, double* row) {
   row[8] = acc[8];
 }
 
@@ -468,11 +434,11 @@ FUSEGEN_HD void backward_finish5(double /*n*/, const double* acc, double* row) {
 FUSEGEN_HD void backward_outputs(double dout, double in_dout, double in_x, double in_gg_x,
     const double* row, double& grad_dout, double& grad_x, double& grad_gg_x) {
   const double t0 = exp(in_x - row[0]);
-  const double t1 = dout*in_gg_x + (-row[3]);
-  const double t2 = in_dout/row[2] + row[4];
+  const double t1 = dout*in_gg_x + (-row[2]);
+  const double t2 = in_dout/row[3] + row[4];
   const double t3 = (in_x == row[0] ? 1.0 : 0.0);
-  grad_dout = -(row[5]*(t0/row[2]/row[2])) + t1*t0/row[2];
-  grad_x = (t1*t2 + row[5]*(-in_dout)/row[2]/row[2] + row[7])*t0 + row[8]/row[1]*t3;
+  grad_dout = -(row[5]*(t0/row[3]/row[3])) + t1*t0/row[3];
+  grad_x = (t1*t2 + row[5]*(-in_dout)/row[3]/row[3] + row[7])*t0 + row[8]/row[1]*t3;
   grad_gg_x = dout*(t2*t0 + row[6]/row[1]*t3);
 }
 
@@ -488,10 +454,10 @@ struct Forward {
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 1;
   static constexpr int kRows = 5;    // values per row (one per accumulator)
-  static constexpr int kPasses = 4;  // passes over a row before the outputs'
+  static constexpr int kPasses = 3;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 3, 4, 5};
+    constexpr int kBegin[] = {0, 1, 4, 5};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -513,8 +479,6 @@ struct Forward {
       forward_init1(acc);
     } else if constexpr (kP == 2) {
       forward_init2(acc);
-    } else if constexpr (kP == 3) {
-      forward_init3(acc);
     }
   }
   template <int kP>
@@ -523,11 +487,9 @@ struct Forward {
     if constexpr (kP == 0) {
       forward_pass0(x[1], v);
     } else if constexpr (kP == 1) {
-      forward_pass1(x[1], row, v);
+      forward_pass1(x[0], x[1], row, v);
     } else if constexpr (kP == 2) {
       forward_pass2(x[0], x[1], row, v);
-    } else if constexpr (kP == 3) {
-      forward_pass3(x[0], x[1], row, v);
     }
   }
   template <int kP>
@@ -538,8 +500,6 @@ struct Forward {
       forward_combine1(acc, other);
     } else if constexpr (kP == 2) {
       forward_combine2(acc, other);
-    } else if constexpr (kP == 3) {
-      forward_combine3(acc, other);
     }
   }
   template <int kP>
@@ -550,8 +510,6 @@ struct Forward {
       forward_finish1(n, acc, row);
     } else if constexpr (kP == 2) {
       forward_finish2(n, acc, row);
-    } else if constexpr (kP == 3) {
-      forward_finish3(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
@@ -571,10 +529,10 @@ struct Backward {
   static constexpr int kInputs = 4;
   static constexpr int kOutputs = 3;
   static constexpr int kRows = 9;    // values per row (one per accumulator)
-  static constexpr int kPasses = 6;  // passes over a row before the outputs'
+  static constexpr int kPasses = 5;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 3, 5, 7, 8, 9};
+    constexpr int kBegin[] = {0, 1, 5, 7, 8, 9};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -600,8 +558,6 @@ struct Backward {
       backward_init3(acc);
     } else if constexpr (kP == 4) {
       backward_init4(acc);
-    } else if constexpr (kP == 5) {
-      backward_init5(acc);
     }
   }
   template <int kP>
@@ -610,15 +566,13 @@ struct Backward {
     if constexpr (kP == 0) {
       backward_pass0(x[2], v);
     } else if constexpr (kP == 1) {
-      backward_pass1(x[2], row, v);
+      backward_pass1(x[0], x[1], x[2], x[3], row, v);
     } else if constexpr (kP == 2) {
       backward_pass2(x[0], x[1], x[2], x[3], row, v);
     } else if constexpr (kP == 3) {
       backward_pass3(x[0], x[1], x[2], x[3], row, v);
     } else if constexpr (kP == 4) {
       backward_pass4(x[0], x[1], x[2], x[3], row, v);
-    } else if constexpr (kP == 5) {
-      backward_pass5(x[0], x[1], x[2], x[3], row, v);
     }
   }
   template <int kP>
@@ -633,8 +587,6 @@ struct Backward {
       backward_combine3(acc, other);
     } else if constexpr (kP == 4) {
       backward_combine4(acc, other);
-    } else if constexpr (kP == 5) {
-      backward_combine5(acc, other);
     }
   }
   template <int kP>
@@ -649,8 +601,6 @@ struct Backward {
       backward_finish3(n, acc, row);
     } else if constexpr (kP == 4) {
       backward_finish4(n, acc, row);
-    } else if constexpr (kP == 5) {
-      backward_finish5(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,

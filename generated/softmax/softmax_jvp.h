@@ -166,72 +166,73 @@ FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
-FUSEGEN_HD void backward_pass1(float in_x, float in_t_x, const float* row, float* v) {
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3, 4.
+FUSEGEN_HD void backward_pass1(float dout, float in_x, float in_t_x, const float* row, float* v) {
   const float t0 = (in_x == row[0] ? 1.0f : 0.0f);
+  const float t1 = expf(in_x - row[0]);
   v[1] = in_t_x*t0;
   v[2] = t0;
-  v[3] = expf(in_x - row[0]);
+  v[3] = t1;
+  v[4] = dout*t1;
 }
 FUSEGEN_HD void backward_init1(float* acc) {
   acc[1] = 0.0f;
   acc[2] = 0.0f;
   acc[3] = 0.0f;
+  acc[4] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
   acc[3] = acc[3] + other[3];
+  acc[4] = acc[4] + other[4];
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
   row[2] = acc[2];
   row[3] = acc[3];
+  row[4] = -(1.0f/row[3])*(1.0f/row[3])*acc[4];
 }
 
-// Pass 2 over a row: what one element adds to accumulators 4, 5.
+// Pass 2 over a row: what one element adds to accumulators 5, 6.
 FUSEGEN_HD void backward_pass2(float dout, float in_x, float in_t_x, const float* row, float* v) {
   const float t0 = expf(in_x - row[0]);
-  v[4] = (in_t_x + (-(row[1]/row[2])))*t0;
-  v[5] = -(dout*(t0/row[3]/row[3]));
+  v[5] = (in_t_x + (-(row[1]/row[2])))*t0;
+  v[6] = (row[4] + dout/row[3])*t0;
 }
 FUSEGEN_HD void backward_init2(float* acc) {
-  acc[4] = 0.0f;
   acc[5] = 0.0f;
+  acc[6] = 0.0f;
 }
 FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
-  acc[4] = acc[4] + other[4];
   acc[5] = acc[5] + other[5];
+  acc[6] = acc[6] + other[6];
 }
 FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
-  row[4] = acc[4];
   row[5] = acc[5];
+  row[6] = -(1.0f/row[2])*acc[6];
 }
 
-// Pass 3 over a row: what one element adds to accumulators 6, 7.
+// Pass 3 over a row: what one element adds to accumulator 7.
 FUSEGEN_HD void backward_pass3(float dout, float in_x, float in_t_x, const float* row, float* v) {
-  const float t0 = dout*(-row[4]);
+  const float t0 = dout*(-row[5]);
   const float t1 = expf(in_x - row[0]);
   const float t2 = t1/row[3]/row[3];
-  v[6] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -dout*((in_t_x + (-(row[1]/row[2])))*t1/row[3]/row[3]);
-  v[7] = -((row[5] + dout/row[3])*t1)/row[2];
+  v[7] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -dout*((in_t_x + (-(row[1]/row[2])))*t1/row[3]/row[3]);
 }
 FUSEGEN_HD void backward_init3(float* acc) {
-  acc[6] = 0.0f;
   acc[7] = 0.0f;
 }
 FUSEGEN_HD void backward_combine3(float* acc, const float* other) {
-  acc[6] = acc[6] + other[6];
   acc[7] = acc[7] + other[7];
 }
 FUSEGEN_HD void backward_finish3(float /*n*/, const float* acc, float* row) {
-  row[6] = acc[6];
   row[7] = acc[7];
 }
 
 // Pass 4 over a row: what one element adds to accumulator 8.
 FUSEGEN_HD void backward_pass4(float dout, float in_x, float in_t_x, const float* row, float* v) {
-  v[8] = -((dout*(-row[4])/row[3]/row[3] + row[6] + (row[5] + dout/row[3])*(in_t_x +
+  v[8] = -((dout*(-row[5])/row[3]/row[3] + row[7] + (row[4] + dout/row[3])*(in_t_x +
       (-(row[1]/row[2]))))*expf(in_x - row[0]));
 }
 FUSEGEN_HD void backward_init4(float* acc) {
@@ -247,12 +248,12 @@ FUSEGEN_HD void backward_finish4(float /*n*/, const float* acc, float* row) {
 // The outputs of one element, from its inputs and the row's values, in float.
 FUSEGEN_HD void backward_outputs(float dout, float in_x, float in_t_x, const float* row,
     float& grad_x, float& grad_t_x) {
-  const float t0 = row[5] + dout/row[3];
+  const float t0 = row[4] + dout/row[3];
   const float t1 = expf(in_x - row[0]);
   const float t2 = (in_x == row[0] ? 1.0f : 0.0f);
-  grad_x = (dout*(-row[4])/row[3]/row[3] + row[6] + t0*(in_t_x + (-(row[1]/row[2]))))*t1 +
+  grad_x = (dout*(-row[5])/row[3]/row[3] + row[7] + t0*(in_t_x + (-(row[1]/row[2]))))*t1 +
       row[8]/row[2]*t2;
-  grad_t_x = t0*t1 + row[7]*t2;
+  grad_t_x = t0*t1 + row[6]*t2;
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
@@ -326,75 +327,77 @@ FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
-FUSEGEN_HD void backward_pass1(double in_x, double in_t_x, const double* row, double* v) {
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3, 4.
+FUSEGEN_HD void backward_pass1(double dout, double in_x, double in_t_x, const double* row,
+    double* v) {
   const double t0 = (in_x == row[0] ? 1.0 : 0.0);
+  const double t1 = exp(in_x - row[0]);
   v[1] = in_t_x*t0;
   v[2] = t0;
-  v[3] = exp(in_x - row[0]);
+  v[3] = t1;
+  v[4] = dout*t1;
 }
 FUSEGEN_HD void backward_init1(double* acc) {
   acc[1] = 0.0;
   acc[2] = 0.0;
   acc[3] = 0.0;
+  acc[4] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
   acc[3] = acc[3] + other[3];
+  acc[4] = acc[4] + other[4];
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
   row[2] = acc[2];
   row[3] = acc[3];
+  row[4] = -(1.0/row[3])*(1.0/row[3])*acc[4];
 }
 
-// Pass 2 over a row: what one element adds to accumulators 4, 5.
+// Pass 2 over a row: what one element adds to accumulators 5, 6.
 FUSEGEN_HD void backward_pass2(double dout, double in_x, double in_t_x, const double* row,
     double* v) {
   const double t0 = exp(in_x - row[0]);
-  v[4] = (in_t_x + (-(row[1]/row[2])))*t0;
-  v[5] = -(dout*(t0/row[3]/row[3]));
+  v[5] = (in_t_x + (-(row[1]/row[2])))*t0;
+  v[6] = (row[4] + dout/row[3])*t0;
 }
 FUSEGEN_HD void backward_init2(double* acc) {
-  acc[4] = 0.0;
   acc[5] = 0.0;
+  acc[6] = 0.0;
 }
 FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
-  acc[4] = acc[4] + other[4];
   acc[5] = acc[5] + other[5];
+  acc[6] = acc[6] + other[6];
 }
 FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
-  row[4] = acc[4];
   row[5] = acc[5];
+  row[6] = -(1.0/row[2])*acc[6];
 }
 
-// Pass 3 over a row: what one element adds to accumulators 6, 7.
+// Pass 3 over a row: what one element adds to accumulator 7.
 FUSEGEN_HD void backward_pass3(double dout, double in_x, double in_t_x, const double* row,
     double* v) {
-  const double t0 = dout*(-row[4]);
+  const double t0 = dout*(-row[5]);
   const double t1 = exp(in_x - row[0]);
   const double t2 = t1/row[3]/row[3];
-  v[6] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -dout*((in_t_x + (-(row[1]/row[2])))*t1/row[3]/row[3]);
-  v[7] = -((row[5] + dout/row[3])*t1)/row[2];
+  v[7] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -dout*((in_t_x + (-(row[1]/row[2])))*t1/row[3]/row[3]);
 }
 FUSEGEN_HD void backward_init3(double* acc) {
-  acc[6] = 0.0;
   acc[7] = 0.0;
 }
 FUSEGEN_HD void backward_combine3(double* acc, const double* other) {
-  acc[6] = acc[6] + other[6];
   acc[7] = acc[7] + other[7];
 }
 FUSEGEN_HD void backward_finish3(double /*n*/, const double* acc, double* row) {
-  row[6] = acc[6];
   row[7] = acc[7];
 }
 
 // Pass 4 over a row: what one element adds to accumulator 8.
 FUSEGEN_HD void backward_pass4(double dout, double in_x, double in_t_x, const double* row,
     double* v) {
-  v[8] = -((dout*(-row[4])/row[3]/row[3] + row[6] + (row[5] + dout/row[3])*(in_t_x +
+  v[8] = -((dout*(-row[5])/row[3]/row[3] + row[7] + (row[4] + dout/row[3])*(in_t_x +
       (-(row[1]/row[2]))))*exp(in_x - row[0]));
 }
 FUSEGEN_HD void backward_init4(double* acc) {
@@ -410,12 +413,12 @@ FUSEGEN_HD void backward_finish4(double /*n*/, const double* acc, double* row) {
 // The outputs of one element, from its inputs and the row's values, in double.
 FUSEGEN_HD void backward_outputs(double dout, double in_x, double in_t_x, const double* row,
     double& grad_x, double& grad_t_x) {
-  const double t0 = row[5] + dout/row[3];
+  const double t0 = row[4] + dout/row[3];
   const double t1 = exp(in_x - row[0]);
   const double t2 = (in_x == row[0] ? 1.0 : 0.0);
-  grad_x = (dout*(-row[4])/row[3]/row[3] + row[6] + t0*(in_t_x + (-(row[1]/row[2]))))*t1 +
+  grad_x = (dout*(-row[5])/row[3]/row[3] + row[7] + t0*(in_t_x + (-(row[1]/row[2]))))*t1 +
       row[8]/row[2]*t2;
-  grad_t_x = t0*t1 + row[7]*t2;
+  grad_t_x = t0*t1 + row[6]*t2;
 }
 
 // The forward as a row function of 2 inputs and 1 output in the compute type T: its passes
@@ -506,7 +509,7 @@ struct Backward {
   static constexpr int kPasses = 5;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 4, 6, 8, 9};
+    constexpr int kBegin[] = {0, 1, 5, 7, 8, 9};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -540,7 +543,7 @@ struct Backward {
     if constexpr (kP == 0) {
       backward_pass0(x[1], v);
     } else if constexpr (kP == 1) {
-      backward_pass1(x[1], x[2], row, v);
+      backward_pass1(x[0], x[1], x[2], row, v);
     } else if constexpr (kP == 2) {
       backward_pass2(x[0], x[1], x[2], row, v);
     } else if constexpr (kP == 3) {

@@ -88,6 +88,15 @@ FUSEGEN_HD_CONSTEXPR int row_sum_columns(int acc_bytes) { return 32 * 4 / acc_by
 constexpr bool row_sums_fit(int64_t length, int acc_bytes) {
   return length <= int64_t(row_threads(length)) * row_sum_columns(acc_bytes);
 }
+// A row of 16-byte vectors may be held in registers while the kernel makes its passes over
+// it (fusegen-cuda-rows.cuh, RowCache): each thread loads its vectors of every input once,
+// and the passes after the first and the outputs read them there, not again from L1 or L2.
+// A thread keeps 1, 2, 4 or 8 vectors of each of its `inputs` (those read along the row),
+// as many as the row needs, at most row_cache_vectors: 256 bytes in all, 64 registers.
+FUSEGEN_HD_CONSTEXPR int row_cache_vectors(int inputs) {
+  const int n = 256 / (16 * (inputs > 0 ? inputs : 1));
+  return n < 1 ? 1 : (n > 8 ? 8 : n);
+}
 
 // A row op's accumulator arrays (F::kRows of them): C++ has no empty arrays, and a
 // backward may reduce nothing.
