@@ -5,11 +5,12 @@
 // across the block's warps through shared memory, in a fixed order, so every thread holds
 // the same bits and every run gives them; then the outputs are written. Rows of unit
 // stride, 16-byte aligned, whose length splits into 16-byte vectors (kVector), move 16
-// bytes per access; later passes read the row again, from L1 or L2 (a row of 8192 bf16 is
-// 16 KiB), so memory sees about one read of each input. A backward whose outputs include a
-// weight's gradient (summed over the rows: fusegen-runtime.h) runs a grid of a few blocks
-// per SM instead, striding over the rows: a thread's columns are the same on every row, so
-// it sums them in registers, and each block writes one partial row.
+// bytes per access, and such a row that fits is held in registers (RowCache): loaded once,
+// its loads all in flight together; a longer row is read again by each pass, from L1 or
+// L2. A backward whose outputs include a weight's gradient (summed over the rows:
+// fusegen-runtime.h) runs a grid of a few blocks per SM instead, striding over the rows: a
+// thread's columns are the same on every row, so it sums them in its own slots of shared
+// memory, and each block writes one partial row.
 #ifndef FUSEGEN_CUDA_ROWS_CUH_
 #define FUSEGEN_CUDA_ROWS_CUH_
 
@@ -252,7 +253,6 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
   constexpr int kGroups = kRowBlock / kRowThreads;
   constexpr int kVec = kRowVec<S, kVector>;
   constexpr int kSumIters = row_sum_columns(sizeof(A)) / kVec;
-  constexpr int kIters = kCache;
   static_assert(kCache == 0 || kVector, "a row cache holds 16-byte vectors");
   static_assert(kCache == 0 || !kSums, "a summing kernel reads each pass's row again");
   __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
@@ -260,20 +260,21 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
   const int64_t first = int64_t(blockIdx.x) * kGroups + threadIdx.x / kRowThreads;
   char* base[kN];
   A row[kRowSlots<F>];
-  RowCache<S, F, kIters> c;
+  RowCache<S, F, kCache> c;
   if constexpr (!kSums) {
     if (first >= a.rows) return;  // whole warps (kRowThreads 32) or the whole block
     row_bases(a, first, base);
     row_load<S, F, kRowThreads>(a, base, lane, c);
     row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
-    row_each<kRowThreads, kVec, kIters>(a.length, lane, [&](int t, int64_t j) {
+    row_each<kRowThreads, kVec, kCache>(a.length, lane, [&](int t, int64_t j) {
       A y[kVec][F::kOutputs];
       row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
 #pragma unroll
       for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
     });
   } else {
-    // The sums live in shared memory, not registers, which a held row needs.
+    // (in shared memory: with its 32 sums in registers the float32 kernel of 16-byte rows
+    // took 104-128 registers, here 64-72; ptxas -v for sm_90, RMSNorm's backward)
     constexpr int kColumns = kRowThreads * row_sum_columns(sizeof(A));
     __shared__ A sum[kGroups][kColumns];
     A(*mine)[kColumns] = sum + threadIdx.x / kRowThreads;
@@ -284,7 +285,6 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
     }
     for (int64_t r = first; r < a.rows; r += int64_t(gridDim.x) * kGroups) {
       row_bases(a, r, base);
-      row_load<S, F, kRowThreads>(a, base, lane, c);
       row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
 #pragma unroll
       for (int t = 0; t < kSumIters; ++t) {
@@ -376,7 +376,7 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     const bool warp = row_threads(a.length) == 32;
     if constexpr (kSums) {
       // (float32 and float64 rows only, where row_sums_fit: fusegen-layout.cpp; each pass
-      // reads the row again, as the sums take the registers)
+      // reads the row again: holding it made the summing grid slower, CONTRIBUTING.md)
       if constexpr (sizeof(S) >= 4) {
         if (a.summed >= 0) {
           if (warp) {

@@ -78,11 +78,10 @@ constexpr int kRowBlock = 256;
 constexpr int64_t kWarpRowLength = 1024;
 constexpr int row_threads(int64_t length) { return length <= kWarpRowLength ? 32 : kRowBlock; }
 // Summing an output over the rows, a thread keeps the sums of its columns (the same ones on
-// every row) in registers: row_sum_columns of them at most, 32 registers' worth (32 floats,
-// 16 doubles; a 16-byte vector's elements divide it), so that the kernel fits the 128
-// registers of kRowSumBlocksPerSm resident blocks per SM without spilling (RMSNorm's
-// backward, ptxas -v for sm_90: 96-128 registers, no spill; 32 doubles spilled). Longer
-// rows (past 8192 elements, 4096 in fp64) are not summed in the kernel.
+// every row) in its slots of the block's shared memory: row_sum_columns of them at most,
+// 128 bytes (32 floats, 16 doubles; a 16-byte vector's elements divide it), 32 KiB a block,
+// with kRowSumBlocksPerSm resident blocks per SM. Longer rows (past 8192 elements, 4096 in
+// fp64) are not summed in the kernel.
 constexpr int kRowSumBlocksPerSm = 2;
 FUSEGEN_HD_CONSTEXPR int row_sum_columns(int acc_bytes) { return 32 * 4 / acc_bytes; }
 constexpr bool row_sums_fit(int64_t length, int acc_bytes) {
