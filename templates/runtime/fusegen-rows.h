@@ -52,10 +52,27 @@ FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* 
     using A = typename Host<S>::acc;
     constexpr int kBegin = F::pass_begin(kPass);
     constexpr int kEnd = F::pass_begin(kPass + 1);
-    A lanes[kCpuLanes][kRowSlots<F>];
-    for (int l = 0; l < kCpuLanes; ++l) f.template init<kPass>(lanes[l]);
+    // lanes[k][l]: accumulator k's value in lane l, accumulator-major, so that adding a run
+    // of kCpuLanes elements into the lanes is one vector operation per accumulator.
+    A lanes[kRowSlots<F>][kCpuLanes];
+    for (int l = 0; l < kCpuLanes; ++l) {
+      A acc[kRowSlots<F>];
+      f.template init<kPass>(acc);
+      for (int k = kBegin; k < kEnd; ++k) lanes[k][l] = acc[k];
+    }
     A x[F::kInputs > 0 ? F::kInputs : 1][kCpuRowBlock];
     A v[kRowSlots<F>][kCpuRowBlock];
+    // element e of the block into lane e % kCpuLanes (kCpuRowBlock is a multiple of it)
+    const auto into_lane = [&](int l, int64_t e) {
+      A acc[kRowSlots<F>];
+      A other[kRowSlots<F>];
+      for (int k = kBegin; k < kEnd; ++k) {
+        acc[k] = lanes[k][l];
+        other[k] = v[k][e];
+      }
+      f.template combine<kPass>(acc, other);
+      for (int k = kBegin; k < kEnd; ++k) lanes[k][l] = acc[k];
+    };
     for (int64_t j = 0; j < length; j += kCpuRowBlock) {
       const int64_t m = length - j < kCpuRowBlock ? length - j : kCpuRowBlock;
       row_block_inputs<S, F>(in, stride, j, m, x);
@@ -67,14 +84,20 @@ FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* 
         f.template pass<kPass>(xe, row, static_cast<A>(j + e), ve);
         for (int k = kBegin; k < kEnd; ++k) v[k][e] = ve[k];
       }
-      for (int64_t e = 0; e < m; ++e) {  // element j + e into lane (j + e) % kCpuLanes
-        A other[kRowSlots<F>];
-        for (int k = kBegin; k < kEnd; ++k) other[k] = v[k][e];
-        f.template combine<kPass>(lanes[e % kCpuLanes], other);
+      const int64_t whole = m - m % kCpuLanes;
+      for (int64_t e = 0; e < whole; e += kCpuLanes) {
+        for (int l = 0; l < kCpuLanes; ++l) into_lane(l, e + l);
       }
+      for (int64_t e = whole; e < m; ++e) into_lane(static_cast<int>(e % kCpuLanes), e);
     }
-    for (int l = 1; l < kCpuLanes; ++l) f.template combine<kPass>(lanes[0], lanes[l]);
-    f.template finish<kPass>(static_cast<A>(length), lanes[0], row);
+    A total[kRowSlots<F>];
+    for (int k = kBegin; k < kEnd; ++k) total[k] = lanes[k][0];
+    for (int l = 1; l < kCpuLanes; ++l) {
+      A other[kRowSlots<F>];
+      for (int k = kBegin; k < kEnd; ++k) other[k] = lanes[k][l];
+      f.template combine<kPass>(total, other);
+    }
+    f.template finish<kPass>(static_cast<A>(length), total, row);
     row_passes<kPass + 1, S>(f, in, stride, length, row);
   }
 }
@@ -118,6 +141,11 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
         char* out = base[k] + j * col[k];
         if (loop.summed != nullptr && loop.summed[k]) {  // (its row of A: step[k] is 0)
           for (int64_t e = 0; e < count; ++e) *reinterpret_cast<A*>(out + e * col[k]) += y[k][e];
+          continue;
+        }
+        if (col[k] == static_cast<int64_t>(sizeof(S))) {  // (a loop GCC vectorizes)
+          S* o = reinterpret_cast<S*>(out);
+          for (int64_t e = 0; e < count; ++e) o[e] = Host<S>::store(y[k][e]);
           continue;
         }
         for (int64_t e = 0; e < count; ++e)
