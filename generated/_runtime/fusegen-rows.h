@@ -11,6 +11,7 @@
 #define FUSEGEN_ROWS_H_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fusegen-cpu.h"
 #include "fusegen-runtime.h"
@@ -25,19 +26,26 @@ namespace fusegen {
 constexpr int64_t kCpuRowBlock = 256;
 constexpr int kCpuLanes = 8;
 
-// Elements [j, j + m) of each input, converted into x[i][0 .. m).
+// Elements [j, j + m) of each input in the compute type: xp[i][0 .. m), the input itself
+// where it is contiguous and of the compute type already, else its values converted into
+// x[i].
 template <typename S, typename F, typename A>
 FUSEGEN_CPU_TARGETS void row_block_inputs(char* const* in, const int64_t* stride, int64_t j,
-                                          int64_t m, A (*x)[kCpuRowBlock]) {
+                                          int64_t m, A (*x)[kCpuRowBlock], const A** xp) {
   for (int i = 0; i < F::kInputs; ++i) {
     const char* base = in[i] + j * stride[i];
+    xp[i] = x[i];
     if (stride[i] == 0) {  // (a gather's index always: one per row, converted to A)
       const A value = F::index(i) ? *reinterpret_cast<const A*>(base)
                                   : Host<S>::load(*reinterpret_cast<const S*>(base));
       for (int64_t e = 0; e < m; ++e) x[i][e] = value;
     } else if (stride[i] == static_cast<int64_t>(sizeof(S))) {
       const S* p = reinterpret_cast<const S*>(base);
-      for (int64_t e = 0; e < m; ++e) x[i][e] = Host<S>::load(p[e]);
+      if constexpr (std::is_same_v<S, A>) {
+        xp[i] = p;
+      } else {
+        for (int64_t e = 0; e < m; ++e) x[i][e] = Host<S>::load(p[e]);
+      }
     } else {
       for (int64_t e = 0; e < m; ++e)
         x[i][e] = Host<S>::load(*reinterpret_cast<const S*>(base + e * stride[i]));
@@ -75,12 +83,13 @@ FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* 
     };
     for (int64_t j = 0; j < length; j += kCpuRowBlock) {
       const int64_t m = length - j < kCpuRowBlock ? length - j : kCpuRowBlock;
-      row_block_inputs<S, F>(in, stride, j, m, x);
+      const A* xp[F::kInputs > 0 ? F::kInputs : 1];
+      row_block_inputs<S, F>(in, stride, j, m, x, xp);
 #pragma GCC ivdep
       for (int64_t e = 0; e < m; ++e) {
         A xe[F::kInputs > 0 ? F::kInputs : 1];
         A ve[kRowSlots<F>];
-        for (int i = 0; i < F::kInputs; ++i) xe[i] = x[i][e];
+        for (int i = 0; i < F::kInputs; ++i) xe[i] = xp[i][e];
         f.template pass<kPass>(xe, row, static_cast<A>(j + e), ve);
         for (int k = kBegin; k < kEnd; ++k) v[k][e] = ve[k];
       }
@@ -126,12 +135,13 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
     row_passes<0, S>(f, base + kOut, col + kOut, length, row);
     for (int64_t j = 0; j < length; j += kCpuRowBlock) {
       const int64_t m = length - j < kCpuRowBlock ? length - j : kCpuRowBlock;
-      row_block_inputs<S, F>(base + kOut, col + kOut, j, m, x);
+      const A* xp[kIn > 0 ? kIn : 1];
+      row_block_inputs<S, F>(base + kOut, col + kOut, j, m, x, xp);
 #pragma GCC ivdep
       for (int64_t e = 0; e < m; ++e) {
         A xe[kIn > 0 ? kIn : 1];
         A ye[kOut];
-        for (int i = 0; i < kIn; ++i) xe[i] = x[i][e];
+        for (int i = 0; i < kIn; ++i) xe[i] = xp[i][e];
         f(xe, row, static_cast<A>(j + e), ye);
         for (int k = 0; k < kOut; ++k) y[k][e] = ye[k];
       }
