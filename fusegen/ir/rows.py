@@ -165,6 +165,7 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
     made: dict = {}     # reduction node -> its row symbol
     pending = []        # (kind, element, finish, level), in the order made
     level_of: dict = {}  # row symbol -> level
+
     def per_row(e) -> bool:  # one value per row: reads row values, scalars and numbers only
         return all(is_row_symbol(s) or s.name in scalars for s in dag.free_symbols([e]))
 
