@@ -89,7 +89,8 @@ struct RowCache {
 };
 
 // body(t, j) for each of a thread's accesses to a row, j its first element, in the order
-// of j: with a row cache (kIters > 0) the loop is unrolled, so that v[t] names registers.
+// of j: with kIters > 0 (a row cache's vectors, or the summing kernel's columns) the loop
+// is unrolled, so that t names registers or fixed slots.
 template <int kRowThreads, int kVec, int kIters, typename Body>
 __device__ __forceinline__ void row_each(int64_t length, int lane, Body&& body) {
   if constexpr (kIters > 0) {
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
     });
   } else {
     // (in shared memory: with its 32 sums in registers the float32 kernel of 16-byte rows
-    // took 104-128 registers, here 64-72; ptxas -v for sm_90, RMSNorm's backward)
+    // took 104-128 registers, here 70-74; ptxas -v for sm_90, RMSNorm's backward)
     constexpr int kColumns = kRowThreads * row_sum_columns(sizeof(A));
     __shared__ A sum[kGroups][kColumns];
     A(*mine)[kColumns] = sum + threadIdx.x / kRowThreads;
@@ -286,10 +287,8 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
     for (int64_t r = first; r < a.rows; r += int64_t(gridDim.x) * kGroups) {
       row_bases(a, r, base);
       row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
-#pragma unroll
-      for (int t = 0; t < kSumIters; ++t) {
-        const int64_t j = (int64_t(t) * kRowThreads + lane) * kVec;
-        if (j >= a.length) continue;
+      // (the thread's kSumIters accesses, unrolled: t names its sums' slots)
+      row_each<kRowThreads, kVec, kSumIters>(a.length, lane, [&](int t, int64_t j) {
         A y[kVec][F::kOutputs];
         row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
 #pragma unroll
@@ -302,7 +301,7 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
           for (int e = 0; e < kVec; ++e)
             mine[0][row_sum_slot<kRowThreads, kVec>(t, lane, e)] += y[e][k];
         }
-      }
+      });
     }
     row_partials<S, kRowThreads, kVec, kColumns>(a, sum);
   }
