@@ -171,3 +171,25 @@ def mismatches(what: str, got, want, want_alt, points: list[str], dtype, rtol: f
                                  torch.isfinite(got) & close))
     bad = (~ok & ~skip).nonzero().flatten().tolist()
     return [f"{what} at {points[i]}: fusegen {got[i].item()!r}, eager {want[i].item()!r}" for i in bad]
+
+
+def philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """Philox4x32-10 in Python integers (Salmon et al.; Random123's known answers in
+    tests/test_random.py): the reference for the kernels' random numbers."""
+    m = 0xFFFFFFFF
+    (c0, c1, c2, c3), (k0, k1) = counter, key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & m, (p0 >> 32) ^ c3 ^ k1, p0 & m
+        k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+    return c0, c1, c2, c3
+
+
+def philox_uniforms(seed: int, offset: int, n: int, stream: int = 0) -> torch.Tensor:
+    """The uniforms of elements 0..n-1 of `stream` for a call that drew with (seed, offset),
+    as docs/random.md defines them, in float64 (each is exact in float32 too)."""
+    m, s = 0xFFFFFFFF, offset + stream
+    words = []
+    for group in range((n + 3) // 4):
+        words += philox4x32_10((group & m, group >> 32, s & m, s >> 32), (seed & m, (seed >> 32) & m))
+    return torch.tensor([w >> 8 for w in words[:n]], dtype=torch.float64) * 2.0**-24

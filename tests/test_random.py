@@ -11,6 +11,8 @@ import torch.nn.functional as F
 import fusegen
 from fusegen.errors import FusegenError, ParseError, SpecError
 
+from helpers import philox4x32_10, philox_uniforms
+
 BDA = "torch.nn.functional.dropout(x + bias, p) + residual"
 
 
@@ -28,6 +30,23 @@ def _args(dtype=torch.float64, rows=64, hidden=1000, grad=True):
     b = torch.randn(hidden, dtype=dtype, requires_grad=grad)
     r = torch.randn(rows, hidden, dtype=dtype, requires_grad=grad)
     return x, b, r
+
+
+def test_the_numbers_are_philox_4x32_10(ops):
+    # Random123's known answers for the reference, then the CPU kernel against it for the
+    # state the call drew with (its seed is a full 64-bit one, its offset 0).
+    assert philox4x32_10((0, 0, 0, 0), (0, 0)) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
+    ones = 0xFFFFFFFF
+    assert philox4x32_10((ones,) * 4, (ones, ones)) == (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)
+    assert philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) == (
+        0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
+    sampled = torch.ops.fusegen.rnd_plus_uniform_sampled.default
+    for dtype in (torch.float64, torch.float32):
+        x = torch.zeros(3, 1001, dtype=dtype)
+        u, state = sampled(x)
+        seed, offset = (int(v) & (2**64 - 1) for v in state)
+        want = philox_uniforms(seed, offset, x.numel()).to(dtype).view_as(x)
+        assert torch.equal(u, want), dtype
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])

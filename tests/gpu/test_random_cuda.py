@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fusegen
+from helpers import philox_uniforms
 
 pytestmark = [
     pytest.mark.cuda,
@@ -129,6 +130,22 @@ def test_one_seed_draws_the_same_bits_in_every_layout(op, dtype):
         torch.manual_seed(11)
         outs.append(((op(x, b, r, 0.5).float() - r.float()) != 0))
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "odd", "transposed"])
+def test_the_numbers_are_philox_4x32_10(dtype, layout):
+    # The device's Philox (32-bit multiplies) against the Python reference, for the state
+    # each call drew with, on the 16-byte, scalar and strided kernels.
+    fusegen.fuse("x + torch.rand_like(x)", name="gpu_uniform")
+    sampled = torch.ops.fusegen.gpu_uniform_sampled.default
+    x = {"contiguous": torch.zeros(8, 1024, dtype=dtype, device="cuda"),
+         "odd": torch.zeros(7, 333, dtype=dtype, device="cuda"),
+         "transposed": torch.zeros(1024, 8, dtype=dtype, device="cuda").t()}[layout]
+    u, state = sampled(x)
+    seed, offset = (int(v) & (2**64 - 1) for v in state.cpu())
+    want = philox_uniforms(seed, offset, x.numel()).to(dtype).view(x.shape)
+    assert torch.equal(u.cpu(), want)
 
 
 def test_statistics_reproducibility_and_fresh_draws(op):
