@@ -383,7 +383,8 @@ def _plan(outputs, exprs, inputs, out_name):
                "raises, as for eager's relu")
         return (Plan(out_name, tuple(by_output), cost_output, {"reads": by_inputs, "bytes": cost_inputs}, why),
                 rewritten)
-    why = (f"the inputs: in terms of the output the gradients would read {', '.join(by_output)}, no fewer "
+    why = ("no tensor: the gradients read none of the inputs, nor the output" if not by_inputs else
+           f"the inputs: in terms of the output the gradients would read {', '.join(by_output)}, no fewer "
            "tensors, and the output would have to stay unmodified until backward")
     return Plan(None, tuple(by_inputs), cost_inputs, {"reads": by_output, "bytes": cost_output}, why), list(exprs)
 
