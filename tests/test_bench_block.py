@@ -1,6 +1,6 @@
 """`fusegen bench block` on the CPU: the tiny float32 decoder takes its training steps with
-every variant that runs here, each from the same weights to eager's losses and to gradients
-as close to float64's as eager's, and each other variant is listed with the reason it did not run (Liger Kernel needs CUDA). The torch.compile
+every variant that runs here, each from the same weights to eager's losses, and to
+gradients and a loss curve as close to float64's as eager's; each other variant is listed with the reason it did not run (Liger Kernel needs CUDA). The torch.compile
 variants compile a whole training step, most of a minute on two cores: the default run
 leaves them out with --no-compile, the slow run measures them."""
 
@@ -30,11 +30,13 @@ def _check(result: dict, measured: set[str]):
     assert result["dtype"] == "float32" and result["config"] == block.asdict(block.CPU_CONFIG)
     eager = rows["eager"]["losses"]
     assert len(eager) == result["check_steps"] == 20 and eager[-1] < eager[0]  # it learns the batch
+    assert len(result["float64_losses"]) == 20
     for r in rows.values():
         assert 0 < r["min"] <= r["ms"] <= r["max"] and r["samples"] == 2 and r["tokens_per_s"] > 0
         assert all(math.isfinite(x) for x in r["losses"]), r
         assert r["loss_max_rel_diff"] < 1e-4, r  # fp32: rounding only
         assert r["grad_ok"] and r["grad_worst"]["error"] < 1e-4, r
+        assert r["loss_ok"] and r["loss_vs_float64"] < 1e-4, r
         assert set(r["grad_errors"]) == set(rows["eager"]["grad_errors"]) > {"loss", "head.weight", "norm"}
         assert r["speedup"] > 0
     return skipped
@@ -56,18 +58,22 @@ def test_the_compiled_models_train_as_eager(tmp_path):
     assert skipped["fusegen"] == "not in --variants"
 
 
-def test_a_gradient_further_from_float64_than_eager_fails_the_check():
-    def row(variant, ms, errors, losses=(5.0, 4.0)):
+def test_a_gradient_or_loss_curve_further_from_float64_than_eager_fails_the_check():
+    def row(variant, ms, errors, losses):
         return {"variant": variant, "ms": ms, "losses": list(losses), "grad_errors": errors}
 
-    rows = [row("eager", 2.0, {"loss": 1e-3, "w": 1e-2, "n": 0.0}),
-            row("fusegen", 1.0, {"loss": 1e-3, "w": 1.9e-2, "n": 5e-4}, (5.0, 4.1)),   # within 2x + floor
-            row("liger", 1.0, {"loss": 1e-3, "w": 1e-2, "n": 2e-3}),                  # n: past the floor
-            row("compile", 1.0, {"loss": float("nan"), "w": 1e-2, "n": 0.0})]
-    result = {"rows": rows, "grad_multiplier": 2.0, "grad_floor": 1e-3}
+    rows = [row("eager", 2.0, {"loss": 1e-3, "w": 1e-2, "n": 0.0}, (5.0, 4.2)),
+            row("fusegen", 1.0, {"loss": 1e-3, "w": 1.9e-2, "n": 5e-4}, (5.0, 4.4)),  # within 2x + floor
+            row("liger", 1.0, {"loss": 1e-3, "w": 1e-2, "n": 2e-3}, (5.0, 4.2)),      # n: past the floor
+            row("compile", 1.0, {"loss": float("nan"), "w": 1e-2, "n": 0.0}, (5.0, 4.2)),
+            row("fusegen+compile", 1.0, {"loss": 1e-3, "w": 1e-2, "n": 0.0}, (5.0, 4.8))]  # the curve
+    result = {"rows": rows, "grad_multiplier": 2.0, "grad_floor": 1e-3, "loss_floor": 1e-2,
+              "float64_losses": [5.0, 4.0]}
     block._check(result)
-    assert [r["grad_ok"] for r in rows] == [True, True, False, False]
-    assert rows[1]["loss_max_rel_diff"] == pytest.approx(0.025) and rows[1]["speedup"] == 2.0
+    assert [r["grad_ok"] for r in rows] == [True, True, False, False, True]
+    assert [r["loss_ok"] for r in rows] == [True, True, True, True, False]
+    assert rows[1]["loss_vs_float64"] == pytest.approx(0.1) and rows[0]["loss_vs_float64"] == pytest.approx(0.05)
+    assert rows[1]["loss_max_rel_diff"] == pytest.approx(0.2 / 4.2) and rows[1]["speedup"] == 2.0
     assert rows[2]["grad_worst"] == {"name": "n", "error": 2e-3, "eager_error": 0.0}
     assert rows[3]["grad_worst"]["name"] == "loss"
 

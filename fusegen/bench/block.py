@@ -29,8 +29,9 @@ same at every step, so that the loss falls and its curve follows the gradients):
   `block_cross_entropy` (`torch.logsumexp(x, -1, keepdim=True) - x.gather(-1, label)` on the
   LM head's logits in the model's dtype, computed in float in its kernel, where eager casts
   the logits to float32 first; the mean over the tokens outside);
-- fusegen+compile: torch.compile of the fusegen model (the fused ops stay opaque calls to
-  their kernels unless $FUSEGEN_COMPILE says otherwise);
+- fusegen+compile: torch.compile of the fusegen model (the fused ops decompose into ATen
+  ops that Inductor fuses, fusegen's default under compile; FUSEGEN_COMPILE=opaque keeps
+  their kernels);
 - liger: the eager model with Liger Kernel's functional ops (liger_kernel.transformers.
   functional, whose names are the same from 0.5 to 0.8): liger_rms_norm after the plain
   residual add, liger_rope, liger_swiglu, and liger_fused_linear_cross_entropy in place of
@@ -43,17 +44,19 @@ Times: CUDA events around each step (perf_counter on a CPU), the median over `--
 steps with the spread (half the interquartile range, % of the median), tokens per second, the
 speed-up over eager, and the peak of allocated CUDA memory during the variant's steps. Before
 them, `--check-steps` steps (the warm-up, compiles included) record each variant's loss
-curve from the same initial weights, and its largest relative difference from eager's curve
-is reported; in bf16 the curves part after a few steps of over-fitting one batch (rounding
-alone moves them), so the curve is not the check.
+curve from the same initial weights.
 
-The check: after its timed steps, each variant's model goes back to the initial weights and
-computes one forward and backward; each parameter's gradient is compared with the eager
-model's in float64 from the same weights (relative error, ||g - g64|| / ||g64||). A variant
-passes where every parameter's error is at most `GRAD_MULTIPLIER` times eager's own error in
-the model's dtype plus `GRAD_FLOOR` (the rule torch's own benchmark suite uses against a
-float64 reference: no worse than eager's rounding, give or take). A fusegen variant that
-fails makes the exit status 1; a peer that fails is marked in the table.
+Two checks, both against the eager model in float64 from the same weights (the rule torch's
+own benchmark suite uses against a float64 reference: no worse than eager's rounding, give
+or take). The gradients: after its timed steps, each variant's model goes back to the
+initial weights and computes one forward and backward; each parameter's relative error
+against float64's gradient (||g - g64|| / ||g64||) may be at most `GRAD_MULTIPLIER` times
+eager's own error in the model's dtype, plus `GRAD_FLOOR`. The loss curve: the float64
+model takes the same `--check-steps` steps; a curve's largest relative distance from
+float64's may be at most `GRAD_MULTIPLIER` times eager's, plus `LOSS_FLOOR` (in bf16 the
+curves of one batch over-fitted part after a few steps whatever computes them, so eager's
+own distance sets the noise). A fusegen variant that fails either makes the exit status 1;
+a peer that fails is marked in the table.
 
 Without CUDA the default is a tiny model in float32 (CPU_CONFIG), so that a test can run
 every variant; `--no-compile` leaves out the two torch.compile variants (on a 2-core CPU
@@ -86,6 +89,9 @@ COMPILED = {"compile", "fusegen+compile"}
 # eager's own error, plus the floor (by dtype: where eager's error is near zero).
 GRAD_MULTIPLIER = 2.0
 GRAD_FLOOR = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-3, torch.float16: 1e-3}
+# The loss-curve check: a curve's largest relative distance from float64's may be this many
+# times eager's, plus the floor.
+LOSS_FLOOR = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 OURS = {"fusegen", "fusegen+compile"}
 
 FUSEGEN_OPS = (
@@ -334,27 +340,38 @@ def run_variant(name: str, kernels: Kernels, cfg: Config, weights: dict, data, a
     return row
 
 
-def gradients(forward, model: nn.Module, data) -> dict:
+def gradients(forward, model: nn.Module, data, keep: bool = False) -> dict:
     """Each parameter's gradient of one forward and backward from the model's weights now,
     and the loss (key "loss"): float64 copies in host memory, out of the device memory a
-    variant's peak counts."""
+    variant's peak counts. The parameters keep their gradients where `keep` says so."""
     for p in model.parameters():
         p.grad = None
     loss = forward(*data)
     loss.backward()
     out = {name: p.grad.detach().to("cpu", torch.float64) for name, p in model.named_parameters()}
     out["loss"] = loss.detach().to("cpu", torch.float64)
-    for p in model.parameters():
-        p.grad = None
+    if not keep:
+        for p in model.parameters():
+            p.grad = None
     return out
 
 
-def reference(cfg: Config, weights: dict, data, device: str) -> dict:
-    """The eager model's gradients in float64 from the same weights: the check's oracle."""
+def reference(cfg: Config, weights: dict, data, args, device: str) -> dict:
+    """The check's oracle: the eager model in float64 from the same weights, its gradients
+    of the first step and its loss curve over `check_steps` steps of the same optimizer."""
     with torch.device(device):
         model = Decoder(cfg, EAGER).to(device=device, dtype=torch.float64)
     model.load_state_dict({k: v.double() for k, v in weights.items()})
-    return gradients(model, model, data)
+    optimizer, _ = _optimizer(list(model.parameters()), args.lr)
+    grads = gradients(model, model, data, keep=True)
+    losses = [float(grads["loss"])]
+    for _ in range(args.check_steps - 1):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(*data)
+        loss.backward()
+        losses.append(float(loss.detach()))
+    return {"grads": grads, "losses": losses}
 
 
 def grad_errors(grads: dict, ref: dict) -> dict:
@@ -394,6 +411,7 @@ def run(cfg: Config, dtype, wanted, args, device: str) -> dict:
     result = {"device": device_info(device), "config": asdict(cfg), "dtype": dtype_name(dtype),
               "liger_kernel": _version("liger-kernel"), "steps": args.steps, "check_steps": args.check_steps,
               "lr": args.lr, "grad_multiplier": GRAD_MULTIPLIER, "grad_floor": GRAD_FLOOR[dtype],
+              "loss_floor": LOSS_FLOOR[dtype],
               "rows": [], "skipped": []}
     rows, skipped = result["rows"], result["skipped"]
     kernels = {"eager": lambda: EAGER, "compile": lambda: EAGER}
@@ -415,7 +433,8 @@ def run(cfg: Config, dtype, wanted, args, device: str) -> dict:
     kernels.update({"fusegen": fusegen_once, "fusegen+compile": fusegen_once, "liger": liger})
     weights = initial_weights(cfg, dtype, device)
     data = batch(cfg, device)
-    ref = reference(cfg, weights, data, device)
+    ref = reference(cfg, weights, data, args, device)
+    result["float64_losses"] = ref["losses"]
     _release(device)
     for name in VARIANTS:
         if name not in wanted:
@@ -427,7 +446,7 @@ def run(cfg: Config, dtype, wanted, args, device: str) -> dict:
         print(f"  {name} ...", flush=True)
         try:
             row = run_variant(name, kernels[name](), cfg, weights, data, args, device)
-            row["grad_errors"] = grad_errors(row.pop("grads"), ref)
+            row["grad_errors"] = grad_errors(row.pop("grads"), ref["grads"])
             rows.append(row)
         except LookupError as err:  # a peer that is not here: its reason
             skipped.append({"variant": name, "reason": str(err).strip("'\"")})
@@ -448,17 +467,27 @@ def run(cfg: Config, dtype, wanted, args, device: str) -> dict:
 
 def _check(result: dict):
     """Each row's speed-up over eager, its loss curve's largest relative difference from
-    eager's, and the gradient check: every parameter's error against float64 at most
-    `grad_multiplier` times eager's plus `grad_floor`."""
+    eager's, and the two checks against float64: every parameter's gradient error at most
+    `grad_multiplier` times eager's plus `grad_floor`, and the loss curve's largest
+    relative distance from float64's at most `grad_multiplier` times eager's plus
+    `loss_floor`."""
     eager = next((r for r in result["rows"] if r["variant"] == "eager"), None)
     if eager is None:
         return
+    ref, mult = result["float64_losses"], result["grad_multiplier"]
+
+    def distance(a: list, b: list) -> float:
+        if not all(map(_finite, a)):
+            return float("inf")
+        return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
     for r in result["rows"]:
         r["speedup"] = eager["ms"] / r["ms"]
-        diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["losses"], eager["losses"])]
-        r["loss_max_rel_diff"] = max(diffs) if all(map(_finite, r["losses"])) else float("inf")
+        r["loss_max_rel_diff"] = distance(r["losses"], eager["losses"])
+        r["loss_vs_float64"] = distance(r["losses"], ref)
+        r["loss_ok"] = r["loss_vs_float64"] <= mult * distance(eager["losses"], ref) + result["loss_floor"]
         errors, base = r["grad_errors"], eager["grad_errors"]
-        allowed = {k: result["grad_multiplier"] * base[k] + result["grad_floor"] for k in base}
+        allowed = {k: mult * base[k] + result["grad_floor"] for k in base}
         worst = max(base, key=lambda k: errors[k] / allowed[k] if _finite(errors[k]) else float("inf"))
         r["grad_worst"] = {"name": worst, "error": errors[worst], "eager_error": base[worst]}
         r["grad_ok"] = all(_finite(errors[k]) and errors[k] <= allowed[k] for k in base)
@@ -487,7 +516,7 @@ def report(result: dict) -> None:
     columns = ["variant", "ms per step", "min..max", "tokens/s", "speed-up over eager"]
     columns += ["peak GiB"] if cuda else []
     columns += ["gradient error vs float64 (worst parameter; eager's)",
-                f"loss vs eager (max rel diff, {result['check_steps']} steps)", "first step s"]
+                f"loss curve vs float64 (max rel diff, {result['check_steps']} steps)", "first step s"]
     lines = []
     for r in result["rows"]:
         line = [r["variant"], with_spread(r["ms"], r["spread_pct"]), f"{r['min']:.4g}..{r['max']:.4g}",
@@ -496,7 +525,7 @@ def report(result: dict) -> None:
         worst = r.get("grad_worst")
         line += [f"{worst['error']:.1e} {'ok' if r['grad_ok'] else 'over'} ({worst['name']}; "
                  f"{worst['eager_error']:.1e})" if worst else "-",
-                 f"{r['loss_max_rel_diff']:.1e}" if "loss_max_rel_diff" in r else "-",
+                 f"{r['loss_vs_float64']:.1e} {'ok' if r['loss_ok'] else 'over'}" if "loss_ok" in r else "-",
                  f"{r['first_step_s']:.1f}"]
         lines.append(line)
     table(f"one training step (forward, backward, AdamW), median of {result['steps']} steps", columns, lines)
@@ -508,7 +537,7 @@ def report(result: dict) -> None:
     eager = next((r for r in result["rows"] if r["variant"] == "eager"), None)
     if eager is not None:
         print(f"eager loss: {eager['losses'][0]:.4f} at the first step, {eager['losses'][-1]:.4f} at step "
-              f"{len(eager['losses'])}")
+              f"{len(eager['losses'])} (float64: {result['float64_losses'][-1]:.4f})")
 
 
 def main(argv=None) -> int:
@@ -537,8 +566,9 @@ def main(argv=None) -> int:
     print(f"fusegen bench block on {device}: {cfg}, {dtype_name(dtype)}", flush=True)
     result = run(cfg, dtype, wanted, args, device)
     report(result)
-    failed = [r["variant"] for r in result["rows"] if not r.get("grad_ok", True)]
+    failed = [r["variant"] for r in result["rows"] if not (r.get("grad_ok", True) and r.get("loss_ok", True))]
     if failed:
-        print(f"gradient check failed: {', '.join(failed)} (against float64: more than "
-              f"{result['grad_multiplier']:g} times eager's error plus {result['grad_floor']:g})")
+        print(f"check failed: {', '.join(failed)} (against float64: more than {result['grad_multiplier']:g} "
+              f"times eager's error plus {result['grad_floor']:g} in a gradient or {result['loss_floor']:g} "
+              "in the loss curve)")
     return 1 if set(failed) & OURS else 0
