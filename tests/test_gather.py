@@ -140,6 +140,18 @@ def test_torch_compile(mode):
     torch.testing.assert_close(torch.autograd.grad(y, x)[0], torch.autograd.grad(want, x)[0])
 
 
+def test_a_bf16_op_decomposes_to_float_math_as_its_kernel_computes():
+    # logsumexp of 4096 logits is about 8.3, where bf16's spacing is 1/16: evaluated in bf16,
+    # the reduction's value would be rounded before the subtraction; the kernel rounds once
+    o = fusegen.fuse(CROSS_ENTROPY, name="gather_ce", inputs=["x", "label"], compile="decompose")
+    x = (logits((4, 4096)) * 0.01).detach().bfloat16()
+    label = labels((4, 4096), 4096)
+    want = (torch.logsumexp(x.double(), -1, keepdim=True) - x.double().gather(-1, label)).bfloat16()
+    torch.testing.assert_close(o(x, label), want, rtol=0, atol=0)
+    got = torch.compile(lambda x, label: o(x, label), backend="aot_eager")(x, label)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_a_fused_function():
     @fusegen.fused
     def gather_ce_fused(x, label):

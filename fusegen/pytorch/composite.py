@@ -32,6 +32,13 @@ def promoted_dtype(tensors) -> torch.dtype:
     return dtype
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an op's expression is evaluated in, as the kernels compute it (`acc_t`):
+    float32 for float16 and bfloat16 (each output rounded to the op's dtype once, at the
+    end), the op's dtype otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def index_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a gather's index is compared in, as the kernels hold it: float32 (exact
     below 2^24), float64 for float64."""

@@ -269,7 +269,8 @@ def _composite_vjp(info: OpInfo):
         values.update((gg[k], arriving.get(k) if arriving.get(k) is not None else 0.0) for k in range(len(gg)))
         present = list(tensors) + [g for g in arriving.values() if g is not None]
         computed = composite.evaluate([exprs[i] for i in wanted], values, _shape(present),
-                                      composite.promoted_dtype(tensors), tensors[0].device)
+                                      composite.compute_dtype(composite.promoted_dtype(tensors)),
+                                      tensors[0].device)
         for i, g in zip(wanted, computed):
             out[i] = _reduce(g, tensors[i])
         return out
@@ -303,19 +304,22 @@ def _composite_jvp(info: OpInfo):
         values.update((n, t if t is not None else 0.0) for n, t in zip(names_t, tangents))
         if info.backward:
             exprs = [e for e, m in zip(exprs, ctx.mask) if m]
-        out = composite.evaluate(exprs, values, ctx.out_shape, composite.promoted_dtype(tensors), tensors[0].device)
+        dtype = composite.promoted_dtype(tensors)
+        out = _rounded(composite.evaluate(exprs, values, ctx.out_shape, composite.compute_dtype(dtype),
+                                          tensors[0].device), dtype)
         return tuple(out) if info.backward else _results(info.joined, info.several, out)
     return jvp
 
 
 def _values(info: OpInfo, tensors, scalars) -> dict:
-    """Symbol -> value: each tensor in the promoted dtype (a gather's index in the dtype
-    it is compared in), each scalar as it came."""
+    """Symbol -> value: each tensor in the dtype the expression is computed in (float32 for
+    a 16-bit op, as its kernels; a gather's index in the dtype it is compared in), each
+    scalar as it came."""
     dtype = composite.promoted_dtype(tensors)
     index = info._derived.get("index")
     if index is None:
         index = info._derived["index"] = fn.index_symbols(info.outputs)
-    values = {s: t.to(composite.index_dtype(dtype) if s in index else dtype)
+    values = {s: t.to(composite.index_dtype(dtype) if s in index else composite.compute_dtype(dtype))
               for s, t in zip(info.tensors, tensors)}
     values.update(zip(info.scalars, scalars))
     return values
@@ -386,16 +390,23 @@ def _composite_forward(info: OpInfo, args):
 
 def composite_outputs(info: OpInfo, args):
     """The op's outputs computed by eager torch ops of its expression (the op's own
-    arguments and result: a backward op's requested gradients as a list): differentiable
-    by autograd to any order, and what torch.compile traces in "decompose" mode."""
+    arguments and result: a backward op's requested gradients as a list), in float for a
+    16-bit op as its kernels compute: differentiable by autograd to any order, and what
+    torch.compile traces in "decompose" mode."""
     tensors, scalars, mask = _split(info, args)
     dtype = composite.promoted_dtype(tensors)
     values = _values(info, tensors, scalars)
     exprs = list(info.outputs) if mask is None else [e for e, m in zip(info.outputs, mask) if m]
     # A 0-d CPU tensor may come with CUDA tensors (as in eager): the result is on theirs.
     device = next((t.device for t in tensors if t.dim() > 0), tensors[0].device)
-    out = composite.evaluate(exprs, values, _shape(tensors), dtype, device)
+    out = _rounded(composite.evaluate(exprs, values, _shape(tensors), composite.compute_dtype(dtype), device),
+                   dtype)
     return out if info.backward else _results(info.joined, info.several, out)
+
+
+def _rounded(outs, dtype):
+    """Each output of an expression computed in float rounded to the op's dtype, once."""
+    return [o if o.dtype == dtype else o.to(dtype) for o in outs]
 
 
 def _results(joined: bool, several: bool, outs):
