@@ -1,8 +1,9 @@
 """`fusegen bench block` on the CPU: the tiny float32 decoder takes its training steps with
 every variant that runs here, each from the same weights to eager's losses, and to
-gradients and a loss curve as close to float64's as eager's; each other variant is listed with the reason it did not run (Liger Kernel needs CUDA). The torch.compile
-variants compile a whole training step, most of a minute on two cores: the default run
-leaves them out with --no-compile, the slow run measures them."""
+gradients and a loss curve as close to float64's as eager's; each other variant is listed
+with the reason it did not run (Liger Kernel needs CUDA). The torch.compile variants compile
+a whole training step, most of a minute on two cores: the default run leaves them out with
+--no-compile, the slow run measures them."""
 
 from __future__ import annotations
 

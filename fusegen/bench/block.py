@@ -481,11 +481,12 @@ def _check(result: dict):
             return float("inf")
         return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
+    loss_allowed = mult * distance(eager["losses"], ref) + result["loss_floor"]
     for r in result["rows"]:
         r["speedup"] = eager["ms"] / r["ms"]
         r["loss_max_rel_diff"] = distance(r["losses"], eager["losses"])
         r["loss_vs_float64"] = distance(r["losses"], ref)
-        r["loss_ok"] = r["loss_vs_float64"] <= mult * distance(eager["losses"], ref) + result["loss_floor"]
+        r["loss_ok"] = r["loss_vs_float64"] <= loss_allowed
         errors, base = r["grad_errors"], eager["grad_errors"]
         allowed = {k: mult * base[k] + result["grad_floor"] for k in base}
         worst = max(base, key=lambda k: errors[k] / allowed[k] if _finite(errors[k]) else float("inf"))

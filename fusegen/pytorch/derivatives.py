@@ -268,6 +268,7 @@ def _composite_vjp(info: OpInfo):
         values[GRAD] = 1.0
         values.update((gg[k], arriving.get(k) if arriving.get(k) is not None else 0.0) for k in range(len(gg)))
         present = list(tensors) + [g for g in arriving.values() if g is not None]
+        # in the compute dtype, unrounded: _reduce sums a broadcast input's gradient first
         computed = composite.evaluate([exprs[i] for i in wanted], values, _shape(present),
                                       composite.compute_dtype(composite.promoted_dtype(tensors)),
                                       tensors[0].device)
@@ -304,9 +305,7 @@ def _composite_jvp(info: OpInfo):
         values.update((n, t if t is not None else 0.0) for n, t in zip(names_t, tangents))
         if info.backward:
             exprs = [e for e, m in zip(exprs, ctx.mask) if m]
-        dtype = composite.promoted_dtype(tensors)
-        out = _rounded(composite.evaluate(exprs, values, ctx.out_shape, composite.compute_dtype(dtype),
-                                          tensors[0].device), dtype)
+        out = _evaluate(exprs, values, ctx.out_shape, tensors, tensors[0].device)
         return tuple(out) if info.backward else _results(info.joined, info.several, out)
     return jvp
 
@@ -394,18 +393,19 @@ def composite_outputs(info: OpInfo, args):
     16-bit op as its kernels compute: differentiable by autograd to any order, and what
     torch.compile traces in "decompose" mode."""
     tensors, scalars, mask = _split(info, args)
-    dtype = composite.promoted_dtype(tensors)
     values = _values(info, tensors, scalars)
     exprs = list(info.outputs) if mask is None else [e for e, m in zip(info.outputs, mask) if m]
     # A 0-d CPU tensor may come with CUDA tensors (as in eager): the result is on theirs.
     device = next((t.device for t in tensors if t.dim() > 0), tensors[0].device)
-    out = _rounded(composite.evaluate(exprs, values, _shape(tensors), composite.compute_dtype(dtype), device),
-                   dtype)
+    out = _evaluate(exprs, values, _shape(tensors), tensors, device)
     return out if info.backward else _results(info.joined, info.several, out)
 
 
-def _rounded(outs, dtype):
-    """Each output of an expression computed in float rounded to the op's dtype, once."""
+def _evaluate(exprs, values: dict, shape, tensors, device) -> list[torch.Tensor]:
+    """The expressions over `values` in the op's compute dtype (float32 for a 16-bit op),
+    each rounded to the op's dtype once, at the end, as the kernels store their outputs."""
+    dtype = composite.promoted_dtype(tensors)
+    outs = composite.evaluate(exprs, values, shape, composite.compute_dtype(dtype), device)
     return [o if o.dtype == dtype else o.to(dtype) for o in outs]
 
 
