@@ -185,11 +185,16 @@ def philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> t
     return c0, c1, c2, c3
 
 
-def philox_uniforms(seed: int, offset: int, n: int, stream: int = 0) -> torch.Tensor:
+def philox_uniforms(seed: int, offset: int, n: int, stream: int = 0, coarse: bool = False) -> torch.Tensor:
     """The uniforms of elements 0..n-1 of `stream` for a call that drew with (seed, offset),
-    as docs/random.md defines them, in float64 (each is exact in float32 too)."""
+    as docs/random.md defines them, in float64 (each is exact in float32 too). coarse: a
+    dropout's stream, 16 bits per element."""
     m, s = 0xFFFFFFFF, offset + stream
+    per = 8 if coarse else 4
     words = []
-    for group in range((n + 3) // 4):
+    for group in range((n + per - 1) // per):
         words += philox4x32_10((group & m, group >> 32, s & m, s >> 32), (seed & m, (seed >> 32) & m))
+    if coarse:
+        halves = [h for w in words for h in (w & 0xFFFF, w >> 16)]
+        return torch.tensor(halves[:n], dtype=torch.float64) * 2.0**-16
     return torch.tensor([w >> 8 for w in words[:n]], dtype=torch.float64) * 2.0**-24

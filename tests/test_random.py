@@ -49,6 +49,19 @@ def test_the_numbers_are_philox_4x32_10(ops):
         assert torch.equal(u, want), dtype
 
 
+def test_a_dropout_draws_16_bits_per_element(ops):
+    """A dropout's stream only meets 1 - p: it keeps an element where the element's 16-bit
+    uniform (eight to a Philox block) is below it, so p is resolved to 2^-16."""
+    sampled = torch.ops.fusegen.rnd_bias_dropout_add_sampled.default
+    for dtype in (torch.float64, torch.float32):
+        x, b, r = torch.ones(3, 1001, dtype=dtype), torch.zeros(1001, dtype=dtype), torch.zeros(3, 1001, dtype=dtype)
+        for p in (0.3, 0.5 + 2.0**-17):
+            y, state = sampled(x, b, r, p)
+            seed, offset = (int(v) & (2**64 - 1) for v in state)
+            u = philox_uniforms(seed, offset, x.numel(), coarse=True).view_as(x)
+            assert torch.equal(y != 0, u < 1 - p), (dtype, p)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_dropout_statistics_and_scale(ops, p):
     """The fraction kept is 1 - p within 5 standard deviations of a binomial over 2^20

@@ -151,6 +151,7 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
                  for t in COMPUTE_TYPES],
         "rows": _rows_context(spec, printed),
         "random": list(spec.random),
+        "coarse": sum(1 << spec.random.index(s) for s in spec.coarse),  # a bit per stream
         "probabilities": [spec.scalars.index(p) for p in spec.probabilities],
         # The NVRTC route runs it through the runtime's launchers (fusegen-launch.cpp): an
         # elementwise op whose loops fit the operand counts they are instantiated for.

@@ -52,6 +52,7 @@ class _Converter:
         self.seen: list[str] = []  # input names in order of first appearance
         self.streams = 0  # random streams drawn so far (rand_like, dropout), in text order
         self.probabilities: list[str] = []  # scalar names used as a dropout's p
+        self.coarse: list[int] = []  # the streams of dropouts, only compared with 1 - p
         # A @fused function's parameters and locals: Python would call or look into these,
         # not the function or module of that name (`def f(exp): return exp(exp)`).
         self.shadowing: dict[str, str] = {}
@@ -314,6 +315,7 @@ class _Converter:
                           f"expected {form}")
         if fn.is_number(prob) and prob == 0:
             return x  # nothing dropped, nothing drawn
+        self.coarse.append(self.streams)
         u = self._stream(node, x, form)
         return fn.dropout(x, prob, u)
 
@@ -556,14 +558,14 @@ def parse(text: str, inputs=None, scalars=()) -> Parsed:
     return Parsed(text.strip(), outputs, ordered, scalars, joined, *_random_of(conv, scalars))
 
 
-def _random_of(conv, scalars) -> tuple[int, tuple[str, ...]]:
-    """The random streams the text draws and the scalars that are dropout probabilities,
-    each of which must be a scalar (a tensor p is not F.dropout's)."""
+def _random_of(conv, scalars) -> tuple[int, tuple[str, ...], tuple[int, ...]]:
+    """The random streams the text draws, the scalars that are dropout probabilities, each
+    of which must be a scalar (a tensor p is not F.dropout's), and the dropouts' streams."""
     for name in conv.probabilities:
         if name not in scalars:
             raise SpecError(f"dropout()'s p {name!r} must be a scalar argument, not a tensor input; "
                             f"declare it with scalars=[{name!r}] (a @fused function: `{name}: float`)")
-    return conv.streams, tuple(conv.probabilities)
+    return conv.streams, tuple(conv.probabilities), tuple(conv.coarse)
 
 
 # The concatenation an op may end in: its two outputs are then the halves of one tensor.

@@ -19,6 +19,8 @@ class Parsed:
     joined: bool = False  # the two outputs are the halves of one tensor (a final torch.cat, dim -1)
     random: int = 0       # random streams drawn (rand_like, dropout): symbols rand0, rand1, ...
     probabilities: tuple[str, ...] = ()  # the scalars that are a dropout's p (checked in [0, 1])
+    coarse: tuple[int, ...] = ()  # the streams only compared with a probability (dropout's):
+                                  # 16 bits a draw (fusegen-random.h)
 
     @property
     def tree(self) -> sympy.Expr:

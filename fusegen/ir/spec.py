@@ -102,6 +102,8 @@ class OpSpec:
     random: tuple[str, ...] = ()           # its random streams (rand0, ...): drawn per call, the
                                            # backward regenerates them (fusegen-random.h)
     probabilities: tuple[str, ...] = ()    # the scalars that are a dropout's p
+    coarse: tuple[str, ...] = ()           # the streams drawn in 16 bits (dropouts', compared
+                                           # with 1 - p only)
     index_inputs: tuple[str, ...] = ()     # inputs a gather's index reads: integers, no gradient
 
     @property
@@ -143,6 +145,7 @@ class OpSpec:
             "forward": _forward_doc(self),
             **({"joined": "torch.cat(forward, -1)"} if self.joined else {}),
             **({"random": list(self.random)} if self.random else {}),
+            **({"coarse": list(self.coarse)} if self.coarse else {}),
             "gradients": {g.input: text(g.expr) for g in self.gradients},
             "passthrough": [g.input for g in self.gradients if g.passthrough],
             "from_dout": {g.input: text(g.expr) for g in self.gradients
@@ -306,6 +309,7 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         backward_rows=backward_rows,
         random=tuple(names.random(k) for k in range(parsed.random)),
         probabilities=parsed.probabilities,
+        coarse=tuple(names.random(k) for k in parsed.coarse),
         index_inputs=index_inputs,
     )
 
@@ -450,7 +454,8 @@ def grad2_spec(spec: OpSpec) -> OpSpec | None:
     # An op that draws keeps its streams (the same symbols): the double backward passes
     # <name>_grad2_backward the forward's saved state, so it draws the forward's numbers.
     parsed = Parsed(text(tree), (tree,), inputs, spec.backward_scalars, random=len(spec.random),
-                    probabilities=tuple(p for p in spec.probabilities if p in spec.backward_scalars))
+                    probabilities=tuple(p for p in spec.probabilities if p in spec.backward_scalars),
+                    coarse=tuple(spec.random.index(s) for s in spec.coarse))
     return differentiate(parsed, name=spec.name + names.GRAD2_SUFFIX, command=spec.command, auxiliary=True)
 
 

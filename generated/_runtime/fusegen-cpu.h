@@ -105,12 +105,12 @@ FUSEGEN_CPU_TARGETS void compute_block(const A* const* x, A* const* y, int64_t m
   A* ys[F::kOutputs];
   for (int j = 0; j < F::kInputs; ++j) xs[j] = x[j];
   for (int k = 0; k < F::kOutputs; ++k) ys[k] = y[k];
-  // A functor that draws takes the block's uniforms, drawn first, four elements to a Philox
-  // block (the math loop then vectorizes as for any other op).
+  // A functor that draws takes the block's uniforms, drawn first, four (a coarse stream's:
+  // eight) elements to a Philox block (the math loop then vectorizes as for any other op).
   constexpr int kStreams = kRandomOf<F> > 0 ? kRandomOf<F> : 1;
   A u[kRandomOf<F> > 0 ? kCpuBlock : 1][kStreams];
   if constexpr (kRandomOf<F> > 0) {
-    uniforms<kStreams, kCpuBlock, false>(f.random, static_cast<uint64_t>(first), u);
+    uniforms<kStreams, kCpuBlock, 1, kCoarseOf<F>>(f.random, static_cast<uint64_t>(first), u);
   } else {
     (void)u;
     (void)first;

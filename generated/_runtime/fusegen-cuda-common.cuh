@@ -446,14 +446,14 @@ __device__ __forceinline__ acc_t<T> element(const Vec<T, kVec>& v, int e) {
 }
 
 // `first`: the linear index of the vector's element 0, for a functor that draws random
-// numbers (fusegen-random.h): one Philox block per stream and four elements.
+// numbers (fusegen-random.h): one Philox block per stream and four (coarse: eight) elements.
 template <typename T, int kVec, typename F, typename Visit = NoVisit>
 __device__ __forceinline__ void compute_vector(
     const Vec<T, kVec> (&x_v)[F::kInputs > 0 ? F::kInputs : 1], Vec<T, kVec> (&y_v)[F::kOutputs],
     const F& f, Visit visit = {}, uint64_t first = 0) {
   constexpr int kStreams = kRandomOf<F> > 0 ? kRandomOf<F> : 1;
   acc_t<T> u[kVec][kStreams];
-  if constexpr (kRandomOf<F> > 0) uniforms<kStreams, kVec, kVec % 4 == 0>(f.random, first, u);
+  if constexpr (kRandomOf<F> > 0) uniforms<kStreams, kVec, kVec, kCoarseOf<F>>(f.random, first, u);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {
     acc_t<T> x[F::kInputs > 0 ? F::kInputs : 1];

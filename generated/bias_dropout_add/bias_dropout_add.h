@@ -58,6 +58,7 @@ struct Forward {
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 1;
   static constexpr int kRandom = 1;  // u: one uniform of each stream
+  static constexpr uint32_t kCoarse = 1u;  // the dropouts' streams: 16-bit draws
   Random random;
   FUSEGEN_HD void operator()(const T* x, const T* u, T* y) const { y[0] = forward(x[0], x[1], x[2],
       u[0]); }
@@ -74,6 +75,7 @@ struct Backward {
   static constexpr int kInputs = 1;
   static constexpr int kOutputs = 1;
   static constexpr int kRandom = 1;  // the forward's numbers, regenerated
+  static constexpr uint32_t kCoarse = 1u;
   Random random;
   FUSEGEN_HD void operator()(const T* x, const T* u, T* y) const {
     backward(x[0], u[0], y[0]);

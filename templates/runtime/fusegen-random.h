@@ -4,10 +4,13 @@
 // Counter-based Philox4x32-10, as torch's CUDA generator feeds curand: the key is the
 // generator's seed, and element i of stream s (the op's s-th rand_like) takes word i % 4 of
 // the block at counter {i / 4, offset + s}, where `offset` is the generator's offset for
-// this call. A value is a function of (seed, offset, i, s) alone, so every kernel kind, the
-// CPU loop and the backward (which regenerates a mask instead of saving it) draw the same
-// numbers for the same element, whatever their launch shape; four neighbouring elements
-// share one Philox block, which the vectorized kernels compute once.
+// this call. A coarse stream (a dropout's, whose value is only compared with a
+// probability) draws 16 bits per element: element i takes half i % 2 of word (i % 8) / 2
+// of the block at counter {i / 8, offset + s}, half the Philox work. A value is a function
+// of (seed, offset, i, s) alone, so every kernel kind, the CPU loop and the backward (which
+// regenerates a mask instead of saving it) draw the same numbers for the same element,
+// whatever their launch shape; neighbouring elements share one Philox block, which the
+// vectorized kernels compute once.
 #ifndef FUSEGEN_RANDOM_H_
 #define FUSEGEN_RANDOM_H_
 
@@ -77,6 +80,13 @@ FUSEGEN_HD A uniform_of(uint32_t bits) {
   return static_cast<A>(static_cast<float>(bits >> 8) * 5.9604644775390625e-08f);
 }
 
+// 16 bits as a float in [0, 1): times 2^-16, so a comparison with 1 - p keeps an element
+// with probability 1 - p rounded up to a multiple of 2^-16 (p = 0 and p = 1 stay exact).
+template <typename A>
+FUSEGEN_HD A coarse_uniform_of(uint32_t bits16) {
+  return static_cast<A>(static_cast<float>(bits16) * 1.52587890625e-05f);
+}
+
 // The seed and offset the call draws with (device memory first), and the state saved for
 // the backward by the element of index 0.
 FUSEGEN_HD void random_state(const Random& r, uint64_t first, uint64_t& seed,
@@ -94,10 +104,17 @@ FUSEGEN_HD void random_state(const Random& r, uint64_t first, uint64_t& seed,
   }
 }
 
+// Word k of a block, chosen by compares rather than an index: a block indexed at run time
+// (the CPU loop's runs, a 4-element vector of a coarse stream) would live in local memory.
+FUSEGEN_HD uint32_t word_at(const PhiloxBlock& b, int k) {
+  return k < 2 ? (k == 0 ? b.word[0] : b.word[1]) : (k == 2 ? b.word[2] : b.word[3]);
+}
+
 // kStreams uniforms for each of the kCount elements from linear index `first` on: one
-// Philox block per stream and four elements. kAligned: `first` is a multiple of 4 and so
-// is kCount (the vector kernels), so the blocks fall at fixed places.
-template <int kStreams, int kCount, bool kAligned, typename A>
+// Philox block per stream and four elements (eight for a coarse stream, bit s of kCoarse).
+// kAlign: `first` and kCount are multiples of it (a vector kernel's width; 1 for any run),
+// so the blocks of an aligned vector fall at fixed places.
+template <int kStreams, int kCount, int kAlign, uint32_t kCoarse, typename A>
 FUSEGEN_HD void uniforms(const Random& r, uint64_t first, A (&u)[kCount][kStreams]) {
   uint64_t seed, offset;
   random_state(r, first, seed, offset);
@@ -107,14 +124,25 @@ FUSEGEN_HD void uniforms(const Random& r, uint64_t first, A (&u)[kCount][kStream
 #endif
   for (int e = 0; e < kCount; ++e) {
     const uint64_t i = first + static_cast<uint64_t>(e);
-    if (kAligned ? e % 4 == 0 : (e == 0 || i % 4 == 0)) {
-      for (int s = 0; s < kStreams; ++s) block[s] = philox(seed, i / 4, offset + s);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int s = 0; s < kStreams; ++s) {
+      const bool coarse = (kCoarse >> s) & 1u;
+      const int per = coarse ? 8 : 4;  // elements per block
+      // The element's place in its block: a constant where vectors are aligned to blocks.
+      const int at = kAlign % per == 0 ? e % per : static_cast<int>(i % per);
+      if (kAlign % per == 0 ? at == 0 : (e == 0 || at == 0))
+        block[s] = philox(seed, i / per, offset + s);
+      const uint32_t word = word_at(block[s], coarse ? at / 2 : at);
+      u[e][s] = coarse ? coarse_uniform_of<A>(at % 2 ? word >> 16 : word & 0xffffu)
+                       : uniform_of<A>(word);
     }
-    for (int s = 0; s < kStreams; ++s) u[e][s] = uniform_of<A>(block[s].word[i % 4]);
   }
 }
 
-// How many random streams a functor draws (F::kRandom; 0 for a functor without one).
+// How many random streams a functor draws (F::kRandom; 0 for a functor without one), and
+// which of them are coarse (F::kCoarse, a bit per stream).
 template <typename F>
 constexpr auto random_streams(int) -> decltype(int(F::kRandom)) {
   return F::kRandom;
@@ -125,13 +153,23 @@ constexpr int random_streams(long) {
 }
 template <typename F>
 constexpr int kRandomOf = random_streams<F>(0);
+template <typename F>
+constexpr auto coarse_streams(int) -> decltype(uint32_t(F::kCoarse)) {
+  return F::kCoarse;
+}
+template <typename F>
+constexpr uint32_t coarse_streams(long) {
+  return 0;
+}
+template <typename F>
+constexpr uint32_t kCoarseOf = coarse_streams<F>(0);
 
 // F on one element of linear index i: a functor that draws takes its uniforms, f(x, u, y).
 template <typename F, typename A>
 FUSEGEN_HD void call(const F& f, const A* x, A* y, uint64_t i) {
   if constexpr (kRandomOf<F> > 0) {
     A u[1][kRandomOf<F>];
-    uniforms<kRandomOf<F>, 1, false>(f.random, i, u);
+    uniforms<kRandomOf<F>, 1, 1, kCoarseOf<F>>(f.random, i, u);
     f(x, u[0], y);
   } else {
     (void)i;

@@ -148,6 +148,24 @@ def test_the_numbers_are_philox_4x32_10(dtype, layout):
     assert torch.equal(u.cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "odd", "transposed"])
+def test_a_dropout_keeps_where_its_16_bit_uniform_is_below_1_minus_p(op, dtype, layout):
+    # The coarse stream (eight elements to a Philox block) on the 16-byte, scalar and
+    # strided kernels, against the Python reference, at a p between two multiples of 2^-16.
+    sampled = torch.ops.fusegen.gpu_bias_dropout_add_sampled.default
+    shape = {"contiguous": (8, 1024), "odd": (7, 333), "transposed": (1024, 8)}[layout]
+    x = torch.ones(shape, dtype=dtype, device="cuda")
+    if layout == "transposed":
+        x = x.t()
+    b = torch.zeros(x.shape[-1], dtype=dtype, device="cuda")
+    p = 0.5 + 2.0**-17
+    y, state = sampled(x, b, torch.zeros_like(x), p)
+    seed, offset = (int(v) & (2**64 - 1) for v in state.cpu())
+    u = philox_uniforms(seed, offset, x.numel(), coarse=True).view(x.shape)
+    assert torch.equal((y != 0).cpu(), u < 1 - p)
+
+
 def test_statistics_reproducibility_and_fresh_draws(op):
     x = torch.zeros(1 << 22, device="cuda")
     u = fusegen.fuse("x + torch.rand_like(x)", name="gpu_uniform")(x)
