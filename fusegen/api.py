@@ -216,7 +216,6 @@ def _with_c_names(spec: OpSpec) -> OpSpec:
     rename = names.c_renaming(user)
     return dataclasses.replace(spec, forward_program=names.for_c(spec.forward_program, user),
                                backward_program=names.for_c(spec.backward_program, user),
-                               kept_program=spec.kept_program and names.for_c(spec.kept_program, user),
                                forward_rows=spec.forward_rows and spec.forward_rows.substituted(rename),
                                backward_rows=spec.backward_rows and spec.backward_rows.substituted(rename))
 

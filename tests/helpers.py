@@ -198,13 +198,3 @@ def philox_uniforms(seed: int, offset: int, n: int, stream: int = 0, coarse: boo
         halves = [h for w in words for h in (w & 0xFFFF, w >> 16)]
         return torch.tensor(halves[:n], dtype=torch.float64) * 2.0**-16
     return torch.tensor([w >> 8 for w in words[:n]], dtype=torch.float64) * 2.0**-24
-
-
-def kept_bits(state: torch.Tensor, n: int, coarse: int = 0) -> torch.Tensor:
-    """The kept bits of coarse stream `coarse` that a forward saved in its state after
-    {seed, offset} (docs/random.md): element i is bit i % 64 of int64 i // 64 of the
-    stream's ceil(n / 64) elements, as a bool tensor of n elements."""
-    per = (n + 63) // 64
-    words = state.cpu()[2 + coarse * per:2 + (coarse + 1) * per]
-    i = torch.arange(n)
-    return ((words[i // 64] >> (i % 64)) & 1).bool()

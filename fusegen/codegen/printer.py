@@ -272,7 +272,6 @@ class PrintedOp:
     backward: dict[str, Statements]
     forward_rows: dict[str, PrintedRows] | None = None
     backward_rows: dict[str, PrintedRows] | None = None
-    kept: dict[str, Statements] | None = None  # the coarse streams' comparisons (kept_program)
 
 
 def _ctype_of(expr, ctype):
@@ -302,8 +301,6 @@ def print_op(spec: OpSpec) -> PrintedOp:
     return PrintedOp(
         forward={t: print_program(spec.forward_program, t) for t in COMPUTE_TYPES},
         backward={t: print_program(spec.backward_program, t) for t in COMPUTE_TYPES},
-        kept=({t: print_program(spec.kept_program, t) for t in COMPUTE_TYPES}
-              if spec.kept_program is not None else None),
     )
 
 

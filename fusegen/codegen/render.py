@@ -22,7 +22,6 @@ from functools import lru_cache
 
 import jinja2
 
-from fusegen.ir import dag
 from fusegen.ir import names
 from fusegen.errors import SpecError
 from fusegen.codegen.escape import c_comment, c_string
@@ -153,34 +152,12 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
         "rows": _rows_context(spec, printed),
         "random": list(spec.random),
         "coarse": sum(1 << spec.random.index(s) for s in spec.coarse),  # a bit per stream
-        "coarse_count": len(spec.coarse),
-        "kept": _kept_context(spec, printed),
         "probabilities": [spec.scalars.index(p) for p in spec.probabilities],
         # The NVRTC route runs it through the runtime's launchers (fusegen-launch.cpp): an
         # elementwise op whose loops fit the operand counts they are instantiated for.
         "launched": printed.forward_rows is None and max(
             len(spec.inputs) + len(spec.outputs),
             len(spec.douts) + len(spec.backward_inputs) + len(spec.kernel_gradients)) <= MAX_LAUNCHED_OPERANDS,
-    }
-
-
-def _kept_context(spec: OpSpec, printed: PrintedOp) -> dict | None:
-    """What the forward's `keeps` function needs (spec.kept_program): the streams and
-    scalars it reads, as parameters and as the functor's arguments, and per compute type
-    the printed temporaries and each comparison with its bit (1 << its stream's place)."""
-    if printed.kept is None:
-        return None
-    program = spec.kept_program
-    read = {x.name for x in dag.free_symbols([e for _, e in program.temps + program.results])}
-    streams = [(k, r) for k, r in enumerate(spec.random) if r in read]
-    scalars = [Name(x).c for x in spec.scalars if x in read]
-    bits = [1 << spec.random.index(r) for r, _ in program.results]
-    return {
-        "params": [r for _, r in streams] + scalars,
-        "args": [f"u[{k}]" for k, _ in streams] + scalars,
-        "math": {t: {"temps": printed.kept[t].temps,
-                     "results": [(code, bit) for (_, code), bit in zip(printed.kept[t].results, bits)]}
-                 for t in COMPUTE_TYPES},
     }
 
 

@@ -105,8 +105,6 @@ class OpSpec:
     coarse: tuple[str, ...] = ()           # the streams drawn in 16 bits (dropouts', compared
                                            # with 1 - p only)
     index_inputs: tuple[str, ...] = ()     # inputs a gather's index reads: integers, no gradient
-    kept_program: Program | None = None    # per coarse stream, its dropout's comparison
-                                           # (kept_program): the bits the forward saves
 
     @property
     def is_rows(self) -> bool:
@@ -313,22 +311,7 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         probabilities=parsed.probabilities,
         coarse=tuple(names.random(k) for k in parsed.coarse),
         index_inputs=index_inputs,
-        kept_program=kept_program(outputs, tuple(names.random(k) for k in parsed.coarse)),
     )
-
-
-def kept_program(outputs, coarse: tuple[str, ...]) -> Program | None:
-    """Each coarse stream's comparison in the forward, `rand<k> < 1 - p` of its dropout, as
-    one result per stream (named by it): what a forward that saves its state keeps of the
-    stream, one bit per element, so that its backward reads the bit instead of drawing
-    again (templates/runtime/fusegen-random.h). The same nodes as the forward's, printed by
-    the same printer, so the bits are the forward's own decisions. A stream without its
-    comparison here (a double backward's tree that lost it) is not kept."""
-    found = {}
-    for node in dag.postorder(outputs):
-        if isinstance(node, fn.Less) and fn.is_random(node.args[0]) and node.args[0].name in coarse:
-            found.setdefault(node.args[0].name, node)
-    return straight_line([(s, found[s]) for s in coarse if s in found]) if found else None
 
 
 # -- what the backward reads ----------------------------------------------------------------

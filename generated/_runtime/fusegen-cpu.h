@@ -111,7 +111,6 @@ FUSEGEN_CPU_TARGETS void compute_block(const A* const* x, A* const* y, int64_t m
   A u[kRandomOf<F> > 0 ? kCpuBlock : 1][kStreams];
   if constexpr (kRandomOf<F> > 0) {
     uniforms<kStreams, kCpuBlock, 1, kCoarseOf<F>>(f.random, static_cast<uint64_t>(first), u);
-    save_kept(f, static_cast<uint64_t>(first), u, static_cast<int>(m));
   } else {
     (void)u;
     (void)first;

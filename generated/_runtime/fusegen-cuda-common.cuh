@@ -453,10 +453,7 @@ __device__ __forceinline__ void compute_vector(
     const F& f, Visit visit = {}, uint64_t first = 0) {
   constexpr int kStreams = kRandomOf<F> > 0 ? kRandomOf<F> : 1;
   acc_t<T> u[kVec][kStreams];
-  if constexpr (kRandomOf<F> > 0) {
-    uniforms<kStreams, kVec, kVec, kCoarseOf<F>>(f.random, first, u);
-    save_kept(f, first, u);
-  }
+  if constexpr (kRandomOf<F> > 0) uniforms<kStreams, kVec, kVec, kCoarseOf<F>>(f.random, first, u);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {
     acc_t<T> x[F::kInputs > 0 ? F::kInputs : 1];

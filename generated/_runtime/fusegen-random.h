@@ -7,12 +7,10 @@
 // this call. A coarse stream (a dropout's, whose value is only compared with a
 // probability) draws 16 bits per element: element i takes half i % 2 of word (i % 8) / 2
 // of the block at counter {i / 8, offset + s}, half the Philox work. A value is a function
-// of (seed, offset, i, s) alone, so every kernel kind, the CPU loop and the backward draw
-// the same numbers for the same element, whatever their launch shape; neighbouring elements
-// share one Philox block, which the vectorized kernels compute once. A coarse stream's
-// comparison (F::kept) is all its backward needs: the forward that returns its state
-// (`<name>_sampled`) also saves one bit per element of each coarse stream, and the backward
-// reads the bit instead of drawing again (Random::kept_from).
+// of (seed, offset, i, s) alone, so every kernel kind, the CPU loop and the backward (which
+// regenerates a mask instead of saving it) draw the same numbers for the same element,
+// whatever their launch shape; neighbouring elements share one Philox block, which the
+// vectorized kernels compute once.
 #ifndef FUSEGEN_RANDOM_H_
 #define FUSEGEN_RANDOM_H_
 
@@ -27,11 +25,6 @@ namespace fusegen {
 // at::cuda::philox::unpack. `save`: where the kernel writes {seed, offset} as it used them
 // (the element of linear index 0 does), the state a backward regenerates from. `first`:
 // the CPU loop's linear index of its run's first element.
-// The kept bits of the coarse streams (save_kept): `kept`, where a forward that saves its
-// state ORs them in (zeroed first); `kept_from`, where a backward reads them in place of
-// the coarse streams' draws. Coarse stream c (the c-th set bit of F::kCoarse) has
-// kept_words 32-bit words from word c * kept_words on; element i is bit i % 32 of its
-// word i / 32.
 struct Random {
   uint64_t seed = 0;
   uint64_t offset = 0;
@@ -40,15 +33,7 @@ struct Random {
   uint64_t offset_add = 0;
   int64_t* save = nullptr;
   int64_t first = 0;
-  uint32_t* kept = nullptr;
-  const uint32_t* kept_from = nullptr;
-  uint64_t kept_words = 0;
 };
-
-// The 32-bit words of one coarse stream's kept bits for n elements: a whole number of
-// 64-bit words, so that every coarse stream's bits fill whole int64 elements of the state
-// tensor after its {seed, offset}.
-FUSEGEN_HD constexpr uint64_t kept_words_of(uint64_t n) { return (n + 63) / 64 * 2; }
 
 // Philox4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
 struct PhiloxBlock {
@@ -119,13 +104,6 @@ FUSEGEN_HD void random_state(const Random& r, uint64_t first, uint64_t& seed,
   }
 }
 
-// The place of stream s among the coarse streams of kCoarse (its kept bits' block).
-FUSEGEN_HD constexpr uint64_t coarse_index(uint32_t coarse, int s) {
-  uint64_t c = 0;
-  for (int t = 0; t < s; ++t) c += (coarse >> t) & 1u;
-  return c;
-}
-
 // Word k of a block, chosen by compares rather than an index: a block indexed at run time
 // (the CPU loop's runs, a 4-element vector of a coarse stream) would live in local memory.
 FUSEGEN_HD uint32_t word_at(const PhiloxBlock& b, int k) {
@@ -137,9 +115,6 @@ FUSEGEN_HD uint32_t word_at(const PhiloxBlock& b, int k) {
 // kAlign: `first` and kCount are multiples of it (a vector kernel's width; 1 for any run),
 // so the blocks of an aligned vector fall at fixed places.
 template <int kStreams, int kCount, int kAlign, uint32_t kCoarse, typename A>
-// A coarse stream whose kept bits are given (Random::kept_from) takes 0 for a kept element
-// and 1 for a dropped one instead of its draw: its dropout's comparison, u < 1 - p, then
-// keeps the same elements (a kept element had 1 - p > u >= 0; 1 < 1 - p never holds).
 FUSEGEN_HD void uniforms(const Random& r, uint64_t first, A (&u)[kCount][kStreams]) {
   uint64_t seed, offset;
   random_state(r, first, seed, offset);
@@ -154,11 +129,6 @@ FUSEGEN_HD void uniforms(const Random& r, uint64_t first, A (&u)[kCount][kStream
 #endif
     for (int s = 0; s < kStreams; ++s) {
       const bool coarse = (kCoarse >> s) & 1u;
-      if (coarse && r.kept_from != nullptr) {
-        const uint32_t* words = r.kept_from + coarse_index(kCoarse, s) * r.kept_words;
-        u[e][s] = static_cast<A>((words[i / 32] >> (i % 32)) & 1u ? 0 : 1);
-        continue;
-      }
       const int per = coarse ? 8 : 4;  // elements per block
       // The element's place in its block: a constant where vectors are aligned to blocks.
       const int at = kAlign % per == 0 ? e % per : static_cast<int>(i % per);
@@ -194,84 +164,12 @@ constexpr uint32_t coarse_streams(long) {
 template <typename F>
 constexpr uint32_t kCoarseOf = coarse_streams<F>(0);
 
-// Whether F reports which elements its coarse streams keep (F::kKeeps: a forward's functor
-// has kept(u), bit s for stream s), so that a forward can save them for its backward.
-template <typename F>
-constexpr auto keeps(int) -> decltype(bool(F::kKeeps)) {
-  return F::kKeeps;
-}
-template <typename F>
-constexpr bool keeps(long) {
-  return false;
-}
-template <typename F>
-constexpr bool kKeepsOf = keeps<F>(0);
-
-// ORs `bits` into the word at `at`. The writers of one word are neighbouring elements of a
-// run or of a warp's vectors: on the device the lanes of a warp that share the word
-// combine their bits first, one atomic per word instead of one per lane.
-FUSEGEN_HD void or_bits(uint32_t* at, uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-#if __CUDA_ARCH__ >= 800
-  const unsigned same =
-      __match_any_sync(__activemask(), reinterpret_cast<unsigned long long>(at));
-  bits = __reduce_or_sync(same, bits);
-  if ((threadIdx.x & 31u) != static_cast<unsigned>(__ffs(same) - 1)) return;
-#endif
-  if (bits != 0) atomicOr(at, bits);
-#else
-  if (bits != 0) __atomic_fetch_or(at, bits, __ATOMIC_RELAXED);
-#endif
-}
-
-// Saves the kept bits of elements first .. first + count - 1 (count <= kCount), whose
-// uniforms are u, into Random::kept, when F reports them and the call saves its state.
-template <typename F, int kCount, int kStreams, typename A>
-FUSEGEN_HD void save_kept(const F& f, uint64_t first, const A (&u)[kCount][kStreams],
-                          int count = kCount) {
-  if constexpr (kKeepsOf<F>) {
-    if (f.random.kept == nullptr) return;
-    uint32_t kept[kCount];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int e = 0; e < kCount; ++e) kept[e] = e < count ? f.kept(u[e]) : 0u;
-    uint64_t c = 0;
-    for (int s = 0; s < kStreams; ++s) {
-      if (!((kCoarseOf<F> >> s) & 1u)) continue;
-      uint32_t* words = f.random.kept + c++ * f.random.kept_words;
-      uint64_t word = first / 32;
-      uint32_t bits = 0;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-      for (int e = 0; e < kCount; ++e) {
-        if (e >= count) break;
-        const uint64_t i = first + static_cast<uint64_t>(e);
-        if (i / 32 != word) {
-          or_bits(words + word, bits);
-          word = i / 32;
-          bits = 0;
-        }
-        bits |= ((kept[e] >> s) & 1u) << (i % 32);
-      }
-      or_bits(words + word, bits);
-    }
-  } else {
-    (void)f;
-    (void)first;
-    (void)u;
-    (void)count;
-  }
-}
-
 // F on one element of linear index i: a functor that draws takes its uniforms, f(x, u, y).
 template <typename F, typename A>
 FUSEGEN_HD void call(const F& f, const A* x, A* y, uint64_t i) {
   if constexpr (kRandomOf<F> > 0) {
     A u[1][kRandomOf<F>];
     uniforms<kRandomOf<F>, 1, 1, kCoarseOf<F>>(f.random, i, u);
-    save_kept(f, i, u);
     f(x, u[0], y);
   } else {
     (void)i;

@@ -213,7 +213,7 @@ struct GradDef {
 constexpr int kResult = -1;
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 13;
+constexpr int kAbi = 12;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;
@@ -274,12 +274,9 @@ struct OpDef {
   // order of the broadcast shape (fusegen-random.h). The Autograd kernel calls
   // `sampled_schema`, "<name>_sampled(...) -> (Tensor, ..., Tensor rng_state)", which
   // also returns the state drawn with, and the backward (whose last tensor is that state)
-  // regenerates the same numbers from it. `num_coarse`: its dropouts' streams (F::kCoarse),
-  // whose kept bits the state holds after {seed, offset} and the backward reads instead of
-  // drawing again (fusegen-random.h). `probabilities`: the scalars that must lie in [0, 1]
-  // (a dropout's p), as indices into the scalars.
+  // regenerates the same numbers from it. `probabilities`: the scalars that must lie in
+  // [0, 1] (a dropout's p), as indices into the scalars.
   int num_random = 0;
-  int num_coarse = 0;
   const char* sampled_schema = nullptr;
   int num_probabilities = 0;
   const int* probabilities = nullptr;

@@ -124,7 +124,6 @@ OpDef describe() {
 #endif
   def.backward_accumulates = true;
   def.num_random = 1;  // rand0: fresh on every call
-  def.num_coarse = 1;  // their dropouts' kept bits travel in the saved state
   def.sampled_schema = "bias_dropout_add_sampled(Tensor x, Tensor bias, Tensor residual) -> "
       "(Tensor, Tensor)";
   def.num_jvp_args = 0;

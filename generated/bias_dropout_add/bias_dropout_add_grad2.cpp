@@ -131,7 +131,6 @@ OpDef describe() {
   def.backward_cuda = backward_cuda;
 #endif
   def.num_random = 1;  // rand0: fresh on every call
-  def.num_coarse = 1;  // their dropouts' kept bits travel in the saved state
   def.sampled_schema = "bias_dropout_add_grad2_sampled(Tensor dout, Tensor gg_x) -> (Tensor, "
       "Tensor)";
   return def;

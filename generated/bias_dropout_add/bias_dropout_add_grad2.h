@@ -28,12 +28,6 @@ FUSEGEN_HD float forward(float in_dout, float in_gg_x, float rand0) {
   return in_gg_x*t1;
 }
 
-// Which of its dropouts keep the element, bit s for stream s, in float: the forward's
-// own comparisons, saved as bits for the backward (fusegen-random.h, save_kept).
-FUSEGEN_HD uint32_t keeps(float rand0) {
-  return (rand0 < 0.9f ? 1u : 0u);
-}
-
 // Every gradient the backward kernel writes, from one read of its inputs, in float.
 FUSEGEN_HD void backward(float dout, float in_dout, float in_gg_x, float rand0, float& grad_dout,
     float& grad_gg_x) {
@@ -48,12 +42,6 @@ FUSEGEN_HD double forward(double in_dout, double in_gg_x, double rand0) {
   const double t0 = (rand0 < 0.9 ? 1.1111111111111112 : 0.0);
   const double t1 = in_dout*t0;
   return in_gg_x*t1;
-}
-
-// Which of its dropouts keep the element, bit s for stream s, in double: the forward's
-// own comparisons, saved as bits for the backward (fusegen-random.h, save_kept).
-FUSEGEN_HD uint32_t keeps(double rand0) {
-  return (rand0 < 0.9 ? 1u : 0u);
 }
 
 // Every gradient the backward kernel writes, from one read of its inputs, in double.
@@ -78,9 +66,7 @@ struct Forward {
   static constexpr int kOutputs = 1;
   static constexpr int kRandom = 1;  // u: one uniform of each stream
   static constexpr uint32_t kCoarse = 1u;  // the dropouts' streams: 16-bit draws
-  static constexpr bool kKeeps = true;  // kept(u): which elements the dropouts keep
   Random random;
-  FUSEGEN_HD uint32_t kept(const T* u) const { return keeps(u[0]); }
   FUSEGEN_HD void operator()(const T* x, const T* u, T* y) const { y[0] = forward(x[0], x[1],
       u[0]); }
 };

@@ -418,8 +418,7 @@ bool accumulates_in_kernel(const Op& op, const variable_list& douts,
   }
   {
     RECORD_FUNCTION(op.backward_event.c_str(), std::vector<c10::IValue>());
-    const Random drawn =
-        random ? saved_random(op.backward_name, def, saved.back(), on, iter.numel()) : Random();
+    const Random drawn = random ? saved_random(op.backward_name, saved.back(), on) : Random();
     launch_cuda(iter, Operands(present, static_cast<int>(inputs.size()), sums), def.backward_cuda,
                 kernel_dtype(dtype), scalars.data(), random ? &drawn : nullptr);
   }

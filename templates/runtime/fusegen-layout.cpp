@@ -810,33 +810,19 @@ std::vector<at::Tensor> run_kernel(const std::string& name, Device device, const
 // on CUDA the Philox seed and offset (CUDAGeneratorImpl::philox_cuda_state, which under
 // graph capture hands out device pointers that each replay refills, and moves the offset on
 // by the streams' count, rounded up to the multiple of 4 it asks for). `state`, when asked
-// for: an int64 tensor of the call's device, {seed, offset}, which the CUDA kernel fills
-// (Random::save) so that it holds the values a replayed graph drew, then the kept bits of
-// the op's coarse streams for its n elements (Random::kept), which the kernel ORs into
-// zeros. A backward reads those bits instead of drawing the coarse streams again.
+// for: {seed, offset} as an int64 tensor of the call's device, which the CUDA kernel fills
+// (Random::save) so that it holds the values a replayed graph drew.
 struct Drawn {
   Random random;
   at::Tensor state;
 };
 
-// The int64 elements of the state of an op of `coarse` coarse streams over n elements.
-c10::SymInt state_numel(int coarse, const c10::SymInt& n) {
-  return 2 + coarse * ((n + 63) / 64);
-}
-
-Drawn draw_random(const OpDef& def, Device device, c10::Device on, bool sampled,
-                  const c10::SymInt& n) {
+Drawn draw_random(const OpDef& def, Device device, c10::Device on, bool sampled) {
   Drawn d;
   const at::TensorOptions state_options = at::TensorOptions().dtype(at::kLong).device(on);
-  if (sampled) {
-    d.state = device == Device::kMeta
-                  ? at::empty_symint({state_numel(def.num_coarse, n)}, state_options)
-                  : at::zeros({state_numel(def.num_coarse, n).expect_int()}, state_options);
-  }
-  if (device == Device::kMeta) return d;
-  if (sampled && def.num_coarse > 0) {
-    d.random.kept = reinterpret_cast<uint32_t*>(d.state.data_ptr<int64_t>() + 2);
-    d.random.kept_words = kept_words_of(static_cast<uint64_t>(n.expect_int()));
+  if (device == Device::kMeta) {
+    if (sampled) d.state = at::empty({2}, state_options);
+    return d;
   }
   if (device == Device::kCpu) {
     auto* gen = at::get_generator_or_default<at::CPUGeneratorImpl>(
@@ -845,7 +831,11 @@ Drawn draw_random(const OpDef& def, Device device, c10::Device on, bool sampled,
       std::lock_guard<std::mutex> lock(gen->mutex_);
       d.random.seed = gen->random64();
     }
-    if (sampled) d.state.data_ptr<int64_t>()[0] = static_cast<int64_t>(d.random.seed);
+    if (sampled) {
+      d.state = at::empty({2}, state_options);
+      d.state.data_ptr<int64_t>()[0] = static_cast<int64_t>(d.random.seed);
+      d.state.data_ptr<int64_t>()[1] = 0;
+    }
     return d;
   }
 #ifdef FUSEGEN_WITH_CUDA
@@ -865,21 +855,21 @@ Drawn draw_random(const OpDef& def, Device device, c10::Device on, bool sampled,
     d.random.seed = philox.seed_.val;
     d.random.offset = philox.offset_.val;
   }
-  if (sampled) d.random.save = d.state.data_ptr<int64_t>();
+  if (sampled) {
+    d.state = at::empty({2}, state_options);
+    d.random.save = d.state.data_ptr<int64_t>();
+  }
+#else
+  (void)def;
 #endif
   return d;
 }
 
-// The random numbers of a backward over n elements: those its forward drew, from the state
-// it returned (draw_random).
-Random saved_random(const std::string& op, const OpDef& def, const at::Tensor& state,
-                    c10::Device on, int64_t n) {
-  const int64_t numel = state_numel(def.num_coarse, n).expect_int();
-  TORCH_CHECK(state.defined() && state.scalar_type() == at::kLong && state.numel() == numel &&
+Random saved_random(const std::string& op, const at::Tensor& state, c10::Device on) {
+  TORCH_CHECK(state.defined() && state.scalar_type() == at::kLong && state.numel() == 2 &&
                   state.is_contiguous() && state.device() == on,
-              "fusegen::", op, ": argument 'rng_state' must be the int64 tensor of ", numel,
-              " elements on ", on, " that the forward (fusegen::<name>_sampled) returned for ",
-              n, " elements, got ",
+              "fusegen::", op, ": argument 'rng_state' must be the int64 tensor of 2 elements "
+              "on ", on, " that the forward (fusegen::<name>_sampled) returned, got ",
               state.defined() ? state.toString() + " of " + std::to_string(state.numel()) +
                                     " elements on " + state.device().str()
                               : std::string("an undefined tensor"));
@@ -890,10 +880,6 @@ Random saved_random(const std::string& op, const OpDef& def, const at::Tensor& s
   } else {
     r.seed_at = state.const_data_ptr<int64_t>();
     r.offset_at = r.seed_at + 1;
-  }
-  if (def.num_coarse > 0) {
-    r.kept_from = reinterpret_cast<const uint32_t*>(state.const_data_ptr<int64_t>() + 2);
-    r.kept_words = kept_words_of(static_cast<uint64_t>(n));
   }
   return r;
 }
@@ -921,9 +907,7 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
   if (def.num_random > 0) {
     check_probabilities(op.name, def, a);
     check_defined(op.name, args);
-    c10::SymInt n = 1;
-    for (const c10::SymInt& d : broadcast_shape(op.name, args)) n = n * d;
-    drawn = draw_random(def, device, device_arg(args).tensor.device(), sampled, n);
+    drawn = draw_random(def, device, device_arg(args).tensor.device(), sampled);
   }
   const Random* random = def.num_random > 0 ? &drawn.random : nullptr;
   std::vector<at::Tensor> out;
@@ -973,10 +957,7 @@ std::vector<at::Tensor> run_backward(const Op& op, Device device, const Backward
   Random random;  // (Meta: no kernel runs, only the linear layout matters)
   if (def.num_random > 0 && device != Device::kMeta) {
     check_defined(op.backward_name, args);
-    int64_t n = 1;
-    for (const c10::SymInt& d : broadcast_shape(op.backward_name, args)) n *= d.expect_int();
-    random = saved_random(op.backward_name, def, a.tensors.back(),
-                          device_arg(args).tensor.device(), n);
+    random = saved_random(op.backward_name, a.tensors.back(), device_arg(args).tensor.device());
   }
   return requested(run_kernel(op.backward_name, device, args, a.mask, cpu.backward_cpu,
                               def.backward_cuda, a.scalars.data(), given,

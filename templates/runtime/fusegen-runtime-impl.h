@@ -190,10 +190,8 @@ at::ScalarType check_args(const std::string& op, const Args& args);
 std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype,
                                       const c10::Device device);
 Dtype kernel_dtype(at::ScalarType t);
-// A backward's random numbers over n elements: those its forward drew, from the state
-// (rng_state) it saved.
-Random saved_random(const std::string& op, const OpDef& def, const at::Tensor& state,
-                    c10::Device on, int64_t n);
+// A backward's random numbers: those its forward drew, from the state (rng_state) it saved.
+Random saved_random(const std::string& op, const at::Tensor& state, c10::Device on);
 // sampled: also return the random state drawn with (fusegen::<name>_sampled's last result).
 std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a,
                                     bool sampled = false);

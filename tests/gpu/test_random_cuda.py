@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fusegen
-from helpers import kept_bits, philox_uniforms
+from helpers import philox_uniforms
 
 pytestmark = [
     pytest.mark.cuda,
@@ -161,12 +161,9 @@ def test_a_dropout_keeps_where_its_16_bit_uniform_is_below_1_minus_p(op, dtype, 
     b = torch.zeros(x.shape[-1], dtype=dtype, device="cuda")
     p = 0.5 + 2.0**-17
     y, state = sampled(x, b, torch.zeros_like(x), p)
-    seed, offset = (int(v) & (2**64 - 1) for v in state[:2].cpu())
+    seed, offset = (int(v) & (2**64 - 1) for v in state.cpu())
     u = philox_uniforms(seed, offset, x.numel(), coarse=True).view(x.shape)
     assert torch.equal((y != 0).cpu(), u < 1 - p)
-    # The kept bits it saved for the backward, written by each kernel kind: the same
-    # decisions, element by element in the linear order of the broadcast shape.
-    assert torch.equal(kept_bits(state, x.numel()).view(x.shape), u < 1 - p)
 
 
 def test_statistics_reproducibility_and_fresh_draws(op):
