@@ -49,6 +49,28 @@ def test_every_generated_cu_compiles(tmp_path):
     assert not failures, "\n\n".join(failures)
 
 
+@pytest.mark.slow
+def test_the_wide_random_accumulating_kernel_compiles(tmp_path):
+    """FUSEGEN_RANDOM_ACCUMULATING_WIDE=1 (off by default, a launch shape to measure on a GPU:
+    tests/gpu/h200_run.sh random_width) compiles warning-free, without spills."""
+    if NVCC is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("nvcc not found: CI must compile the generated CUDA sources")
+        pytest.skip("nvcc not found")
+    cu = ROOT / "generated" / "bias_dropout_add" / "bias_dropout_add.cu"
+    r = subprocess.run([NVCC, *FLAGS, "-DFUSEGEN_RANDOM_ACCUMULATING_WIDE=1", "-Xptxas", "-v", f"-I{RUNTIME}",
+                        "-c", str(cu), "-o", str(tmp_path / "wide.o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    wide = [i for i, line in enumerate(lines)
+            if "Compiling entry function" in line and "accumulating_kernelINS_8BFloat16ELi8E" in line]
+    assert wide, "no eight-element bf16 accumulating kernel was compiled"
+    for i in wide:  # ptxas: the entry, its properties, its stack frame and spills, its registers
+        spills = next(line for line in lines[i + 1:i + 4] if "spill stores" in line)
+        assert "0 bytes spill stores" in spills, lines[i:i + 4]
+    assert not [line for line in lines if "warning" in line.lower()]
+
+
 def test_cold_op_units_split_its_own_cu_by_three_dtype_groups(monkeypatch):
     """A cold op on 16 cores: its own .cu as 6 units, each auxiliary op's (plain kernels)
     as 4, so that no unit waits for a core."""

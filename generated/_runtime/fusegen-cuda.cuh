@@ -193,13 +193,12 @@ bool launch_vector(const CudaLoop& loop, const Pointers<kOperandsOf<F>>& p, cons
 // Modes::step (0: one offset for the whole vector). Rows (RowLoop) along dimension 0 when
 // some accumulator steps along it, else chunks; about one wave of blocks, so that a
 // thread sums many vectors before it flushes.
-template <typename T, typename F>
-void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) {
+template <typename T, int kVec, typename F>
+void launch_accumulating_of(const CudaLoop& loop, const F& f, cudaStream_t stream) {
   constexpr int kN = accumulating_operands<F>();
   const int accumulators = outputs_of(f) + 1;  // Accumulating<F>::kAccumulators
   const int first = kN - accumulators;         // ... kFirst
-  constexpr int kVec = kAccumulatingWidth;
-  static_assert(kVec <= kVectorWidth<T>, "whole vectors of the vector kernel's");
+  static_assert(kVec <= kVecWidth<T>, "whole vectors of the vector kernel's");
   constexpr int64_t kSlots = int64_t(kThreads) * kAccumulatingUnroll;
   const auto p = pointers_of<kN>(loop);
   Modes<kN> modes = vector_modes<T, kVec>(loop, p, outputs_of(f));
@@ -248,6 +247,23 @@ void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) 
   const Grid grid{static_cast<unsigned>(segments), static_cast<unsigned>(groups)};
   launch(FUSEGEN_KERNEL(f, accumulating_kernel, T, kVec, F), grid, kThreads, shared, stream, p,
          calc, rl, modes, f);
+}
+
+// FUSEGEN_RANDOM_ACCUMULATING_WIDE=1: a 16-bit backward that draws random numbers moves 16-byte
+// vectors (eight elements) where dimension 0 splits into them, so that each vector takes a
+// whole Philox block of a dropout's stream (eight 16-bit draws) instead of computing one for
+// four elements; off (0) by default until measured (tests/gpu/h200_run.sh random_width).
+#ifndef FUSEGEN_RANDOM_ACCUMULATING_WIDE
+#define FUSEGEN_RANDOM_ACCUMULATING_WIDE 0
+#endif
+
+template <typename T, typename F>
+void launch_accumulating(const CudaLoop& loop, const F& f, cudaStream_t stream) {
+  if constexpr (FUSEGEN_RANDOM_ACCUMULATING_WIDE && sizeof(T) == 2) {
+    if (draws_random(f) && loop.sizes[0] % kVecWidth<T> == 0)
+      return launch_accumulating_of<T, kVecWidth<T>>(loop, f, stream);
+  }
+  launch_accumulating_of<T, kAccumulatingWidth>(loop, f, stream);
 }
 
 // tiled_kernel with P elements per access over `tl` (`tiles` tiled inputs, `outer` the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|dropout|block|compile|narrow|tiles|accumulating|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|dropout|block|compile|narrow|tiles|accumulating|random_width|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
 # 3, build 1.5, rows 3.5); `all` is more than the 10 minutes a call may run and brings
 # back more than the 8 files a call returns, so split it over calls.
@@ -103,6 +103,19 @@ if [[ $what == narrow ]]; then
   for value in 1 0; do
     with_flags "narrow-$value" "-DFUSEGEN_STEP_NARROW=$value" python3 -m fusegen.bench optim --setups bf16 \
       --impls fusegen,fusegen-narrow,torch-fused --json "$OUT/optim_narrow_$value.json" 2>&1 | tee "$OUT/optim_narrow_$value.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
+fi
+# The accumulating backward of a 16-bit op that draws random numbers
+# (FUSEGEN_RANDOM_ACCUMULATING_WIDE): eight elements per vector (1) against four (0, the
+# default), with the random CUDA tests under 1 first.
+if [[ $what == random_width ]]; then
+  with_flags random-wide-1 "-DFUSEGEN_RANDOM_ACCUMULATING_WIDE=1" python3 -m pytest -q -m cuda \
+    tests/gpu/test_random_cuda.py 2>&1 | tee "$OUT/pytest_random_wide.log"
+  status=$((status | ${PIPESTATUS[0]}))
+  for value in 0 1 0 1; do
+    with_flags "random-wide-$value" "-DFUSEGEN_RANDOM_ACCUMULATING_WIDE=$value" python3 -m fusegen.bench dropout \
+      --json "$OUT/dropout_wide_$value.json" 2>&1 | tee -a "$OUT/dropout_wide_$value.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi
