@@ -26,10 +26,17 @@ FLAGS = ["-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=a
          "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra"]
 
 
-def _compile(cu: Path, out_dir: Path):
+def _require_nvcc():
+    if NVCC is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("nvcc not found: CI must compile the generated CUDA sources")
+        pytest.skip("nvcc not found")
+
+
+def _compile(cu: Path, out_dir: Path, *extra: str):
     obj = out_dir / (cu.parent.name + ".o")
-    return subprocess.run([NVCC, *FLAGS, f"-I{RUNTIME}", "-c", str(cu), "-o", str(obj)], capture_output=True,
-                          text=True)
+    return subprocess.run([NVCC, *FLAGS, *extra, f"-I{RUNTIME}", "-c", str(cu), "-o", str(obj)],
+                          capture_output=True, text=True)
 
 
 def test_every_seed_has_its_kernels():
@@ -39,10 +46,7 @@ def test_every_seed_has_its_kernels():
 
 @pytest.mark.slow
 def test_every_generated_cu_compiles(tmp_path):
-    if NVCC is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("nvcc not found: CI must compile the generated CUDA sources")
-        pytest.skip("nvcc not found")
+    _require_nvcc()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = list(pool.map(lambda cu: _compile(cu, tmp_path), KERNELS))
     failures = [f"{cu}:\n{r.stderr}" for cu, r in zip(KERNELS, results) if r.returncode != 0 or r.stderr.strip()]
@@ -53,13 +57,9 @@ def test_every_generated_cu_compiles(tmp_path):
 def test_the_wide_random_accumulating_kernel_compiles(tmp_path):
     """FUSEGEN_RANDOM_ACCUMULATING_WIDE=1 (off by default, a launch shape to measure on a GPU:
     tests/gpu/h200_run.sh random_width) compiles warning-free, without spills."""
-    if NVCC is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("nvcc not found: CI must compile the generated CUDA sources")
-        pytest.skip("nvcc not found")
+    _require_nvcc()
     cu = ROOT / "generated" / "bias_dropout_add" / "bias_dropout_add.cu"
-    r = subprocess.run([NVCC, *FLAGS, "-DFUSEGEN_RANDOM_ACCUMULATING_WIDE=1", "-Xptxas", "-v", f"-I{RUNTIME}",
-                        "-c", str(cu), "-o", str(tmp_path / "wide.o")], capture_output=True, text=True)
+    r = _compile(cu, tmp_path, "-DFUSEGEN_RANDOM_ACCUMULATING_WIDE=1", "-Xptxas", "-v")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     wide = [i for i, line in enumerate(lines)
