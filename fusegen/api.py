@@ -242,10 +242,17 @@ class FusedOp:
         self._generated = generated
         self._request = request
 
-    @functools.cached_property
+    @property
     def _signature(self) -> inspect.Signature:
-        """For a call by keyword or with a wrong count (bind): made then, not at load."""
-        return inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in self.params])
+        """For a call by keyword or with a wrong count (bind): made then, not at load. (Not a
+        functools.cached_property: on Python 3.11 that takes an RLock, which torch.compile
+        cannot trace, so a first keyword call inside a compiled function would break it.)"""
+        signature = self.__dict__.get("_bound_signature")
+        if signature is None:
+            signature = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                           for p in self.params])
+            self.__dict__["_bound_signature"] = signature
+        return signature
 
     @functools.cached_property
     def generated(self) -> Generated:
