@@ -133,7 +133,7 @@ def test_per_row_inputs_strided_rows_and_broadcast_weights():
     torch.testing.assert_close(call("rms_norm")(sliced, w), OPS["rms_norm"][2](sliced, w))
 
 
-@pytest.mark.parametrize("name, forward, backward", [("rms_norm", 1, 1), ("layer_norm", 2, 3), ("softmax", 2, 3),
+@pytest.mark.parametrize("name, forward, backward", [("rms_norm", 1, 1), ("layer_norm", 2, 3), ("softmax", 2, 2),
                                                    ("residual_rms", 1, 1)])
 def test_factors_of_one_value_per_row_leave_the_sums_early(name, forward, backward):
     """A sum's factors of one value per row (rsqrt(mean + eps) ** 3 in RMSNorm's backward, a
@@ -141,6 +141,26 @@ def test_factors_of_one_value_per_row_leave_the_sums_early(name, forward, backwa
     RMSNorm's backward reads its row once; the values are those of eager (above)."""
     spec = op(name).spec
     assert (spec.forward_rows.levels, spec.backward_rows.levels) == (forward, backward)
+
+
+def test_a_shift_the_body_does_not_depend_on_gets_no_gradient():
+    """The stable softmax's maximum receives a row sum that cancels (-(A/S - A/S)): the
+    backward leaves it out, as written with .detach(): its sums and the gradient's values
+    are the detached form's, and no tie is counted."""
+    spec = op("softmax").spec
+    detached = fusegen.fuse("torch.exp(x - torch.amax(x, -1, keepdim=True).detach()) / "
+                            "torch.exp(x - torch.amax(x, -1, keepdim=True).detach()).sum(-1, keepdim=True)",
+                            name="rows_softmax_detached").spec
+    assert str(spec.backward_rows) == str(detached.backward_rows).replace("Detach(row0)", "row0")
+    assert [a.kind for a in spec.backward_rows.accumulators] == ["max", "sum", "sum"]
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5]], dtype=D, requires_grad=True)  # ties
+    g = torch.randn(2, 4, dtype=D, generator=torch.Generator().manual_seed(3))
+    got = torch.autograd.grad(call("softmax")(x), x, g)[0]
+    want = torch.autograd.grad(torch.softmax(x, -1), x, g)[0]
+    torch.testing.assert_close(got, want)
+    # a maximum the body does depend on keeps its gradient, split among ties
+    top = fusegen.fuse("x * torch.amax(x, -1, keepdim=True)", name="times_max").spec
+    assert len(top.backward_rows.accumulators) > 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -354,8 +374,9 @@ def test_detach_stops_the_gradient_as_torch_does():
     stable = ("torch.exp(x - torch.amax(x, -1, keepdim=True).detach()) / "
               "torch.exp(x - torch.amax(x, -1, keepdim=True).detach()).sum(-1, keepdim=True)")
     o = fusegen.fuse(stable, name="rows_softmax_detached")
-    # no gradient through the maximum: the backward reduces three values per row, not five
-    assert len(o.spec.backward_rows.accumulators) < len(op("softmax").spec.backward_rows.accumulators)
+    # no gradient through the maximum: the backward reduces three values per row, as the
+    # plain softmax's, whose maximum's gradient cancels
+    assert len(o.spec.backward_rows.accumulators) == len(op("softmax").spec.backward_rows.accumulators) == 3
     x = torch.randn(4, 9, dtype=D, requires_grad=True)
     torch.testing.assert_close(o(x), torch.softmax(x, -1))
     assert torch.autograd.gradcheck(o, (x,)) and torch.autograd.gradgradcheck(o, (x,))

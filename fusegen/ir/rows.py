@@ -211,3 +211,148 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
     tensors = {x for x in dag.free_symbols(exprs) if x.name not in scalars} - fn.index_symbols(exprs)
     per_row = tuple(is_row_value(e, tensors) for e in exprs)
     return RowProgram(tuple(accumulators), tuple((n, e) for (n, _), e in zip(results, out)), per_row)
+
+
+# -- a row sum that cancels ------------------------------------------------------------------
+#
+# The reverse pass sends a reduction the gradient of its row value, RowSum(g) of what flows
+# into it. For a shift a body does not depend on, that sum is zero: a stable softmax's
+# maximum, exp(x - m) / sum(exp(x - m)), receives sum((dout / S + c) * -exp(x - m)) with
+# c = -sum(dout * exp(x - m)) / S**2, which is -(A / S - A / S). Eager computes such a term
+# (rounding noise) and, for amax, a count of the row's ties to split it; `vanishes` proves
+# it zero, so the backward leaves the reduction's gradient out (as `.detach()` would), one
+# pass and two row values fewer. The proof is exact algebra: the element expression is
+# expanded into monomials (a coefficient of row values times a product of element
+# factors); every row sum is a linear combination of symbols, one per product; the total,
+# a rational function of them, must cancel to 0 under sympy.cancel. Anything else stays.
+
+# Bounds of the proof (past one, the sum is taken as not zero): monomials of one
+# expansion, and distinct row values and element products (the rational function's symbols).
+MAX_MONOMIALS = 64
+MAX_OPAQUE = 64
+
+
+class _Unproven(Exception):
+    pass
+
+
+class _RowAlgebra:
+    """Row values as sympy rational functions of opaque symbols. `per_row_symbols`: the free
+    symbols that are one value per row (a gather's index)."""
+
+    def __init__(self, per_row_symbols):
+        self.per_row_symbols = set(per_row_symbols)
+        self.opaque: dict = {}
+        self.length = sympy.Dummy("n")
+        self._reads: dict = {}
+        self._monomials: dict = {}  # node -> its expansion (shared subtrees expand once)
+        self._values: dict = {}
+
+    def reads_elements(self, e) -> bool:
+        """Whether e reads an element value (any symbol but a per-row one) outside a reduction."""
+        hit = self._reads.get(e)
+        if hit is None:
+            if fn.is_reduction(e):
+                hit = False
+            elif isinstance(e, sympy.Symbol):
+                hit = e not in self.per_row_symbols
+            else:
+                hit = any(self.reads_elements(a) for a in e.args)
+            self._reads[e] = hit
+        return hit
+
+    def symbol(self, key):
+        if key not in self.opaque:
+            if len(self.opaque) >= MAX_OPAQUE:
+                raise _Unproven
+            self.opaque[key] = sympy.Dummy(f"z{len(self.opaque)}")
+        return self.opaque[key]
+
+    def monomials(self, e) -> dict:
+        """e as {product of element factors (a sorted tuple): coefficient}."""
+        if e not in self._monomials:
+            limits.tick()
+            self._monomials[e] = self._expand(e)
+        return self._monomials[e]
+
+    def value(self, e):
+        """A row value (e reads no element outside a reduction) as a rational function."""
+        if e not in self._values:
+            limits.tick()
+            self._values[e] = self._value(e)
+        return self._values[e]
+
+    def _expand(self, e) -> dict:
+        if not self.reads_elements(e):
+            return {(): self.value(e)}
+        t = type(e)
+        if t is fn.Plus:
+            return self._sum(self.monomials(e.args[0]), self.monomials(e.args[1]))
+        if t is fn.Minus:
+            return self._sum(self.monomials(e.args[0]), self._scaled(self.monomials(e.args[1]), -1))
+        if t is fn.Negative:
+            return self._scaled(self.monomials(e.args[0]), -1)
+        if t is fn.Times:
+            return self._product(self.monomials(e.args[0]), self.monomials(e.args[1]))
+        if t is fn.Divide and not self.reads_elements(e.args[1]):
+            return self._scaled(self.monomials(e.args[0]), 1 / self.value(e.args[1]))
+        if t is fn.Divide:
+            return self._product(self.monomials(e.args[0]), {(fn.Reciprocal(e.args[1]),): sympy.Integer(1)})
+        return {(e,): sympy.Integer(1)}
+
+    def _value(self, e):
+        if fn.is_number(e):
+            if not e.is_finite:
+                raise _Unproven
+            return sympy.Rational(float(e)) if e.is_Float else e
+        t = type(e)
+        if t is fn.Plus:
+            return self.value(e.args[0]) + self.value(e.args[1])
+        if t is fn.Minus:
+            return self.value(e.args[0]) - self.value(e.args[1])
+        if t is fn.Negative:
+            return -self.value(e.args[0])
+        if t is fn.Times:
+            return self.value(e.args[0]) * self.value(e.args[1])
+        if t is fn.Divide:
+            return self.value(e.args[0]) / self.value(e.args[1])
+        if t is fn.Reciprocal:
+            return 1 / self.value(e.args[0])
+        if t in (fn.RowSum, fn.RowMean):
+            total = sum((c * (self.length if not key else self.symbol(key))
+                         for key, c in self.monomials(e.args[0]).items()), sympy.Integer(0))
+            return total if t is fn.RowSum else total / self.length
+        return self.symbol(e)
+
+    @staticmethod
+    def _sum(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for key, c in b.items():
+            out[key] = out[key] + c if key in out else c
+        return out
+
+    @staticmethod
+    def _scaled(a: dict, c) -> dict:
+        return {key: c * v for key, v in a.items()}
+
+    @staticmethod
+    def _product(a: dict, b: dict) -> dict:
+        if len(a) * len(b) > MAX_MONOMIALS:
+            raise _Unproven
+        out: dict = {}
+        for ka, ca in a.items():
+            for kb, cb in b.items():
+                key = tuple(sorted(ka + kb, key=sympy.default_sort_key))
+                out[key] = out[key] + ca * cb if key in out else ca * cb
+        return out
+
+
+def vanishes(element, per_row_symbols=()) -> bool:
+    """Whether RowSum(element) is zero for every input, by exact algebra (see above); False
+    where that is not proven."""
+    algebra = _RowAlgebra(per_row_symbols)
+    try:
+        total = algebra.value(fn.RowSum(element))
+    except (_Unproven, ZeroDivisionError, RecursionError):
+        return False
+    return sympy.cancel(sympy.together(total)) == 0

@@ -5,13 +5,7 @@
 //   d/dx = (grad/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
 //       torch.sum(-grad*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)) +
-//       torch.sum(-((grad/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
-//       torch.sum(-grad*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0)
+//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))
 //   backward reads: grad, x; forward+backward move 20 bytes per element in float32
 //     (the inputs: in terms of the output the gradients would read result, x, no fewer
 //     tensors, and the output would have to stay unmodified until backward)
@@ -77,47 +71,28 @@ FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
+// Pass 1 over a row: what one element adds to accumulators 1, 2.
 FUSEGEN_HD void backward_pass1(float dout, float in_x, const float* row, float* v) {
   const float t0 = expf(in_x - row[0]);
   v[1] = t0;
   v[2] = dout*t0;
-  v[3] = (in_x == row[0] ? 1.0f : 0.0f);
 }
 FUSEGEN_HD void backward_init1(float* acc) {
   acc[1] = 0.0f;
   acc[2] = 0.0f;
-  acc[3] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
   row[2] = -(1.0f/row[1])*(1.0f/row[1])*acc[2];
-  row[3] = acc[3];
-}
-
-// Pass 2 over a row: what one element adds to accumulator 4.
-FUSEGEN_HD void backward_pass2(float dout, float in_x, const float* row, float* v) {
-  v[4] = -((dout/row[1] + row[2])*expf(in_x - row[0]));
-}
-FUSEGEN_HD void backward_init2(float* acc) {
-  acc[4] = 0.0f;
-}
-FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
-  acc[4] = acc[4] + other[4];
-}
-FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
-  row[4] = acc[4];
 }
 
 // The output of one element, from its inputs and the row's values, in float.
 FUSEGEN_HD void backward_outputs(float dout, float in_x, const float* row, float& grad_x) {
-  grad_x = (dout/row[1] + row[2])*expf(in_x - row[0]) + row[4]/row[3]*(in_x == row[0] ? 1.0f :
-      0.0f);
+  grad_x = (dout/row[1] + row[2])*expf(in_x - row[0]);
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
@@ -167,46 +142,28 @@ FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
+// Pass 1 over a row: what one element adds to accumulators 1, 2.
 FUSEGEN_HD void backward_pass1(double dout, double in_x, const double* row, double* v) {
   const double t0 = exp(in_x - row[0]);
   v[1] = t0;
   v[2] = dout*t0;
-  v[3] = (in_x == row[0] ? 1.0 : 0.0);
 }
 FUSEGEN_HD void backward_init1(double* acc) {
   acc[1] = 0.0;
   acc[2] = 0.0;
-  acc[3] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
   row[2] = -(1.0/row[1])*(1.0/row[1])*acc[2];
-  row[3] = acc[3];
-}
-
-// Pass 2 over a row: what one element adds to accumulator 4.
-FUSEGEN_HD void backward_pass2(double dout, double in_x, const double* row, double* v) {
-  v[4] = -((dout/row[1] + row[2])*exp(in_x - row[0]));
-}
-FUSEGEN_HD void backward_init2(double* acc) {
-  acc[4] = 0.0;
-}
-FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
-  acc[4] = acc[4] + other[4];
-}
-FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
-  row[4] = acc[4];
 }
 
 // The output of one element, from its inputs and the row's values, in double.
 FUSEGEN_HD void backward_outputs(double dout, double in_x, const double* row, double& grad_x) {
-  grad_x = (dout/row[1] + row[2])*exp(in_x - row[0]) + row[4]/row[3]*(in_x == row[0] ? 1.0 : 0.0);
+  grad_x = (dout/row[1] + row[2])*exp(in_x - row[0]);
 }
 
 // The forward as a row function of 1 input and 1 output in the compute type T: its passes
@@ -285,11 +242,11 @@ struct Backward {
 #endif
   static constexpr int kInputs = 2;
   static constexpr int kOutputs = 1;
-  static constexpr int kRows = 5;    // values per row (one per accumulator)
-  static constexpr int kPasses = 3;  // passes over a row before the outputs'
+  static constexpr int kRows = 3;    // values per row (one per accumulator)
+  static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 4, 5};
+    constexpr int kBegin[] = {0, 1, 3};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -309,8 +266,6 @@ struct Backward {
       backward_init0(acc);
     } else if constexpr (kP == 1) {
       backward_init1(acc);
-    } else if constexpr (kP == 2) {
-      backward_init2(acc);
     }
   }
   template <int kP>
@@ -320,8 +275,6 @@ struct Backward {
       backward_pass0(x[1], v);
     } else if constexpr (kP == 1) {
       backward_pass1(x[0], x[1], row, v);
-    } else if constexpr (kP == 2) {
-      backward_pass2(x[0], x[1], row, v);
     }
   }
   template <int kP>
@@ -330,8 +283,6 @@ struct Backward {
       backward_combine0(acc, other);
     } else if constexpr (kP == 1) {
       backward_combine1(acc, other);
-    } else if constexpr (kP == 2) {
-      backward_combine2(acc, other);
     }
   }
   template <int kP>
@@ -340,8 +291,6 @@ struct Backward {
       backward_finish0(n, acc, row);
     } else if constexpr (kP == 1) {
       backward_finish1(n, acc, row);
-    } else if constexpr (kP == 2) {
-      backward_finish2(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,

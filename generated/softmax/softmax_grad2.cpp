@@ -3,92 +3,34 @@
 //   out = gg_x*((dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
 //       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)) +
-//       torch.sum(-((dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
-//       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0))
-//   d/ddout = -(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
+//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)))
+//   d/ddout = -(torch.sum(grad*gg_x*exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True)*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x, -1,
 //       keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))) + (grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x
-//       - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)
-//   d/dx = ((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True), 1,
-//       0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1,
-//       keepdim=True))*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)
-//       + torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
+//       keepdim=True))) + grad*gg_x*exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x -
+//       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)
+//   d/dx = (grad*gg_x*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
+//       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True)) + torch.sum((grad*gg_x +
-//       -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True))*exp(x -
-//       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True) + torch.sum(-(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1,
-//       keepdim=True)), -1, keepdim=True)*-dout)*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)) +
-//       -(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True),
-//       1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
+//       -1, keepdim=True)), -1, keepdim=True)) + torch.sum(grad*gg_x*exp(x - torch.amax(x, -1,
+//       keepdim=True)), -1, keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
+//       -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
+//       torch.sum(-(torch.sum(grad*gg_x*exp(x - torch.amax(x, -1, keepdim=True)), -1,
+//       keepdim=True)*-dout)*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x -
+//       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1,
+//       keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
+//       keepdim=True)) + -(torch.sum(grad*gg_x*exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True))*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)) + -((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1,
+//       -1, keepdim=True)) + -(grad*gg_x*exp(x - torch.amax(x, -1,
 //       keepdim=True)))*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)) + torch.sum(-(((grad*gg_x +
-//       -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1,
-//       keepdim=True))*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)
-//       + torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True)) + torch.sum((grad*gg_x +
-//       -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True))*exp(x -
-//       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True) + torch.sum(-(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1,
-//       keepdim=True)), -1, keepdim=True)*-dout)*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)) +
-//       -(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True),
-//       1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)) + -((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1,
-//       keepdim=True)))*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0)
+//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))
 //   d/dgg_x = grad*((dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
 //       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)) +
-//       torch.sum(-((dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
-//       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0))
+//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)))
 //   backward reads: grad, dout, x, gg_x; forward+backward move 44 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
 //

@@ -3,92 +3,34 @@
 //   out = gg_x*((dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
 //       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)) +
-//       torch.sum(-((dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
-//       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0))
-//   d/ddout = -(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
+//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)))
+//   d/ddout = -(torch.sum(grad*gg_x*exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True)*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x, -1,
 //       keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))) + (grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x
-//       - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)
-//   d/dx = ((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True), 1,
-//       0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1,
-//       keepdim=True))*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)
-//       + torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
+//       keepdim=True))) + grad*gg_x*exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x -
+//       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)
+//   d/dx = (grad*gg_x*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
+//       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True)) + torch.sum((grad*gg_x +
-//       -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True))*exp(x -
-//       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True) + torch.sum(-(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1,
-//       keepdim=True)), -1, keepdim=True)*-dout)*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)) +
-//       -(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True),
-//       1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
+//       -1, keepdim=True)), -1, keepdim=True)) + torch.sum(grad*gg_x*exp(x - torch.amax(x, -1,
+//       keepdim=True)), -1, keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
+//       -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
+//       torch.sum(-(torch.sum(grad*gg_x*exp(x - torch.amax(x, -1, keepdim=True)), -1,
+//       keepdim=True)*-dout)*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x -
+//       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1,
+//       keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
+//       keepdim=True)) + -(torch.sum(grad*gg_x*exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True))*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)) + -((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1,
+//       -1, keepdim=True)) + -(grad*gg_x*exp(x - torch.amax(x, -1,
 //       keepdim=True)))*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)) + torch.sum(-(((grad*gg_x +
-//       -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1,
-//       keepdim=True))*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)
-//       + torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True)) + torch.sum((grad*gg_x +
-//       -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True))*exp(x -
-//       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True) + torch.sum(-(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x ==
-//       torch.amax(x, -1, keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1,
-//       keepdim=True)), -1, keepdim=True)*-dout)*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)) +
-//       -(torch.sum((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1, keepdim=True),
-//       1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1, keepdim=True), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)*-dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)) + -((grad*gg_x + -torch.sum(grad*gg_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True), -1, keepdim=True))*exp(x - torch.amax(x, -1,
-//       keepdim=True)))*(dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0)
+//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))
 //   d/dgg_x = grad*((dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
 //       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
 //       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)) +
-//       torch.sum(-((dout/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
-//       torch.sum(-dout*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0))
+//       -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)))
 //   backward reads: grad, dout, x, gg_x; forward+backward move 44 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
 //
@@ -120,48 +62,29 @@ FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
+// Pass 1 over a row: what one element adds to accumulators 1, 2.
 FUSEGEN_HD void forward_pass1(float in_dout, float in_x, const float* row, float* v) {
   const float t0 = expf(in_x - row[0]);
   v[1] = t0;
   v[2] = in_dout*t0;
-  v[3] = (in_x == row[0] ? 1.0f : 0.0f);
 }
 FUSEGEN_HD void forward_init1(float* acc) {
   acc[1] = 0.0f;
   acc[2] = 0.0f;
-  acc[3] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
   row[2] = -(1.0f/row[1])*(1.0f/row[1])*acc[2];
-  row[3] = acc[3];
-}
-
-// Pass 2 over a row: what one element adds to accumulator 4.
-FUSEGEN_HD void forward_pass2(float in_dout, float in_x, const float* row, float* v) {
-  v[4] = -((in_dout/row[1] + row[2])*expf(in_x - row[0]));
-}
-FUSEGEN_HD void forward_init2(float* acc) {
-  acc[4] = 0.0f;
-}
-FUSEGEN_HD void forward_combine2(float* acc, const float* other) {
-  acc[4] = acc[4] + other[4];
-}
-FUSEGEN_HD void forward_finish2(float /*n*/, const float* acc, float* row) {
-  row[4] = acc[4];
 }
 
 // The output of one element, from its inputs and the row's values, in float.
 FUSEGEN_HD void forward_outputs(float in_dout, float in_x, float in_gg_x, const float* row,
     float& out) {
-  out = in_gg_x*((in_dout/row[1] + row[2])*expf(in_x - row[0]) + row[4]/row[3]*(in_x == row[0] ?
-      1.0f : 0.0f));
+  out = in_gg_x*((in_dout/row[1] + row[2])*expf(in_x - row[0]));
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
@@ -178,100 +101,57 @@ FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2, 3, 4.
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
 FUSEGEN_HD void backward_pass1(float dout, float in_dout, float in_x, float in_gg_x,
     const float* row, float* v) {
-  const float t0 = (in_x == row[0] ? 1.0f : 0.0f);
-  const float t1 = expf(in_x - row[0]);
-  v[1] = t0;
-  v[2] = dout*in_gg_x*t0;
-  v[3] = t1;
-  v[4] = in_dout*t1;
+  const float t0 = expf(in_x - row[0]);
+  v[1] = dout*in_gg_x*t0;
+  v[2] = t0;
+  v[3] = in_dout*t0;
 }
 FUSEGEN_HD void backward_init1(float* acc) {
   acc[1] = 0.0f;
   acc[2] = 0.0f;
   acc[3] = 0.0f;
-  acc[4] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
   acc[3] = acc[3] + other[3];
-  acc[4] = acc[4] + other[4];
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
-  row[2] = (1.0f/row[1])*acc[2];
-  row[3] = acc[3];
-  row[4] = -(1.0f/row[3])*(1.0f/row[3])*acc[4];
+  row[2] = acc[2];
+  row[3] = -(1.0f/row[2])*(1.0f/row[2])*acc[3];
 }
 
-// Pass 2 over a row: what one element adds to accumulators 5, 6.
+// Pass 2 over a row: what one element adds to accumulator 4.
 FUSEGEN_HD void backward_pass2(float dout, float in_dout, float in_x, float in_gg_x,
     const float* row, float* v) {
-  const float t0 = expf(in_x - row[0]);
-  v[5] = (dout*in_gg_x + (-row[2]))*t0;
-  v[6] = -((in_dout/row[3] + row[4])*t0);
+  const float t0 = row[1]*(-in_dout);
+  const float t1 = expf(in_x - row[0]);
+  const float t2 = t1/row[2]/row[2];
+  v[4] = -t0*(t2/row[2]) + -(t0/row[2])*t2 + -(dout*in_gg_x*t1)*(in_dout/row[2]/row[2]);
 }
 FUSEGEN_HD void backward_init2(float* acc) {
-  acc[5] = 0.0f;
-  acc[6] = 0.0f;
+  acc[4] = 0.0f;
 }
 FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
-  acc[5] = acc[5] + other[5];
-  acc[6] = acc[6] + other[6];
+  acc[4] = acc[4] + other[4];
 }
 FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
-  row[5] = acc[5];
-  row[6] = acc[6];
-}
-
-// Pass 3 over a row: what one element adds to accumulator 7.
-FUSEGEN_HD void backward_pass3(float dout, float in_dout, float in_x, float in_gg_x,
-    const float* row, float* v) {
-  const float t0 = row[5]*(-in_dout);
-  const float t1 = expf(in_x - row[0]);
-  const float t2 = t1/row[3]/row[3];
-  v[7] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -((dout*in_gg_x +
-      (-row[2]))*t1)*(in_dout/row[3]/row[3]);
-}
-FUSEGEN_HD void backward_init3(float* acc) {
-  acc[7] = 0.0f;
-}
-FUSEGEN_HD void backward_combine3(float* acc, const float* other) {
-  acc[7] = acc[7] + other[7];
-}
-FUSEGEN_HD void backward_finish3(float /*n*/, const float* acc, float* row) {
-  row[7] = acc[7];
-}
-
-// Pass 4 over a row: what one element adds to accumulator 8.
-FUSEGEN_HD void backward_pass4(float dout, float in_dout, float in_x, float in_gg_x,
-    const float* row, float* v) {
-  v[8] = -(((dout*in_gg_x + (-row[2]))*(in_dout/row[3] + row[4]) + row[5]*(-in_dout)/row[3]/row[3] +
-      row[7])*expf(in_x - row[0]));
-}
-FUSEGEN_HD void backward_init4(float* acc) {
-  acc[8] = 0.0f;
-}
-FUSEGEN_HD void backward_combine4(float* acc, const float* other) {
-  acc[8] = acc[8] + other[8];
-}
-FUSEGEN_HD void backward_finish4(float /*n*/, const float* acc, float* row) {
-  row[8] = acc[8];
+  row[4] = acc[4];
 }
 
 // The outputs of one element, from its inputs and the row's values, in float.
 FUSEGEN_HD void backward_outputs(float dout, float in_dout, float in_x, float in_gg_x,
     const float* row, float& grad_dout, float& grad_x, float& grad_gg_x) {
   const float t0 = expf(in_x - row[0]);
-  const float t1 = dout*in_gg_x + (-row[2]);
-  const float t2 = in_dout/row[3] + row[4];
-  const float t3 = (in_x == row[0] ? 1.0f : 0.0f);
-  grad_dout = -(row[5]*(t0/row[3]/row[3])) + t1*t0/row[3];
-  grad_x = (t1*t2 + row[5]*(-in_dout)/row[3]/row[3] + row[7])*t0 + row[8]/row[1]*t3;
-  grad_gg_x = dout*(t2*t0 + row[6]/row[1]*t3);
+  const float t1 = dout*in_gg_x;
+  const float t2 = in_dout/row[2] + row[3];
+  grad_dout = -(row[1]*(t0/row[2]/row[2])) + t1*t0/row[2];
+  grad_x = (t1*t2 + row[1]*(-in_dout)/row[2]/row[2] + row[4])*t0;
+  grad_gg_x = dout*(t2*t0);
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
@@ -288,48 +168,29 @@ FUSEGEN_HD void forward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
+// Pass 1 over a row: what one element adds to accumulators 1, 2.
 FUSEGEN_HD void forward_pass1(double in_dout, double in_x, const double* row, double* v) {
   const double t0 = exp(in_x - row[0]);
   v[1] = t0;
   v[2] = in_dout*t0;
-  v[3] = (in_x == row[0] ? 1.0 : 0.0);
 }
 FUSEGEN_HD void forward_init1(double* acc) {
   acc[1] = 0.0;
   acc[2] = 0.0;
-  acc[3] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
   row[2] = -(1.0/row[1])*(1.0/row[1])*acc[2];
-  row[3] = acc[3];
-}
-
-// Pass 2 over a row: what one element adds to accumulator 4.
-FUSEGEN_HD void forward_pass2(double in_dout, double in_x, const double* row, double* v) {
-  v[4] = -((in_dout/row[1] + row[2])*exp(in_x - row[0]));
-}
-FUSEGEN_HD void forward_init2(double* acc) {
-  acc[4] = 0.0;
-}
-FUSEGEN_HD void forward_combine2(double* acc, const double* other) {
-  acc[4] = acc[4] + other[4];
-}
-FUSEGEN_HD void forward_finish2(double /*n*/, const double* acc, double* row) {
-  row[4] = acc[4];
 }
 
 // The output of one element, from its inputs and the row's values, in double.
 FUSEGEN_HD void forward_outputs(double in_dout, double in_x, double in_gg_x, const double* row,
     double& out) {
-  out = in_gg_x*((in_dout/row[1] + row[2])*exp(in_x - row[0]) + row[4]/row[3]*(in_x == row[0] ? 1.0
-      : 0.0));
+  out = in_gg_x*((in_dout/row[1] + row[2])*exp(in_x - row[0]));
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
@@ -346,100 +207,57 @@ FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = acc[0];
 }
 
-// Pass 1 over a row: what one element adds to accumulators 1, 2, 3, 4.
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
 FUSEGEN_HD void backward_pass1(double dout, double in_dout, double in_x, double in_gg_x,
     const double* row, double* v) {
-  const double t0 = (in_x == row[0] ? 1.0 : 0.0);
-  const double t1 = exp(in_x - row[0]);
-  v[1] = t0;
-  v[2] = dout*in_gg_x*t0;
-  v[3] = t1;
-  v[4] = in_dout*t1;
+  const double t0 = exp(in_x - row[0]);
+  v[1] = dout*in_gg_x*t0;
+  v[2] = t0;
+  v[3] = in_dout*t0;
 }
 FUSEGEN_HD void backward_init1(double* acc) {
   acc[1] = 0.0;
   acc[2] = 0.0;
   acc[3] = 0.0;
-  acc[4] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
   acc[1] = acc[1] + other[1];
   acc[2] = acc[2] + other[2];
   acc[3] = acc[3] + other[3];
-  acc[4] = acc[4] + other[4];
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
-  row[2] = (1.0/row[1])*acc[2];
-  row[3] = acc[3];
-  row[4] = -(1.0/row[3])*(1.0/row[3])*acc[4];
+  row[2] = acc[2];
+  row[3] = -(1.0/row[2])*(1.0/row[2])*acc[3];
 }
 
-// Pass 2 over a row: what one element adds to accumulators 5, 6.
+// Pass 2 over a row: what one element adds to accumulator 4.
 FUSEGEN_HD void backward_pass2(double dout, double in_dout, double in_x, double in_gg_x,
     const double* row, double* v) {
-  const double t0 = exp(in_x - row[0]);
-  v[5] = (dout*in_gg_x + (-row[2]))*t0;
-  v[6] = -((in_dout/row[3] + row[4])*t0);
+  const double t0 = row[1]*(-in_dout);
+  const double t1 = exp(in_x - row[0]);
+  const double t2 = t1/row[2]/row[2];
+  v[4] = -t0*(t2/row[2]) + -(t0/row[2])*t2 + -(dout*in_gg_x*t1)*(in_dout/row[2]/row[2]);
 }
 FUSEGEN_HD void backward_init2(double* acc) {
-  acc[5] = 0.0;
-  acc[6] = 0.0;
+  acc[4] = 0.0;
 }
 FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
-  acc[5] = acc[5] + other[5];
-  acc[6] = acc[6] + other[6];
+  acc[4] = acc[4] + other[4];
 }
 FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
-  row[5] = acc[5];
-  row[6] = acc[6];
-}
-
-// Pass 3 over a row: what one element adds to accumulator 7.
-FUSEGEN_HD void backward_pass3(double dout, double in_dout, double in_x, double in_gg_x,
-    const double* row, double* v) {
-  const double t0 = row[5]*(-in_dout);
-  const double t1 = exp(in_x - row[0]);
-  const double t2 = t1/row[3]/row[3];
-  v[7] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -((dout*in_gg_x +
-      (-row[2]))*t1)*(in_dout/row[3]/row[3]);
-}
-FUSEGEN_HD void backward_init3(double* acc) {
-  acc[7] = 0.0;
-}
-FUSEGEN_HD void backward_combine3(double* acc, const double* other) {
-  acc[7] = acc[7] + other[7];
-}
-FUSEGEN_HD void backward_finish3(double /*n*/, const double* acc, double* row) {
-  row[7] = acc[7];
-}
-
-// Pass 4 over a row: what one element adds to accumulator 8.
-FUSEGEN_HD void backward_pass4(double dout, double in_dout, double in_x, double in_gg_x,
-    const double* row, double* v) {
-  v[8] = -(((dout*in_gg_x + (-row[2]))*(in_dout/row[3] + row[4]) + row[5]*(-in_dout)/row[3]/row[3] +
-      row[7])*exp(in_x - row[0]));
-}
-FUSEGEN_HD void backward_init4(double* acc) {
-  acc[8] = 0.0;
-}
-FUSEGEN_HD void backward_combine4(double* acc, const double* other) {
-  acc[8] = acc[8] + other[8];
-}
-FUSEGEN_HD void backward_finish4(double /*n*/, const double* acc, double* row) {
-  row[8] = acc[8];
+  row[4] = acc[4];
 }
 
 // The outputs of one element, from its inputs and the row's values, in double.
 FUSEGEN_HD void backward_outputs(double dout, double in_dout, double in_x, double in_gg_x,
     const double* row, double& grad_dout, double& grad_x, double& grad_gg_x) {
   const double t0 = exp(in_x - row[0]);
-  const double t1 = dout*in_gg_x + (-row[2]);
-  const double t2 = in_dout/row[3] + row[4];
-  const double t3 = (in_x == row[0] ? 1.0 : 0.0);
-  grad_dout = -(row[5]*(t0/row[3]/row[3])) + t1*t0/row[3];
-  grad_x = (t1*t2 + row[5]*(-in_dout)/row[3]/row[3] + row[7])*t0 + row[8]/row[1]*t3;
-  grad_gg_x = dout*(t2*t0 + row[6]/row[1]*t3);
+  const double t1 = dout*in_gg_x;
+  const double t2 = in_dout/row[2] + row[3];
+  grad_dout = -(row[1]*(t0/row[2]/row[2])) + t1*t0/row[2];
+  grad_x = (t1*t2 + row[1]*(-in_dout)/row[2]/row[2] + row[4])*t0;
+  grad_gg_x = dout*(t2*t0);
 }
 
 // The forward as a row function of 3 inputs and 1 output in the compute type T: its passes
@@ -453,11 +271,11 @@ struct Forward {
 #endif
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 1;
-  static constexpr int kRows = 5;    // values per row (one per accumulator)
-  static constexpr int kPasses = 3;  // passes over a row before the outputs'
+  static constexpr int kRows = 3;    // values per row (one per accumulator)
+  static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 4, 5};
+    constexpr int kBegin[] = {0, 1, 3};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -477,8 +295,6 @@ struct Forward {
       forward_init0(acc);
     } else if constexpr (kP == 1) {
       forward_init1(acc);
-    } else if constexpr (kP == 2) {
-      forward_init2(acc);
     }
   }
   template <int kP>
@@ -488,8 +304,6 @@ struct Forward {
       forward_pass0(x[1], v);
     } else if constexpr (kP == 1) {
       forward_pass1(x[0], x[1], row, v);
-    } else if constexpr (kP == 2) {
-      forward_pass2(x[0], x[1], row, v);
     }
   }
   template <int kP>
@@ -498,8 +312,6 @@ struct Forward {
       forward_combine0(acc, other);
     } else if constexpr (kP == 1) {
       forward_combine1(acc, other);
-    } else if constexpr (kP == 2) {
-      forward_combine2(acc, other);
     }
   }
   template <int kP>
@@ -508,8 +320,6 @@ struct Forward {
       forward_finish0(n, acc, row);
     } else if constexpr (kP == 1) {
       forward_finish1(n, acc, row);
-    } else if constexpr (kP == 2) {
-      forward_finish2(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
@@ -528,11 +338,11 @@ struct Backward {
 #endif
   static constexpr int kInputs = 4;
   static constexpr int kOutputs = 3;
-  static constexpr int kRows = 9;    // values per row (one per accumulator)
-  static constexpr int kPasses = 5;  // passes over a row before the outputs'
+  static constexpr int kRows = 5;    // values per row (one per accumulator)
+  static constexpr int kPasses = 3;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 5, 7, 8, 9};
+    constexpr int kBegin[] = {0, 1, 4, 5};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -554,10 +364,6 @@ struct Backward {
       backward_init1(acc);
     } else if constexpr (kP == 2) {
       backward_init2(acc);
-    } else if constexpr (kP == 3) {
-      backward_init3(acc);
-    } else if constexpr (kP == 4) {
-      backward_init4(acc);
     }
   }
   template <int kP>
@@ -569,10 +375,6 @@ struct Backward {
       backward_pass1(x[0], x[1], x[2], x[3], row, v);
     } else if constexpr (kP == 2) {
       backward_pass2(x[0], x[1], x[2], x[3], row, v);
-    } else if constexpr (kP == 3) {
-      backward_pass3(x[0], x[1], x[2], x[3], row, v);
-    } else if constexpr (kP == 4) {
-      backward_pass4(x[0], x[1], x[2], x[3], row, v);
     }
   }
   template <int kP>
@@ -583,10 +385,6 @@ struct Backward {
       backward_combine1(acc, other);
     } else if constexpr (kP == 2) {
       backward_combine2(acc, other);
-    } else if constexpr (kP == 3) {
-      backward_combine3(acc, other);
-    } else if constexpr (kP == 4) {
-      backward_combine4(acc, other);
     }
   }
   template <int kP>
@@ -597,10 +395,6 @@ struct Backward {
       backward_finish1(n, acc, row);
     } else if constexpr (kP == 2) {
       backward_finish2(n, acc, row);
-    } else if constexpr (kP == 3) {
-      backward_finish3(n, acc, row);
-    } else if constexpr (kP == 4) {
-      backward_finish4(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,

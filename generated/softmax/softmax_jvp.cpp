@@ -36,48 +36,12 @@
 //       keepdim=True) + grad/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True))*(t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0),
 //       -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True))))*exp(x - torch.amax(x, -1, keepdim=True)) +
-//       torch.sum(-((grad*-torch.sum((t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True)))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
-//       torch.sum(-(grad*-torch.sum((t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True)))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)) +
-//       -(grad*-torch.sum((t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0),
-//       -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)))*exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x
-//       - torch.amax(x, -1, keepdim=True)), -1, keepdim=True))*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)) +
-//       -grad*((t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)))*exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True) + (torch.sum(-(grad*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True))), -1,
-//       keepdim=True) + grad/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))*(t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0),
-//       -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True))))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0)
+//       keepdim=True))))*exp(x - torch.amax(x, -1, keepdim=True))
 //   d/dt_x = (torch.sum(-(grad*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x -
 //       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1,
 //       keepdim=True)), -1, keepdim=True))), -1, keepdim=True) + grad/torch.sum(exp(x -
 //       torch.amax(x, -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1,
-//       keepdim=True)) + torch.sum(-((torch.sum(-(grad*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True))), -1,
-//       keepdim=True) + grad/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)))/torch.sum(where(x == torch.amax(x,
-//       -1, keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True)*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)
+//       keepdim=True))
 //   backward reads: grad, x, t_x; forward+backward move 32 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
 //

@@ -36,48 +36,12 @@
 //       keepdim=True) + grad/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
 //       keepdim=True))*(t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0),
 //       -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True))))*exp(x - torch.amax(x, -1, keepdim=True)) +
-//       torch.sum(-((grad*-torch.sum((t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True)))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True) +
-//       torch.sum(-(grad*-torch.sum((t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0), -1, keepdim=True)))*exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)) +
-//       -(grad*-torch.sum((t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0),
-//       -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)))*exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x
-//       - torch.amax(x, -1, keepdim=True)), -1, keepdim=True))*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True)) +
-//       -grad*((t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)))*exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x - torch.amax(x,
-//       -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)),
-//       -1, keepdim=True)), -1, keepdim=True) + (torch.sum(-(grad*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True))), -1,
-//       keepdim=True) + grad/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))*(t_x + -(torch.sum(t_x*where(x == torch.amax(x, -1, keepdim=True), 1, 0),
-//       -1, keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True))))*exp(x - torch.amax(x, -1, keepdim=True))), -1,
-//       keepdim=True)/torch.sum(where(x == torch.amax(x, -1, keepdim=True), 1, 0), -1,
-//       keepdim=True)*where(x == torch.amax(x, -1, keepdim=True), 1, 0)
+//       keepdim=True))))*exp(x - torch.amax(x, -1, keepdim=True))
 //   d/dt_x = (torch.sum(-(grad*(exp(x - torch.amax(x, -1, keepdim=True))/torch.sum(exp(x -
 //       torch.amax(x, -1, keepdim=True)), -1, keepdim=True)/torch.sum(exp(x - torch.amax(x, -1,
 //       keepdim=True)), -1, keepdim=True))), -1, keepdim=True) + grad/torch.sum(exp(x -
 //       torch.amax(x, -1, keepdim=True)), -1, keepdim=True))*exp(x - torch.amax(x, -1,
-//       keepdim=True)) + torch.sum(-((torch.sum(-(grad*(exp(x - torch.amax(x, -1,
-//       keepdim=True))/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True)/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1, keepdim=True))), -1,
-//       keepdim=True) + grad/torch.sum(exp(x - torch.amax(x, -1, keepdim=True)), -1,
-//       keepdim=True))*exp(x - torch.amax(x, -1, keepdim=True)))/torch.sum(where(x == torch.amax(x,
-//       -1, keepdim=True), 1, 0), -1, keepdim=True), -1, keepdim=True)*where(x == torch.amax(x, -1,
-//       keepdim=True), 1, 0)
+//       keepdim=True))
 //   backward reads: grad, x, t_x; forward+backward move 32 bytes per element in float32
 //     (the inputs (an auxiliary op: the double backward runs it without its forward))
 //
@@ -194,55 +158,35 @@ FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[4] = -(1.0f/row[3])*(1.0f/row[3])*acc[4];
 }
 
-// Pass 2 over a row: what one element adds to accumulators 5, 6.
-FUSEGEN_HD void backward_pass2(float dout, float in_x, float in_t_x, const float* row, float* v) {
-  const float t0 = expf(in_x - row[0]);
-  v[5] = (in_t_x + (-(row[1]/row[2])))*t0;
-  v[6] = (row[4] + dout/row[3])*t0;
+// Pass 2 over a row: what one element adds to accumulator 5.
+FUSEGEN_HD void backward_pass2(float in_x, float in_t_x, const float* row, float* v) {
+  v[5] = (in_t_x + (-(row[1]/row[2])))*expf(in_x - row[0]);
 }
 FUSEGEN_HD void backward_init2(float* acc) {
   acc[5] = 0.0f;
-  acc[6] = 0.0f;
 }
 FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
   acc[5] = acc[5] + other[5];
-  acc[6] = acc[6] + other[6];
 }
 FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
   row[5] = acc[5];
-  row[6] = -(1.0f/row[2])*acc[6];
 }
 
-// Pass 3 over a row: what one element adds to accumulator 7.
+// Pass 3 over a row: what one element adds to accumulator 6.
 FUSEGEN_HD void backward_pass3(float dout, float in_x, float in_t_x, const float* row, float* v) {
   const float t0 = dout*(-row[5]);
   const float t1 = expf(in_x - row[0]);
   const float t2 = t1/row[3]/row[3];
-  v[7] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -dout*((in_t_x + (-(row[1]/row[2])))*t1/row[3]/row[3]);
+  v[6] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -dout*((in_t_x + (-(row[1]/row[2])))*t1/row[3]/row[3]);
 }
 FUSEGEN_HD void backward_init3(float* acc) {
-  acc[7] = 0.0f;
+  acc[6] = 0.0f;
 }
 FUSEGEN_HD void backward_combine3(float* acc, const float* other) {
-  acc[7] = acc[7] + other[7];
+  acc[6] = acc[6] + other[6];
 }
 FUSEGEN_HD void backward_finish3(float /*n*/, const float* acc, float* row) {
-  row[7] = acc[7];
-}
-
-// Pass 4 over a row: what one element adds to accumulator 8.
-FUSEGEN_HD void backward_pass4(float dout, float in_x, float in_t_x, const float* row, float* v) {
-  v[8] = -((dout*(-row[5])/row[3]/row[3] + row[7] + (row[4] + dout/row[3])*(in_t_x +
-      (-(row[1]/row[2]))))*expf(in_x - row[0]));
-}
-FUSEGEN_HD void backward_init4(float* acc) {
-  acc[8] = 0.0f;
-}
-FUSEGEN_HD void backward_combine4(float* acc, const float* other) {
-  acc[8] = acc[8] + other[8];
-}
-FUSEGEN_HD void backward_finish4(float /*n*/, const float* acc, float* row) {
-  row[8] = acc[8];
+  row[6] = acc[6];
 }
 
 // The outputs of one element, from its inputs and the row's values, in float.
@@ -250,10 +194,8 @@ FUSEGEN_HD void backward_outputs(float dout, float in_x, float in_t_x, const flo
     float& grad_x, float& grad_t_x) {
   const float t0 = row[4] + dout/row[3];
   const float t1 = expf(in_x - row[0]);
-  const float t2 = (in_x == row[0] ? 1.0f : 0.0f);
-  grad_x = (dout*(-row[5])/row[3]/row[3] + row[7] + t0*(in_t_x + (-(row[1]/row[2]))))*t1 +
-      row[8]/row[2]*t2;
-  grad_t_x = t0*t1 + row[6]*t2;
+  grad_x = (dout*(-row[5])/row[3]/row[3] + row[6] + t0*(in_t_x + (-(row[1]/row[2]))))*t1;
+  grad_t_x = t0*t1;
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
@@ -356,58 +298,36 @@ FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[4] = -(1.0/row[3])*(1.0/row[3])*acc[4];
 }
 
-// Pass 2 over a row: what one element adds to accumulators 5, 6.
-FUSEGEN_HD void backward_pass2(double dout, double in_x, double in_t_x, const double* row,
-    double* v) {
-  const double t0 = exp(in_x - row[0]);
-  v[5] = (in_t_x + (-(row[1]/row[2])))*t0;
-  v[6] = (row[4] + dout/row[3])*t0;
+// Pass 2 over a row: what one element adds to accumulator 5.
+FUSEGEN_HD void backward_pass2(double in_x, double in_t_x, const double* row, double* v) {
+  v[5] = (in_t_x + (-(row[1]/row[2])))*exp(in_x - row[0]);
 }
 FUSEGEN_HD void backward_init2(double* acc) {
   acc[5] = 0.0;
-  acc[6] = 0.0;
 }
 FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
   acc[5] = acc[5] + other[5];
-  acc[6] = acc[6] + other[6];
 }
 FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
   row[5] = acc[5];
-  row[6] = -(1.0/row[2])*acc[6];
 }
 
-// Pass 3 over a row: what one element adds to accumulator 7.
+// Pass 3 over a row: what one element adds to accumulator 6.
 FUSEGEN_HD void backward_pass3(double dout, double in_x, double in_t_x, const double* row,
     double* v) {
   const double t0 = dout*(-row[5]);
   const double t1 = exp(in_x - row[0]);
   const double t2 = t1/row[3]/row[3];
-  v[7] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -dout*((in_t_x + (-(row[1]/row[2])))*t1/row[3]/row[3]);
+  v[6] = -t0*(t2/row[3]) + -(t0/row[3])*t2 + -dout*((in_t_x + (-(row[1]/row[2])))*t1/row[3]/row[3]);
 }
 FUSEGEN_HD void backward_init3(double* acc) {
-  acc[7] = 0.0;
+  acc[6] = 0.0;
 }
 FUSEGEN_HD void backward_combine3(double* acc, const double* other) {
-  acc[7] = acc[7] + other[7];
+  acc[6] = acc[6] + other[6];
 }
 FUSEGEN_HD void backward_finish3(double /*n*/, const double* acc, double* row) {
-  row[7] = acc[7];
-}
-
-// Pass 4 over a row: what one element adds to accumulator 8.
-FUSEGEN_HD void backward_pass4(double dout, double in_x, double in_t_x, const double* row,
-    double* v) {
-  v[8] = -((dout*(-row[5])/row[3]/row[3] + row[7] + (row[4] + dout/row[3])*(in_t_x +
-      (-(row[1]/row[2]))))*exp(in_x - row[0]));
-}
-FUSEGEN_HD void backward_init4(double* acc) {
-  acc[8] = 0.0;
-}
-FUSEGEN_HD void backward_combine4(double* acc, const double* other) {
-  acc[8] = acc[8] + other[8];
-}
-FUSEGEN_HD void backward_finish4(double /*n*/, const double* acc, double* row) {
-  row[8] = acc[8];
+  row[6] = acc[6];
 }
 
 // The outputs of one element, from its inputs and the row's values, in double.
@@ -415,10 +335,8 @@ FUSEGEN_HD void backward_outputs(double dout, double in_x, double in_t_x, const 
     double& grad_x, double& grad_t_x) {
   const double t0 = row[4] + dout/row[3];
   const double t1 = exp(in_x - row[0]);
-  const double t2 = (in_x == row[0] ? 1.0 : 0.0);
-  grad_x = (dout*(-row[5])/row[3]/row[3] + row[7] + t0*(in_t_x + (-(row[1]/row[2]))))*t1 +
-      row[8]/row[2]*t2;
-  grad_t_x = t0*t1 + row[6]*t2;
+  grad_x = (dout*(-row[5])/row[3]/row[3] + row[6] + t0*(in_t_x + (-(row[1]/row[2]))))*t1;
+  grad_t_x = t0*t1;
 }
 
 // The forward as a row function of 2 inputs and 1 output in the compute type T: its passes
@@ -505,11 +423,11 @@ struct Backward {
 #endif
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 2;
-  static constexpr int kRows = 9;    // values per row (one per accumulator)
-  static constexpr int kPasses = 5;  // passes over a row before the outputs'
+  static constexpr int kRows = 7;    // values per row (one per accumulator)
+  static constexpr int kPasses = 4;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 1, 5, 7, 8, 9};
+    constexpr int kBegin[] = {0, 1, 5, 6, 7};
     return kBegin[p];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
@@ -533,8 +451,6 @@ struct Backward {
       backward_init2(acc);
     } else if constexpr (kP == 3) {
       backward_init3(acc);
-    } else if constexpr (kP == 4) {
-      backward_init4(acc);
     }
   }
   template <int kP>
@@ -545,11 +461,9 @@ struct Backward {
     } else if constexpr (kP == 1) {
       backward_pass1(x[0], x[1], x[2], row, v);
     } else if constexpr (kP == 2) {
-      backward_pass2(x[0], x[1], x[2], row, v);
+      backward_pass2(x[1], x[2], row, v);
     } else if constexpr (kP == 3) {
       backward_pass3(x[0], x[1], x[2], row, v);
-    } else if constexpr (kP == 4) {
-      backward_pass4(x[0], x[1], x[2], row, v);
     }
   }
   template <int kP>
@@ -562,8 +476,6 @@ struct Backward {
       backward_combine2(acc, other);
     } else if constexpr (kP == 3) {
       backward_combine3(acc, other);
-    } else if constexpr (kP == 4) {
-      backward_combine4(acc, other);
     }
   }
   template <int kP>
@@ -576,8 +488,6 @@ struct Backward {
       backward_finish2(n, acc, row);
     } else if constexpr (kP == 3) {
       backward_finish3(n, acc, row);
-    } else if constexpr (kP == 4) {
-      backward_finish4(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
