@@ -169,10 +169,17 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
     def per_row(e) -> bool:  # one value per row: reads row values, scalars and numbers only
         return all(is_row_symbol(s) or s.name in scalars for s in dag.free_symbols([e]))
 
+    indices = fn.index_symbols(exprs)
     for node in dag.postorder(exprs):
         if not fn.is_reduction(node) or node in made:
             continue
-        (arg,) = dag.substitute([node.args[0]], made)
+        arg = node.args[0]
+        if type(node) in (fn.RowSum, fn.RowMean):
+            arg = without_vanishing_terms(arg, indices)
+            if arg == 0:
+                made[node] = sympy.Integer(0)
+                continue
+        (arg,) = dag.substitute([arg], made)
         lowered = _lowered(node, arg)
         if len(lowered) == 1 and lowered[0][0] == SUM:
             c, f = _row_factor(arg, per_row)
@@ -345,6 +352,40 @@ class _RowAlgebra:
                 key = tuple(sorted(ka + kb, key=sympy.default_sort_key))
                 out[key] = out[key] + ca * cb if key in out else ca * cb
         return out
+
+
+def _terms(e, sign=1) -> list:
+    """e as (sign, term) pairs whose signed sum it is: through Plus, Minus and Negative."""
+    t = type(e)
+    if t is fn.Plus:
+        return _terms(e.args[0], sign) + _terms(e.args[1], sign)
+    if t is fn.Minus:
+        return _terms(e.args[0], sign) + _terms(e.args[1], -sign)
+    if t is fn.Negative:
+        return _terms(e.args[0], -sign)
+    return [(sign, e)]
+
+
+def without_vanishing_terms(element, per_row_symbols=()):
+    """A sum's element with the additive terms whose row sums vanish left out (0 when all
+    do): LayerNorm's backward sums `dout * w * r + c * (x - mean(x))`, whose second term
+    sums to c * (sum(x) - n * mean(x)) = 0, so the sum needs no pass after the mean's.
+    Nothing else changes: a sum with no such term is returned as it is, and the others
+    keep their order."""
+    try:
+        terms = _terms(element)
+    except RecursionError:
+        return element
+    kept = [(sign, t) for sign, t in terms if not vanishes(t, per_row_symbols)]
+    if len(kept) == len(terms):
+        return element
+    if not kept:
+        return sympy.Integer(0)
+    sign, out = kept[0]
+    out = fn.neg(out) if sign < 0 else out
+    for sign, t in kept[1:]:
+        out = fn.add(out, t) if sign > 0 else fn.sub(out, t)
+    return out
 
 
 def vanishes(element, per_row_symbols=()) -> bool:
