@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -387,3 +388,24 @@ def test_detach_stops_the_gradient_as_torch_does():
     assert torch.equal(gb, torch.zeros_like(b))  # zeros, where eager's autograd.grad gives None
     with pytest.raises(ParseError, match="detach\\(\\) takes no arguments"):
         fusegen.fuse("x.detach(1)")
+
+
+def test_the_zero_test_is_exact_and_bounded():
+    """ZeroTest: sums that cancel only through the row values' algebra (mean(x) = sum(x)/n,
+    decimals as the doubles they are) are found zero, others are not; a chain of four
+    softmax and LayerNorm layers (every layer's sums tested) derives within the deadline."""
+    from fusegen.frontend.statements import parse_program
+    from fusegen.ir import primitives as fn
+    from fusegen.ir import rows, spec as ir_spec
+    x, w = (sympy.Symbol(n, real=True) for n in "xw")
+    test = rows.ZeroTest()
+    centered = fn.sub(x, fn.RowMean(x))
+    assert test.vanishes(fn.mul(fn.RowMax(w), centered))
+    assert test.vanishes(fn.sub(fn.mul(sympy.Float(0.1), x), fn.div(x, sympy.Integer(10)))) is False  # 0.1 is not 1/10
+    assert test.vanishes(fn.sub(fn.mul(sympy.Float(0.5), x), fn.div(x, sympy.Integer(2))))
+    assert not test.vanishes(fn.mul(w, centered))  # w varies along the row
+    assert not test.vanishes(fn.sub(x, fn.RowMax(x)))
+    layer = ("m = torch.amax(y, -1, keepdim=True); e = torch.exp(y - m); y = e / e.sum(-1, keepdim=True) * w; "
+             "mu = y.mean(-1, keepdim=True); y = (y - mu) * torch.rsqrt(((y - mu)**2).mean(-1, keepdim=True) + 1e-5)")
+    spec = ir_spec.differentiate(parse_program("y = x; " + "; ".join([layer] * 4) + "; y"), name="rows_chain")
+    assert len(spec.backward_rows.accumulators) < 36  # 36 without the test

@@ -26,6 +26,7 @@ its finish and `ROW_LENGTH` the row's element count.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import sympy
@@ -169,13 +170,13 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
     def per_row(e) -> bool:  # one value per row: reads row values, scalars and numbers only
         return all(is_row_symbol(s) or s.name in scalars for s in dag.free_symbols([e]))
 
-    indices = fn.index_symbols(exprs)
+    zero = ZeroTest(fn.index_symbols(exprs))
     for node in dag.postorder(exprs):
         if not fn.is_reduction(node) or node in made:
             continue
         arg = node.args[0]
         if type(node) in (fn.RowSum, fn.RowMean):
-            arg = without_vanishing_terms(arg, indices)
+            arg = zero.without_vanishing_terms(arg)
             if arg == 0:
                 made[node] = sympy.Integer(0)
                 continue
@@ -226,34 +227,97 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
 # into it. For a shift a body does not depend on, that sum is zero: a stable softmax's
 # maximum, exp(x - m) / sum(exp(x - m)), receives sum((dout / S + c) * -exp(x - m)) with
 # c = -sum(dout * exp(x - m)) / S**2, which is -(A / S - A / S). Eager computes such a term
-# (rounding noise) and, for amax, a count of the row's ties to split it; `vanishes` proves
+# (rounding noise) and, for amax, a count of the row's ties to split it; `ZeroTest` finds
 # it zero, so the backward leaves the reduction's gradient out (as `.detach()` would), one
-# pass and two row values fewer. The proof is exact algebra: the element expression is
-# expanded into monomials (a coefficient of row values times a product of element
-# factors); every row sum is a linear combination of symbols, one per product; the total,
-# a rational function of them, must cancel to 0 under sympy.cancel. Anything else stays.
+# pass and two row values fewer.
+#
+# The test is algebra on exact integers: the element expression is expanded into monomials
+# (a coefficient of row values times a product of element factors); a row sum is then a
+# linear combination of opaque symbols, one per product, and every other row value (a
+# maximum, an exp of one) is a symbol too, so the total is a rational function of
+# independent symbols; zero as such, it is zero for every input. It is evaluated with each
+# symbol a random integer modulo the prime 2**61 - 1, at SAMPLES independent points (fixed
+# seeds: the same decision on every run). A nonzero function whose numerator has degree d
+# vanishes at a random point with probability at most d / 2**61 (Schwartz-Zippel), so a
+# nonzero sum passes all SAMPLES with probability at most (d / 2**61) ** SAMPLES: about 1e-48
+# for a norm's or softmax's (d < 100), and 1e-10 even at d = 2**50.
+# sympy's own cancel() gives the same answers, too slowly: 33 s for a chain of four softmax
+# and LayerNorm layers that this derives in under a second.
 
-# Bounds of the proof (past one, the sum is taken as not zero): monomials of one
-# expansion, and distinct row values and element products (the rational function's symbols).
+# Bounds (past one, the sum is taken as not zero): monomials of one expansion.
 MAX_MONOMIALS = 64
-MAX_OPAQUE = 64
+SAMPLES = 3
+_PRIME = 2**61 - 1
 
 
 class _Unproven(Exception):
     pass
 
 
-class _RowAlgebra:
-    """Row values as sympy rational functions of opaque symbols. `per_row_symbols`: the free
-    symbols that are one value per row (a gather's index)."""
+class _Residue:
+    """An integer modulo _PRIME: the quick evaluation's numbers."""
 
-    def __init__(self, per_row_symbols):
+    __slots__ = ("v",)
+
+    def __init__(self, v: int):
+        self.v = v % _PRIME
+
+    @staticmethod
+    def of(x) -> "_Residue":
+        return x if isinstance(x, _Residue) else _Residue(int(x))
+
+    def __add__(self, o):
+        return _Residue(self.v + _Residue.of(o).v)
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return _Residue(self.v - _Residue.of(o).v)
+
+    def __rsub__(self, o):
+        return _Residue(_Residue.of(o).v - self.v)
+
+    def __mul__(self, o):
+        return _Residue(self.v * _Residue.of(o).v)
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return _Residue(-self.v)
+
+    def __truediv__(self, o):
+        d = _Residue.of(o).v
+        if d == 0:
+            raise _Unproven  # zero here, perhaps not in the rationals: no conclusion
+        return _Residue(self.v * pow(d, -1, _PRIME))
+
+    def __rtruediv__(self, o):
+        return _Residue.of(o) / self
+
+    def __eq__(self, o):
+        return isinstance(o, (_Residue, int)) and self.v == _Residue.of(o).v
+
+    def __hash__(self):
+        return hash(self.v)
+
+
+class _RowAlgebra:
+    """Row values as rational functions of opaque symbols, evaluated at one random point:
+    each symbol a random _Residue from `seed`. `per_row_symbols`: the free symbols that are
+    one value per row (a gather's index)."""
+
+    def __init__(self, per_row_symbols, seed: int):
         self.per_row_symbols = set(per_row_symbols)
+        self._random = random.Random(seed)
         self.opaque: dict = {}
-        self.length = sympy.Dummy("n")
+        self.zero, self.one = _Residue(0), _Residue(1)
+        self.length = self._fresh()
         self._reads: dict = {}
-        self._monomials: dict = {}  # node -> its expansion (shared subtrees expand once)
+        self._monomials: dict = {}  # node -> its expansion, or None (no conclusion)
         self._values: dict = {}
+
+    def _fresh(self) -> _Residue:
+        return _Residue(self._random.randrange(1, _PRIME))
 
     def reads_elements(self, e) -> bool:
         """Whether e reads an element value (any symbol but a per-row one) outside a reduction."""
@@ -270,17 +334,21 @@ class _RowAlgebra:
 
     def symbol(self, key):
         if key not in self.opaque:
-            if len(self.opaque) >= MAX_OPAQUE:
-                raise _Unproven
-            self.opaque[key] = sympy.Dummy(f"z{len(self.opaque)}")
+            self.opaque[key] = self._fresh()
         return self.opaque[key]
 
     def monomials(self, e) -> dict:
         """e as {product of element factors (a sorted tuple): coefficient}."""
         if e not in self._monomials:
             limits.tick()
-            self._monomials[e] = self._expand(e)
-        return self._monomials[e]
+            try:
+                self._monomials[e] = self._expand(e)
+            except _Unproven:
+                self._monomials[e] = None
+        found = self._monomials[e]
+        if found is None:
+            raise _Unproven
+        return found
 
     def value(self, e):
         """A row value (e reads no element outside a reduction) as a rational function."""
@@ -302,16 +370,20 @@ class _RowAlgebra:
         if t is fn.Times:
             return self._product(self.monomials(e.args[0]), self.monomials(e.args[1]))
         if t is fn.Divide and not self.reads_elements(e.args[1]):
-            return self._scaled(self.monomials(e.args[0]), 1 / self.value(e.args[1]))
+            return self._scaled(self.monomials(e.args[0]), self.one / self.value(e.args[1]))
         if t is fn.Divide:
-            return self._product(self.monomials(e.args[0]), {(fn.Reciprocal(e.args[1]),): sympy.Integer(1)})
-        return {(e,): sympy.Integer(1)}
+            return self._product(self.monomials(e.args[0]), {(fn.Reciprocal(e.args[1]),): self.one})
+        return {(e,): self.one}
+
+    def _number(self, e):
+        if not e.is_finite:
+            raise _Unproven
+        r = sympy.Rational(float(e)) if e.is_Float else sympy.Rational(e)  # (exact: a double's value)
+        return _Residue(int(r.p)) / _Residue(int(r.q))
 
     def _value(self, e):
         if fn.is_number(e):
-            if not e.is_finite:
-                raise _Unproven
-            return sympy.Rational(float(e)) if e.is_Float else e
+            return self._number(e)
         t = type(e)
         if t is fn.Plus:
             return self.value(e.args[0]) + self.value(e.args[1])
@@ -324,10 +396,11 @@ class _RowAlgebra:
         if t is fn.Divide:
             return self.value(e.args[0]) / self.value(e.args[1])
         if t is fn.Reciprocal:
-            return 1 / self.value(e.args[0])
+            return self.one / self.value(e.args[0])
         if t in (fn.RowSum, fn.RowMean):
-            total = sum((c * (self.length if not key else self.symbol(key))
-                         for key, c in self.monomials(e.args[0]).items()), sympy.Integer(0))
+            total = self.zero
+            for key, c in self.monomials(e.args[0]).items():
+                total = total + c * (self.length if not key else self.symbol(key))
             return total if t is fn.RowSum else total / self.length
         return self.symbol(e)
 
@@ -354,6 +427,43 @@ class _RowAlgebra:
         return out
 
 
+class ZeroTest:
+    """Which row sums vanish for every input (see above), for one derivation: each sample's
+    evaluation remembers what it expanded across the sums it is asked about."""
+
+    def __init__(self, per_row_symbols=()):
+        self._samples = [_RowAlgebra(per_row_symbols, seed) for seed in range(SAMPLES)]
+
+    def vanishes(self, element) -> bool:
+        """Whether RowSum(element) is zero for every input; False where not found so."""
+        total = fn.RowSum(element)
+        try:
+            return all(sample.value(total) == 0 for sample in self._samples)
+        except (_Unproven, RecursionError):
+            return False
+
+    def without_vanishing_terms(self, element):
+        """A sum's element with the additive terms whose row sums vanish left out (0 when
+        all do): LayerNorm's backward sums `dout * w * r + c * (x - mean(x))` for the mean's
+        gradient, whose second term sums to c * (sum(x) - n * mean(x)) = 0, so the sum
+        needs no pass after the mean's. A sum with no such term is returned as it is, and
+        the other terms keep their order."""
+        try:
+            terms = _terms(element)
+        except RecursionError:
+            return element
+        kept = [(sign, t) for sign, t in terms if not self.vanishes(t)]
+        if len(kept) == len(terms):
+            return element
+        if not kept:
+            return sympy.Integer(0)
+        sign, out = kept[0]
+        out = fn.neg(out) if sign < 0 else out
+        for sign, t in kept[1:]:
+            out = fn.add(out, t) if sign > 0 else fn.sub(out, t)
+        return out
+
+
 def _terms(e, sign=1) -> list:
     """e as (sign, term) pairs whose signed sum it is: through Plus, Minus and Negative."""
     t = type(e)
@@ -364,36 +474,3 @@ def _terms(e, sign=1) -> list:
     if t is fn.Negative:
         return _terms(e.args[0], -sign)
     return [(sign, e)]
-
-
-def without_vanishing_terms(element, per_row_symbols=()):
-    """A sum's element with the additive terms whose row sums vanish left out (0 when all
-    do): LayerNorm's backward sums `dout * w * r + c * (x - mean(x))`, whose second term
-    sums to c * (sum(x) - n * mean(x)) = 0, so the sum needs no pass after the mean's.
-    Nothing else changes: a sum with no such term is returned as it is, and the others
-    keep their order."""
-    try:
-        terms = _terms(element)
-    except RecursionError:
-        return element
-    kept = [(sign, t) for sign, t in terms if not vanishes(t, per_row_symbols)]
-    if len(kept) == len(terms):
-        return element
-    if not kept:
-        return sympy.Integer(0)
-    sign, out = kept[0]
-    out = fn.neg(out) if sign < 0 else out
-    for sign, t in kept[1:]:
-        out = fn.add(out, t) if sign > 0 else fn.sub(out, t)
-    return out
-
-
-def vanishes(element, per_row_symbols=()) -> bool:
-    """Whether RowSum(element) is zero for every input, by exact algebra (see above); False
-    where that is not proven."""
-    algebra = _RowAlgebra(per_row_symbols)
-    try:
-        total = algebra.value(fn.RowSum(element))
-    except (_Unproven, ZeroDivisionError, RecursionError):
-        return False
-    return sympy.cancel(sympy.together(total)) == 0

@@ -615,6 +615,7 @@ def _backward(outputs, wanted, budget: limits.Budget):
     per_row: dict[sympy.Expr, dict[tuple, sympy.Expr]] = {}
     indices = fn.index_symbols(outputs)  # (a gather's index: one value per row)
     elementwise = set(wanted) - indices
+    zero = rows.ZeroTest(indices)
     for out, dout in zip(outputs, fn.douts(len(outputs))):
         target = per_row if rows.is_row_value(out, elementwise) else flowing
         _accumulate(target.setdefault(out, {}), (), dout)
@@ -630,8 +631,8 @@ def _backward(outputs, wanted, budget: limits.Budget):
             element = row = None
             for guard, g in (terms or {}).items():
                 element = _sum(element, _guarded(guard, g))
-            if element is not None and rows.vanishes(element, indices):
-                element = None  # a shift the body does not depend on (rows.vanishes)
+            if element is not None and zero.vanishes(element):
+                element = None  # a shift the body does not depend on (rows.ZeroTest)
             for guard, g in (row_terms or {}).items():
                 row = _sum(row, _guarded(guard, g))
             if element is not None or row is not None:
