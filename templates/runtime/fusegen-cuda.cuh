@@ -249,12 +249,14 @@ void launch_accumulating_of(const CudaLoop& loop, const F& f, cudaStream_t strea
          calc, rl, modes, f);
 }
 
-// FUSEGEN_RANDOM_ACCUMULATING_WIDE=1: a 16-bit backward that draws random numbers moves 16-byte
-// vectors (eight elements) where dimension 0 splits into them, so that each vector takes a
-// whole Philox block of a dropout's stream (eight 16-bit draws) instead of computing one for
-// four elements; off (0) by default until measured (tests/gpu/h200_run.sh random_width).
+// A 16-bit backward that draws random numbers moves 16-byte vectors (eight elements) where
+// dimension 0 splits into them, so that each vector takes a whole Philox block of a
+// dropout's stream (eight 16-bit draws) instead of computing one for four elements: on an
+// H100, bias-dropout-add's bf16 step at 16384 x 4096 went from 0.346 to 0.262 ms, the time
+// of the same step without draws (docs/benchmarks.md). FUSEGEN_RANDOM_ACCUMULATING_WIDE=0
+// gives the four-element kernel back, to compare (tests/gpu/h200_run.sh random_width).
 #ifndef FUSEGEN_RANDOM_ACCUMULATING_WIDE
-#define FUSEGEN_RANDOM_ACCUMULATING_WIDE 0
+#define FUSEGEN_RANDOM_ACCUMULATING_WIDE 1
 #endif
 
 template <typename T, typename F>

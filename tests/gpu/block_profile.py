@@ -48,7 +48,7 @@ def profile_variant(name: str, args) -> tuple[dict, float]:
     weights = block.initial_weights(cfg, dtype, "cuda")
     tokens, targets = block.batch(cfg, "cuda")
     with torch.device("cuda"):
-        model = block.Decoder(cfg, kernels).to(dtype=dtype)
+        model = block.Decoder(cfg, kernels).to(device="cuda", dtype=dtype)
     model.load_state_dict(weights)
     forward = torch.compile(model) if name in block.COMPILED else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
