@@ -297,3 +297,21 @@ def test_seeds_cover_double_backward(corpus_ops):
         if op.spec.kernel_gradients:
             assert hasattr(torch.ops.fusegen, f"{case.name}_grad2_backward")
         assert hasattr(torch.ops.fusegen, f"{case.name}_jvp")
+
+
+@pytest.mark.slow
+def test_third_order_from_a_warm_cache(tmp_path):
+    """<name>_grad2, built on first use into the op's library, is in that library when a later
+    process loads it from the cache, and the runtime then never asks for it: the third
+    derivative (its composite kernel) must work there as in the first process."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    env = {**os.environ, "FUSEGEN_CACHE_DIR": str(tmp_path / "cache")}
+    here = pathlib.Path(__file__).resolve()
+    for run in ("first", "later"):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here),
+                            "-k", "test_third_order_matches_eager"], cwd=here.parent.parent, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"{run} process:\n{r.stdout[-3000:]}"

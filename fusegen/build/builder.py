@@ -883,6 +883,8 @@ def load(library: Library):
     except (OSError, RuntimeError) as err:
         raise LoadError(f"fusegen: could not load {library.path}: {err}") from None
     _LOADED.add(library.key)
+    from fusegen.pytorch import autograd  # (the build stage imports no later stage at import time)
+    autograd.adopt_loaded_auxiliary()  # auxiliary ops an earlier process built into it
     failed = load_errors(library.path) if library.runtime else []
     if failed:  # an op of the library did not register (its static initializer kept the error)
         raise FusegenError(f"fusegen: loading {library.path} left op(s) unregistered: " + "; ".join(failed)

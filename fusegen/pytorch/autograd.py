@@ -103,7 +103,20 @@ def load_auxiliary(name: str):
             return
         loader = pending[0]
         for loaded in loader(name):  # `name` and the ops built with it
+            if loaded not in _PENDING:
+                continue  # registered as its library loaded (adopt_loaded_auxiliary)
             _, members = _PENDING.pop(loaded)
+            for m in members:
+                _OWNER.pop(m.name, None)
+            _register_members(members, torch.library.Library("fusegen", "IMPL"))
+
+
+def adopt_loaded_auxiliary():
+    """Register the members of every pending auxiliary op that a library loaded since has
+    brought along (`_loaded`): the runtime finds such an op and never asks for it."""
+    with _PENDING_LOCK:
+        for name in [n for n in _PENDING if _loaded(n)]:
+            _, members = _PENDING.pop(name)
             for m in members:
                 _OWNER.pop(m.name, None)
             _register_members(members, torch.library.Library("fusegen", "IMPL"))
@@ -306,6 +319,19 @@ def _auxiliary_of(op: str, member: str) -> str | None:
     return None
 
 
+def _loaded(name: str) -> bool:
+    """Whether fusegen::<name> is in the dispatcher already. An auxiliary op built on first use
+    goes into its op's library, so a later process that loads the library has it without
+    asking: the runtime then never calls `__auxiliary` for it, and its members must be
+    registered with the family's (the composite kernel of <name>_grad2_backward, which a
+    third derivative needs)."""
+    try:
+        torch._C._dispatch_find_schema_or_throw(f"fusegen::{name}", "")
+    except RuntimeError:
+        return False
+    return True
+
+
 def _register(members: tuple[Member, ...], auxiliary_loader: Callable | None):
     """vmap rules for every op of the family, the composite autograd kernel for those with
     no fused derivative. With `auxiliary_loader(name)`, which builds and loads auxiliary op
@@ -323,7 +349,12 @@ def _register(members: tuple[Member, ...], auxiliary_loader: Callable | None):
                 later.setdefault(owner, []).append(m)
                 _OWNER[m.name] = owner
         for owner, held in later.items():
-            _PENDING[owner] = (auxiliary_loader, tuple(held))
+            if _loaded(owner):  # built into the library in an earlier process: loaded with it
+                now.extend(held)
+                for m in held:
+                    _OWNER.pop(m.name, None)
+            else:
+                _PENDING[owner] = (auxiliary_loader, tuple(held))
         _register_members(now, torch.library.Library("fusegen", "IMPL"))
         _FAMILIES[members[0].name] = members
 
