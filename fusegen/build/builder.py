@@ -45,6 +45,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -848,6 +849,10 @@ _LOADED: set[str] = set()
 # The build folder an op library was loaded from when this process built it (the entry's
 # name once published): the NVRTC route finds an op's kernel sources beside its library.
 _LOADED_FROM: dict[str, str] = {}
+# Called after each op library a cached load brings in: fusegen/pytorch/autograd.py adds
+# the registration of auxiliary ops an earlier process built into it (the build stage
+# imports no later stage).
+AFTER_LOAD: list[Callable[[], None]] = []
 
 
 def _published(key: str, entry: Path):
@@ -883,8 +888,8 @@ def load(library: Library):
     except (OSError, RuntimeError) as err:
         raise LoadError(f"fusegen: could not load {library.path}: {err}") from None
     _LOADED.add(library.key)
-    from fusegen.pytorch import autograd  # (the build stage imports no later stage at import time)
-    autograd.adopt_loaded_auxiliary()  # auxiliary ops an earlier process built into it
+    for hook in AFTER_LOAD:  # autograd's: auxiliary ops an earlier process built into it
+        hook()
     failed = load_errors(library.path) if library.runtime else []
     if failed:  # an op of the library did not register (its static initializer kept the error)
         raise FusegenError(f"fusegen: loading {library.path} left op(s) unregistered: " + "; ".join(failed)

@@ -60,6 +60,7 @@ from typing import Callable
 import torch
 from torch.autograd import forward_ad
 
+from fusegen.build import builder as _builder
 from fusegen.errors import FusegenError
 from fusegen.ir.family import Member
 from fusegen.ir import names
@@ -120,6 +121,9 @@ def adopt_loaded_auxiliary():
             for m in members:
                 _OWNER.pop(m.name, None)
             _register_members(members, torch.library.Library("fusegen", "IMPL"))
+
+
+_builder.AFTER_LOAD.append(adopt_loaded_auxiliary)
 
 
 def _info(name: str):
