@@ -104,23 +104,24 @@ def load_auxiliary(name: str):
             return
         loader = pending[0]
         for loaded in loader(name):  # `name` and the ops built with it
-            if loaded not in _PENDING:
-                continue  # registered as its library loaded (adopt_loaded_auxiliary)
-            _, members = _PENDING.pop(loaded)
-            for m in members:
-                _OWNER.pop(m.name, None)
-            _register_members(members, torch.library.Library("fusegen", "IMPL"))
+            if loaded in _PENDING:  # (else registered as its library loaded)
+                _adopt(loaded)
 
 
 def adopt_loaded_auxiliary():
-    """Register the members of every pending auxiliary op that a library loaded since has
-    brought along (`_loaded`): the runtime finds such an op and never asks for it."""
+    """Register the members of every pending auxiliary op that a loaded library has brought
+    along (`_loaded`): the runtime finds such an op and never asks for it."""
     with _PENDING_LOCK:
         for name in [n for n in _PENDING if _loaded(n)]:
-            _, members = _PENDING.pop(name)
-            for m in members:
-                _OWNER.pop(m.name, None)
-            _register_members(members, torch.library.Library("fusegen", "IMPL"))
+            _adopt(name)
+
+
+def _adopt(name: str):
+    """Register pending auxiliary op `name`'s members, its library loaded (_PENDING_LOCK held)."""
+    _, members = _PENDING.pop(name)
+    for m in members:
+        _OWNER.pop(m.name, None)
+    _register_members(members, torch.library.Library("fusegen", "IMPL"))
 
 
 _builder.AFTER_LOAD.append(adopt_loaded_auxiliary)
@@ -353,14 +354,10 @@ def _register(members: tuple[Member, ...], auxiliary_loader: Callable | None):
                 later.setdefault(owner, []).append(m)
                 _OWNER[m.name] = owner
         for owner, held in later.items():
-            if _loaded(owner):  # built into the library in an earlier process: loaded with it
-                now.extend(held)
-                for m in held:
-                    _OWNER.pop(m.name, None)
-            else:
-                _PENDING[owner] = (auxiliary_loader, tuple(held))
+            _PENDING[owner] = (auxiliary_loader, tuple(held))
         _register_members(now, torch.library.Library("fusegen", "IMPL"))
         _FAMILIES[members[0].name] = members
+        adopt_loaded_auxiliary()  # those an earlier process built into the loaded library
 
 
 def register(spec, auxiliary, auxiliary_loader: Callable | None = None) -> tuple[Member, ...]:
