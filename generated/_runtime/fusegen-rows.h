@@ -133,8 +133,10 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
       base[k] = loop.data[k] == nullptr ? nullptr : loop.data[k] + r * step[k];
     A row[kRowSlots<F>];
     row_passes<0, S>(f, base + kOut, col + kOut, length, row);
-    for (int64_t j = 0; j < length; j += kCpuRowBlock) {
-      const int64_t m = length - j < kCpuRowBlock ? length - j : kCpuRowBlock;
+    // (outputs of one value per row each: element 0 alone, fusegen-runtime.h's all_per_row)
+    const int64_t span = all_per_row<F>() && length > 1 ? 1 : length;
+    for (int64_t j = 0; j < span; j += kCpuRowBlock) {
+      const int64_t m = span - j < kCpuRowBlock ? span - j : kCpuRowBlock;
       const A* xp[kIn > 0 ? kIn : 1];
       row_block_inputs<S, F>(base + kOut, col + kOut, j, m, x, xp);
 #pragma GCC ivdep

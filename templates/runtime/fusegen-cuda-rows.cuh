@@ -41,6 +41,15 @@ FUSEGEN_HD_CONSTEXPR int row_cached_inputs() {
   return n;
 }
 
+// A kernel's row cache (kCache) in shared memory rather than registers (RowCache).
+constexpr int kRowShared = -1;
+
+// Whether rows too long for the registers are held in shared memory where they fit
+// (row_shared_fits): 1, the default, or 0 to read them again in each pass (to measure).
+#ifndef FUSEGEN_ROW_SHARED
+#define FUSEGEN_ROW_SHARED 1
+#endif
+
 #if FUSEGEN_DEVICE_CODE
 // Pass P's accumulators combined across the kRowThreads threads of a row.
 template <int kP, int kRowThreads, typename F, typename A>
@@ -88,6 +97,26 @@ struct RowCache {
   Vec<S, kVecWidth<S>> v[kIters > 0 ? kIters : 1][F::kInputs > 0 ? F::kInputs : 1];
 };
 
+// kIters == kRowShared: a row too long for the registers but within the block's dynamic
+// shared memory (one row per block; row_shared_fits) is held there instead, input after
+// input in the storage type. Each thread reads back only the vectors it stored (every pass
+// visits a thread's elements in the same order, row_each), so no barrier is needed.
+template <typename S, typename F>
+struct RowCache<S, F, kRowShared> {
+  unsigned char* held;  // the block's dynamic shared memory
+  int64_t length;
+
+  // The slot of input i among those held (row_cached_inputs).
+  __device__ static constexpr int slot(int i) {
+    int n = 0;
+    for (int k = 0; k < i; ++k) n += F::index(k) ? 0 : 1;
+    return n;
+  }
+  __device__ Vec<S, kVecWidth<S>>& at(int i, int64_t j) const {
+    return *reinterpret_cast<Vec<S, kVecWidth<S>>*>(held + (slot(i) * length + j) * int64_t(sizeof(S)));
+  }
+};
+
 // body(t, j) for each of a thread's accesses to a row, j its first element, in the order
 // of j: with kIters > 0 (a row cache's vectors, or the summing kernel's columns) the loop
 // is unrolled, so that t names registers or fixed slots.
@@ -126,6 +155,8 @@ __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* ba
       Vec<S, kVec> v;
       if constexpr (kIters > 0) {
         v = c.v[t][i];
+      } else if constexpr (kIters == kRowShared) {
+        v = c.at(i, j);
       } else {
         v = *reinterpret_cast<const Vec<S, kVec>*>(base[k] + j * sizeof(S));
       }
@@ -139,13 +170,19 @@ __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* ba
 template <typename S, typename F, int kRowThreads, int kIters, int kN>
 __device__ __forceinline__ void row_load(const RowArgs<kN>& a, char* const* base, int lane,
                                          RowCache<S, F, kIters>& c) {
-  if constexpr (kIters > 0) {
-    row_each<kRowThreads, kVecWidth<S>, kIters>(a.length, lane, [&](int t, int64_t j) {
+  if constexpr (kIters != 0) {
+    constexpr int kEach = kIters > 0 ? kIters : 0;  // (shared memory: a loop over the row)
+    row_each<kRowThreads, kVecWidth<S>, kEach>(a.length, lane, [&](int t, int64_t j) {
 #pragma unroll
       for (int i = 0; i < F::kInputs; ++i) {
         const int k = F::kOutputs + i;
         if (F::index(i) || a.along[k] == 0) continue;
-        c.v[t][i] = *reinterpret_cast<const Vec<S, kVecWidth<S>>*>(base[k] + j * sizeof(S));
+        const auto v = *reinterpret_cast<const Vec<S, kVecWidth<S>>*>(base[k] + j * sizeof(S));
+        if constexpr (kIters > 0) {
+          c.v[t][i] = v;
+        } else {
+          c.at(i, j) = v;
+        }
       }
     });
   }
@@ -160,7 +197,7 @@ __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, cha
     constexpr int kVec = kRowVec<S, kVector>;
     A acc[kRowSlots<F>];
     f.template init<kP>(acc);
-    row_each<kRowThreads, kVec, kIters>(a.length, lane, [&](int t, int64_t j) {
+    row_each<kRowThreads, kVec, (kIters > 0 ? kIters : 0)>(a.length, lane, [&](int t, int64_t j) {
       A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
       row_inputs<S, F, kVector>(a, base, j, c, t, x);
 #pragma unroll
@@ -245,7 +282,8 @@ __device__ __forceinline__ void row_partials(const RowArgs<kN>& a,
 // most row_sum_columns of them: the rows' length fits, row_sums_fit) in shared memory,
 // which row_partials writes at the end. kCache > 0 (not with kSums): each row is loaded
 // into registers once (RowCache), kCache vectors of each input a thread, as many as the row
-// needs, since the registers held set how many rows an SM keeps in flight.
+// needs, since the registers held set how many rows an SM keeps in flight; kCache ==
+// kRowShared: into the block's dynamic shared memory.
 template <typename S, typename F, int kRowThreads, bool kVector, bool kSums, int kCache>
 __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
     rows_kernel(const RowArgs<F::kInputs + F::kOutputs> a, const F f) {
@@ -256,23 +294,34 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
   constexpr int kSumIters = row_sum_columns(sizeof(A)) / kVec;
   static_assert(kCache == 0 || kVector, "a row cache holds 16-byte vectors");
   static_assert(kCache == 0 || !kSums, "a summing kernel reads each pass's row again");
+  static_assert(kCache != kRowShared || kRowThreads == kRowBlock, "one row per block");
   __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
   const int lane = threadIdx.x % kRowThreads;
   const int64_t first = int64_t(blockIdx.x) * kGroups + threadIdx.x / kRowThreads;
   char* base[kN];
   A row[kRowSlots<F>];
   RowCache<S, F, kCache> c;
+  if constexpr (kCache == kRowShared) {
+    extern __shared__ __align__(16) unsigned char row_held[];
+    c.held = row_held;
+    c.length = a.length;
+  }
   if constexpr (!kSums) {
     if (first >= a.rows) return;  // whole warps (kRowThreads 32) or the whole block
     row_bases(a, first, base);
     row_load<S, F, kRowThreads>(a, base, lane, c);
     row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
-    row_each<kRowThreads, kVec, kCache>(a.length, lane, [&](int t, int64_t j) {
+    const auto outputs = [&](int t, int64_t j) {
       A y[kVec][F::kOutputs];
       row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
 #pragma unroll
       for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
-    });
+    };
+    if constexpr (all_per_row<F>()) {
+      if (lane == 0) outputs(0, 0);  // (every thread holds the row's values)
+    } else {
+      row_each<kRowThreads, kVec, (kCache > 0 ? kCache : 0)>(a.length, lane, outputs);
+    }
   } else {
     // (in shared memory: with its 32 sums in registers the float32 kernel of 16-byte rows
     // took 104-128 registers, here 70-74; ptxas -v for sm_90, RMSNorm's backward)
@@ -351,6 +400,8 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       vector = vector && a.along[k] == int64_t(sizeof(S)) &&
                reinterpret_cast<std::uintptr_t>(a.p[k]) % 16 == 0 && a.next[k] % 16 == 0;
     }
+    // The bytes of a row's inputs held in shared memory (those read along the row).
+    const size_t held_bytes = size_t(row_cached_inputs<F>()) * size_t(a.length) * sizeof(S);
     const auto go = [&](auto threads, auto vectors, auto cached, auto sums) {
       constexpr int kRowThreads = decltype(threads)::value;
       constexpr bool kVector = decltype(vectors)::value;
@@ -364,7 +415,7 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       } else {
         constexpr int64_t kPerBlock = kRowBlock / kRowThreads;
         const unsigned grid = static_cast<unsigned>((a.rows + kPerBlock - 1) / kPerBlock);
-        launch(kernel, {grid}, kRowBlock, 0, stream, a, f);
+        launch(kernel, {grid}, kRowBlock, kCache == kRowShared ? held_bytes : 0, stream, a, f);
       }
     };
     using Warp = std::integral_constant<int, 32>;
@@ -411,6 +462,10 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     };
     if (vector && warp && held(Warp{})) return;
     if (vector && held(Block{})) return;
+    if (FUSEGEN_ROW_SHARED && vector && !warp && row_shared_fits(held_bytes, shared_bytes_optin())) {
+      go(Block{}, On{}, std::integral_constant<int, kRowShared>{}, Off{});
+      return;
+    }
     if (warp) {  // (rows of other strides: a vector row of a warp's length is held)
       go(Warp{}, Off{}, None{}, Off{});
     } else {

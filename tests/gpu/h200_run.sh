@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|dropout|block|compile|narrow|tiles|accumulating|random_width|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|dropout|block|compile|narrow|tiles|accumulating|random_width|row_shared|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
 # 3, build 1.5, rows 3.5); `all` is more than the 10 minutes a call may run and brings
 # back more than the 8 files a call returns, so split it over calls.
@@ -117,6 +117,24 @@ if [[ $what == random_width ]]; then
     with_flags "random-wide-$value" "-DFUSEGEN_RANDOM_ACCUMULATING_WIDE=$value" python3 -m fusegen.bench dropout \
       --json "$OUT/dropout_wide_$value.json" 2>&1 | tee -a "$OUT/dropout_wide_$value.log"
     status=$((status | ${PIPESTATUS[0]}))
+  done
+fi
+# Rows too long for the registers held in shared memory (FUSEGEN_ROW_SHARED): on (1, the
+# default) against off (0, each pass reads the row again), the row tests under 0 first;
+# the cross-entropy, and softmax and LayerNorm at hidden 8192 (fp32 LayerNorm's backward
+# holds three inputs).
+if [[ $what == row_shared ]]; then
+  with_flags row-shared-0 "-DFUSEGEN_ROW_SHARED=0" python3 -m pytest -q -m cuda tests/gpu/test_gather_cuda.py \
+    2>&1 | tee "$OUT/pytest_row_shared_0.log"
+  status=$((status | ${PIPESTATUS[0]}))
+  for value in 1 0; do
+    for ops in crossentropy "softmax,layernorm --hidden 8192"; do
+      # (word splitting of $ops: the options after the op names)
+      # shellcheck disable=SC2086
+      with_flags "row-shared-$value" "-DFUSEGEN_ROW_SHARED=$value" python3 -m fusegen.bench rows --ops $ops \
+        --impls fusegen 2>&1 | tee -a "$OUT/rows_shared_$value.log"
+      status=$((status | ${PIPESTATUS[0]}))
+    done
   done
 fi
 # The vector and accumulating kernels' launch shapes (FUSEGEN_VECTOR_UNROLL, _VECTOR_BLOCKS,
