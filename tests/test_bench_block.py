@@ -11,6 +11,8 @@ import json
 import math
 
 import pytest
+import torch
+from torch.profiler import profile
 
 from fusegen.bench import block
 from fusegen.bench.command import SUBCOMMANDS
@@ -77,6 +79,41 @@ def test_a_gradient_or_loss_curve_further_from_float64_than_eager_fails_the_chec
     assert rows[1]["loss_max_rel_diff"] == pytest.approx(0.2 / 4.2) and rows[1]["speedup"] == 2.0
     assert rows[2]["grad_worst"] == {"name": "n", "error": 2e-3, "eager_error": 0.0}
     assert rows[3]["grad_worst"]["name"] == "loss"
+
+
+def _nodes(fn) -> list:
+    """Every node of the autograd graph from `fn`."""
+    seen, todo = [], [fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.append(node)
+            todo.extend(n for n, _ in node.next_functions)
+    return seen
+
+
+def test_the_fusegen_rope_gets_its_halves_gradient_without_a_split_or_a_copy():
+    """The fusegen variant rotates q and k before their transpose for the attention: its
+    inputs are the halves of a contiguous q, whose gradients the op's backward writes into one
+    tensor of q's shape. Halves of the transposed q went through autograd's split (a cat of
+    the two gradients) and a copy of that gradient back to the projection's layout."""
+    cfg = block.CPU_CONFIG
+    model = block.Decoder(cfg, block.fusegen_kernels())
+    model.load_state_dict(block.initial_weights(cfg, torch.float32, "cpu"))
+    loss = model(*block.batch(cfg, "cpu"))
+    ropes = [n for n in _nodes(loss.grad_fn) if "block_rope" in n.name()]
+    assert len(ropes) == 2 * cfg.layers  # q and k in every layer
+    for node in ropes:  # its edge goes past the split to q (or k) itself
+        names = [n.name() for n, _ in node.next_functions if n is not None]
+        assert names and not any(name.startswith("Split") for name in names), names
+    with profile(record_shapes=True) as prof:
+        loss.backward()
+    events = prof.events()
+    assert not [e for e in events if e.name == "aten::cat"]
+    # (a copy of two dimensions is the cross-entropy's backward casting its (tokens, 1) labels)
+    copies = [(e.name, e.input_shapes) for e in events
+              if e.name in ("aten::clone", "aten::copy_") and any(len(s) > 2 for s in e.input_shapes)]
+    assert not copies, copies
 
 
 def test_block_is_a_subcommand():

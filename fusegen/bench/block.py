@@ -24,11 +24,19 @@ same at every step, so that the loss falls and its curve follows the gradients):
 - fusegen: the eager model with fusegen ops for the memory-bound parts: `block_rms_norm`
   (`x * torch.rsqrt((x*x).mean(-1, keepdim=True) + eps) * w`, once, before the first
   layer), `block_add_rms_norm` (the residual add and the RMSNorm of its sum, two outputs),
-  `block_rope` (rope.py's two-output op on `q.chunk(2, -1)`, with cos/sin half tables) and
+  `block_rope` (rope.py's two-output op on `q.chunk(2, -1)`, with cos/sin half tables),
   `block_swiglu` (`a * torch.sigmoid(a) * b` on the gate_up halves) and
   `block_cross_entropy` (`torch.logsumexp(x, -1, keepdim=True) - x.gather(-1, label)` on the
   LM head's logits in the model's dtype, computed in float in its kernel, where eager casts
-  the logits to float32 first; the mean over the tokens outside);
+  the logits to float32 first; the mean over the tokens outside). Its RoPE rotates q and k
+  in the projections' (batch, seq, heads, head_dim) layout, its tables broadcast as (seq, 1,
+  head_dim / 2), and transposes them for the attention after it, where the other variants
+  transpose first: the halves of a contiguous q that is not a view are what the runtime's
+  split-halves path takes (docs/architecture.md, "Chunk halves"), so the backward writes
+  both halves' gradients into one contiguous tensor of q's shape, which the projection's
+  backward reads as it is. Halves of the transposed q would take autograd's split (a cat of
+  the two gradients) and then a copy of q's gradient back to the projection's layout, for q
+  and k in every layer;
 - fusegen+compile: torch.compile of the fusegen model (the fused ops decompose into ATen
   ops that Inductor fuses, fusegen's default under compile; FUSEGEN_COMPILE=opaque keeps
   their kernels);
@@ -131,7 +139,8 @@ class Kernels:
 
     norm: Callable      # (x, w) -> rms_norm(x) * w
     add_norm: Callable  # (x, r, w) -> (x + r, rms_norm(x + r) * w)
-    rope: Callable      # (q, k, model) -> q and k rotated, (batch, heads, seq, head_dim)
+    rope: Callable      # (q, k, model) -> q and k rotated, from the projections' (batch, seq, heads,
+    #                     head_dim) to the attention's (batch, heads, seq, head_dim)
     swiglu: Callable    # (gate, up) -> silu(gate) * up
     loss: Callable      # (normed hidden, LM head weight, targets) -> mean cross-entropy
 
@@ -146,6 +155,7 @@ def eager_add_norm(x, r, w):
 
 
 def eager_rope(q, k, model):
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     cos, sin = model.cos, model.sin
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
@@ -174,9 +184,18 @@ def fusegen_kernels() -> Kernels:
     def add_norm(x, r, w):
         return add_norm_op(x, r, w, eps=EPS)
 
-    def rope(q, k, model):
-        c, s = model.cos_half, model.sin_half
-        return rope_op(*q.chunk(2, -1), c, s), rope_op(*k.chunk(2, -1), c, s)
+    def rope(q, k, model):  # before the transpose: module docstring
+        c, s = model.cos_half[:, None], model.sin_half[:, None]  # (seq, 1, head_dim / 2): over the heads
+
+        def rotated(x):
+            # The split-halves path takes only the split of a tensor that is not a view (it
+            # finds that tensor as the halves' base), and x is a `.view` of the projection's
+            # output. _unsafe_view gives x's memory as a tensor of its own, as matmul gives
+            # its output; its backward reshapes the contiguous gradient, no copy.
+            x = torch.ops.aten._unsafe_view(x, x.shape)
+            return rope_op(*x.chunk(2, -1), c, s).transpose(1, 2)
+
+        return rotated(q), rotated(k)
 
     def loss(hidden, weight, targets):  # the bf16 logits, computed in float in the kernel
         logits = F.linear(hidden, weight)
@@ -205,7 +224,7 @@ def liger_kernels(device: str):
         return h, norm(h, w)
 
     def rope(q, k, model):  # tables (1, seq, head_dim), as Hugging Face's rotary embedding gives them
-        return functional.liger_rope(q, k, model.cos[None], model.sin[None])
+        return functional.liger_rope(q.transpose(1, 2), k.transpose(1, 2), model.cos[None], model.sin[None])
 
     def loss(hidden, weight, targets):
         out = functional.liger_fused_linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), weight,
@@ -262,9 +281,9 @@ class Decoder(nn.Module):
     def _attention(self, layer: Layer, x):
         batch, seq, _ = x.shape
         heads, dim = self.cfg.heads, self.cfg.head_dim
-        q, k, v = (p(x).view(batch, seq, heads, dim).transpose(1, 2) for p in (layer.q, layer.k, layer.v))
-        q, k = self.kernels.rope(q, k, self)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = (p(x).view(batch, seq, heads, dim) for p in (layer.q, layer.k, layer.v))
+        q, k = self.kernels.rope(q, k, self)  # and to (batch, heads, seq, head_dim), before or after RoPE
+        out = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True)
         return layer.o(out.transpose(1, 2).reshape(batch, seq, heads * dim))
 
     def _mlp(self, layer: Layer, x):
