@@ -44,11 +44,23 @@ FUSEGEN_HD_CONSTEXPR int row_cached_inputs() {
 // A kernel's row cache (kCache) in shared memory rather than registers (RowCache).
 constexpr int kRowShared = -1;
 
+// Whether input i is held by a row cache in shared memory: read along the row (not a
+// gather's index, nor one value per row).
+template <typename F, int kN>
+FUSEGEN_HD_CONSTEXPR bool row_held_input(const RowArgs<kN>& a, int i) {
+  return !F::index(i) && a.along[F::kOutputs + i] != 0 && a.p[F::kOutputs + i] != nullptr;
+}
+
 // Whether rows too long for the registers are held in shared memory where they fit
 // (row_shared_fits): 1, the default, or 0 to read them again in each pass (to measure).
 #ifndef FUSEGEN_ROW_SHARED
 #define FUSEGEN_ROW_SHARED 1
 #endif
+// A pass over a row that is not held unrolls its loop by this many accesses (to measure).
+#ifndef FUSEGEN_ROW_UNROLL
+#define FUSEGEN_ROW_UNROLL 4
+#endif
+constexpr int kRowUnroll = FUSEGEN_ROW_UNROLL;
 
 #if FUSEGEN_DEVICE_CODE
 // Pass P's accumulators combined across the kRowThreads threads of a row.
@@ -99,21 +111,16 @@ struct RowCache {
 
 // kIters == kRowShared: a row too long for the registers but within the block's dynamic
 // shared memory (one row per block; row_shared_fits) is held there instead, input after
-// input in the storage type. Each thread reads back only the vectors it stored (every pass
-// visits a thread's elements in the same order, row_each), so no barrier is needed.
+// input in the storage type (those read along the row: row_held_input). Each thread reads
+// back only the vectors it stored (every pass visits a thread's elements in the same
+// order, row_each), so no barrier is needed.
 template <typename S, typename F>
 struct RowCache<S, F, kRowShared> {
   unsigned char* held;  // the block's dynamic shared memory
-  int64_t length;
+  int64_t at_input[F::kInputs > 0 ? F::kInputs : 1];  // where input i's row starts there
 
-  // The slot of input i among those held (row_cached_inputs).
-  __device__ static constexpr int slot(int i) {
-    int n = 0;
-    for (int k = 0; k < i; ++k) n += F::index(k) ? 0 : 1;
-    return n;
-  }
   __device__ Vec<S, kVecWidth<S>>& at(int i, int64_t j) const {
-    return *reinterpret_cast<Vec<S, kVecWidth<S>>*>(held + (slot(i) * length + j) * int64_t(sizeof(S)));
+    return *reinterpret_cast<Vec<S, kVecWidth<S>>*>(held + at_input[i] + j * int64_t(sizeof(S)));
   }
 };
 
@@ -129,6 +136,9 @@ __device__ __forceinline__ void row_each(int64_t length, int lane, Body&& body) 
       if (j < length) body(t, j);
     }
   } else {
+    // (unrolled: the loads of a pass's accesses, which no store separates, go in flight
+    // together)
+#pragma unroll kRowUnroll
     for (int64_t j = int64_t(lane) * kVec; j < length; j += int64_t(kRowThreads) * kVec)
       body(0, j);
   }
@@ -170,21 +180,40 @@ __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* ba
 template <typename S, typename F, int kRowThreads, int kIters, int kN>
 __device__ __forceinline__ void row_load(const RowArgs<kN>& a, char* const* base, int lane,
                                          RowCache<S, F, kIters>& c) {
-  if constexpr (kIters != 0) {
-    constexpr int kEach = kIters > 0 ? kIters : 0;  // (shared memory: a loop over the row)
-    row_each<kRowThreads, kVecWidth<S>, kEach>(a.length, lane, [&](int t, int64_t j) {
+  constexpr int kVec = kVecWidth<S>;
+  if constexpr (kIters > 0) {
+    row_each<kRowThreads, kVec, kIters>(a.length, lane, [&](int t, int64_t j) {
 #pragma unroll
       for (int i = 0; i < F::kInputs; ++i) {
         const int k = F::kOutputs + i;
         if (F::index(i) || a.along[k] == 0) continue;
-        const auto v = *reinterpret_cast<const Vec<S, kVecWidth<S>>*>(base[k] + j * sizeof(S));
-        if constexpr (kIters > 0) {
-          c.v[t][i] = v;
-        } else {
-          c.at(i, j) = v;
-        }
+        c.v[t][i] = *reinterpret_cast<const Vec<S, kVec>*>(base[k] + j * sizeof(S));
       }
     });
+  } else if constexpr (kIters == kRowShared) {
+    // kBatch accesses loaded into registers, then stored: a store to shared memory would
+    // otherwise keep the next load from issuing before it (the compiler cannot tell the
+    // two apart through generic pointers).
+    constexpr int kBatch = 4;
+    constexpr int64_t kStride = int64_t(kRowThreads) * kVec;
+    for (int64_t j0 = int64_t(lane) * kVec; j0 < a.length; j0 += kBatch * kStride) {
+#pragma unroll
+      for (int i = 0; i < F::kInputs; ++i) {
+        const int k = F::kOutputs + i;
+        if (F::index(i) || a.along[k] == 0) continue;
+        Vec<S, kVec> v[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t j = j0 + u * kStride;
+          if (j < a.length) v[u] = *reinterpret_cast<const Vec<S, kVec>*>(base[k] + j * sizeof(S));
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t j = j0 + u * kStride;
+          if (j < a.length) c.at(i, j) = v[u];
+        }
+      }
+    }
   }
 }
 
@@ -304,7 +333,12 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
   if constexpr (kCache == kRowShared) {
     extern __shared__ __align__(16) unsigned char row_held[];
     c.held = row_held;
-    c.length = a.length;
+    int64_t at = 0;
+#pragma unroll
+    for (int i = 0; i < F::kInputs; ++i) {
+      c.at_input[i] = at;
+      if (row_held_input<F>(a, i)) at += a.length * int64_t(sizeof(S));
+    }
   }
   if constexpr (!kSums) {
     if (first >= a.rows) return;  // whole warps (kRowThreads 32) or the whole block
@@ -401,7 +435,9 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
                reinterpret_cast<std::uintptr_t>(a.p[k]) % 16 == 0 && a.next[k] % 16 == 0;
     }
     // The bytes of a row's inputs held in shared memory (those read along the row).
-    const size_t held_bytes = size_t(row_cached_inputs<F>()) * size_t(a.length) * sizeof(S);
+    size_t held_bytes = 0;
+    for (int i = 0; i < F::kInputs; ++i)
+      held_bytes += row_held_input<F>(a, i) ? size_t(a.length) * sizeof(S) : 0;
     const auto go = [&](auto threads, auto vectors, auto cached, auto sums) {
       constexpr int kRowThreads = decltype(threads)::value;
       constexpr bool kVector = decltype(vectors)::value;

@@ -119,20 +119,23 @@ if [[ $what == random_width ]]; then
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi
-# Rows too long for the registers held in shared memory (FUSEGEN_ROW_SHARED): on (1, the
-# default) against off (0, each pass reads the row again), the row tests under 0 first;
-# the cross-entropy, and softmax and LayerNorm at hidden 8192 (fp32 LayerNorm's backward
-# holds three inputs).
+# Rows too long for the registers held in shared memory (FUSEGEN_ROW_SHARED, 1 by default)
+# and the unrolled passes over rows that are not held (FUSEGEN_ROW_UNROLL, 4 by default),
+# against each off: fusegen's own times for the cross-entropy, and softmax and LayerNorm at
+# hidden 8192 (fp32 LayerNorm's backward holds three inputs); the gather tests with both off.
 if [[ $what == row_shared ]]; then
-  with_flags row-shared-0 "-DFUSEGEN_ROW_SHARED=0" python3 -m pytest -q -m cuda tests/gpu/test_gather_cuda.py \
-    2>&1 | tee "$OUT/pytest_row_shared_0.log"
+  with_flags row-shared-off "-DFUSEGEN_ROW_SHARED=0 -DFUSEGEN_ROW_UNROLL=1" python3 -m pytest -q -m cuda \
+    tests/gpu/test_gather_cuda.py 2>&1 | tee "$OUT/pytest_row_shared_off.log"
   status=$((status | ${PIPESTATUS[0]}))
-  for value in 1 0; do
+  for flags in "-DFUSEGEN_ROW_SHARED=1 -DFUSEGEN_ROW_UNROLL=4" "-DFUSEGEN_ROW_SHARED=0 -DFUSEGEN_ROW_UNROLL=4" \
+               "-DFUSEGEN_ROW_SHARED=0 -DFUSEGEN_ROW_UNROLL=1"; do
+    name=$(echo "$flags" | tr -dc '0-9')
     for ops in crossentropy "softmax,layernorm --hidden 8192"; do
+      echo "== $flags: $ops" | tee -a "$OUT/rows_shared.log"
       # (word splitting of $ops: the options after the op names)
       # shellcheck disable=SC2086
-      with_flags "row-shared-$value" "-DFUSEGEN_ROW_SHARED=$value" python3 -m fusegen.bench rows --ops $ops \
-        --impls fusegen 2>&1 | tee -a "$OUT/rows_shared_$value.log"
+      with_flags "row-shared-$name" "$flags" python3 -m fusegen.bench rows --ops $ops --impls fusegen \
+        2>&1 | tee -a "$OUT/rows_shared.log"
       status=$((status | ${PIPESTATUS[0]}))
     done
   done
