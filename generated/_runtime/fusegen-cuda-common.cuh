@@ -252,7 +252,6 @@ void launch(const KernelRef& kernel, Grid grid, int threads, size_t shared, cuda
 }
 
 inline int sm_count() { return rtc_sm_count(); }
-inline int shared_bytes_optin() { return rtc_shared_bytes_optin(); }
 
 // Blocks of the kernel resident on one SM at once (the runtime asks once per kernel).
 inline int blocks_per_sm(const KernelRef& kernel) {
@@ -270,36 +269,24 @@ void launch(void (*kernel)(Params...), Grid grid, int threads, size_t shared, cu
   static_assert(sizeof...(Params) == sizeof...(Args) &&
                     (std::is_same_v<std::remove_cv_t<Params>, Args> && ...),
                 "a launch passes every kernel parameter in its own type");
-  if (shared > kMaxSharedBytes)  // past 48 KiB a kernel opts in (a row held in it)
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
   kernel<<<dim3(grid.x, grid.y, grid.z), threads, shared, stream>>>(args...);
 }
 
 constexpr int kMaxDevices = 64;
 
-// Attribute kAttr of the current device, asked once per device (`fallback` where the
-// answer is not positive).
-template <cudaDeviceAttr kAttr>
-int device_attribute(int fallback) {
+// Multiprocessor count of the current device, asked once per device.
+inline int sm_count() {
   static std::atomic<int> cache[kMaxDevices] = {};
   int device = 0;
   cudaGetDevice(&device);
   if (device < 0 || device >= kMaxDevices) device = 0;
-  int value = cache[device].load(std::memory_order_relaxed);
-  if (value == 0) {
-    cudaDeviceGetAttribute(&value, kAttr, device);
-    value = value > 0 ? value : fallback;
-    cache[device].store(value, std::memory_order_relaxed);
+  int count = cache[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    count = count > 0 ? count : 1;
+    cache[device].store(count, std::memory_order_relaxed);
   }
-  return value;
-}
-
-// Multiprocessor count of the current device.
-inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(1); }
-
-// The dynamic shared memory one block of the current device may opt in to.
-inline int shared_bytes_optin() {
-  return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(int(kMaxSharedBytes));
+  return count;
 }
 
 // Blocks of `kernel` resident on one SM at once (registers decide: a backward with many

@@ -97,14 +97,6 @@ FUSEGEN_HD_CONSTEXPR int row_cache_vectors(int inputs) {
   return n < 1 ? 1 : (n > 8 ? 8 : n);
 }
 
-// A longer row of 16-byte vectors, one per block, is held in the block's dynamic shared
-// memory instead when two such blocks fit an SM (`optin`: the bytes one block may opt in
-// to, about an SM's; 1 KiB a block left for the kernel's own): a cross-entropy's row of
-// 32000 bf16 logits, 62.5 KiB, is then read from memory once, not once per pass.
-constexpr bool row_shared_fits(size_t bytes, int optin) {
-  return bytes > 0 && 2 * (bytes + 1024) <= size_t(optin > 0 ? optin : 0);
-}
-
 // A row op's accumulator arrays (F::kRows of them): C++ has no empty arrays, and a
 // backward may reduce nothing.
 template <typename F>
@@ -144,9 +136,6 @@ void rtc_launch(const RtcSource& source, const char* kernel, const RtcShape& sha
                 cudaStream_t stream, void** params);
 int rtc_blocks_per_sm(const RtcSource& source, const char* kernel, int threads);
 int rtc_sm_count();
-// The dynamic shared memory one block of the current device may opt in to, in bytes. A
-// launch that asks for more than 48 KiB opts in on its own (rtc_launch).
-int rtc_shared_bytes_optin();
 
 // The bytes of an op's functor F<C> as run_launched passes them: `scalars` members of C,
 // then a Random when it draws (its alignment is its uint64_t's). Each op's .h checks its

@@ -71,7 +71,6 @@ struct Api {
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
-  CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);
 };
@@ -131,7 +130,6 @@ const Api& api() {
     find(driver, d, "cuModuleGetFunction", a->cuModuleGetFunction);
     find(driver, d, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
          a->cuOccupancyMaxActiveBlocksPerMultiprocessor);
-    find(driver, d, "cuFuncSetAttribute", a->cuFuncSetAttribute);
     find(driver, d, "cuLaunchKernel", a->cuLaunchKernel);
     return a;
   }();
@@ -261,7 +259,6 @@ std::string library_folder(const void* anchor, const char* file) {
 struct Function {
   CUfunction function = nullptr;
   int blocks_per_sm = 0;  // asked on first use
-  size_t shared = 48 * 1024;  // the dynamic shared memory a launch may ask for (opted in)
 };
 
 struct State {
@@ -515,14 +512,7 @@ void rtc_launch(const RtcSource& source, const char* kernel, const RtcShape& sha
   CUfunction f;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    Function& found = function(s, source, kernel);
-    f = found.function;
-    if (shape.shared > found.shared) {  // past 48 KiB a kernel opts in (a row held in it)
-      check_driver(api().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                            static_cast<int>(shape.shared)),
-                   "the shared memory opt-in of", kernel);
-      found.shared = shape.shared;
-    }
+    f = function(s, source, kernel).function;
   }
   check_driver(api().cuLaunchKernel(f, shape.grid[0], shape.grid[1], shape.grid[2],
                                       static_cast<unsigned>(shape.threads), 1, 1,
@@ -549,13 +539,6 @@ int rtc_sm_count() {
   int count = 0;
   cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, c10::cuda::current_device());
   return count > 0 ? count : 1;
-}
-
-int rtc_shared_bytes_optin() {
-  int bytes = 0;
-  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                         c10::cuda::current_device());
-  return bytes > 0 ? bytes : 48 * 1024;
 }
 
 }  // namespace fusegen

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|dropout|block|compile|narrow|tiles|accumulating|random_width|row_shared|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
 # 3, build 1.5, rows 3.5); `all` is more than the 10 minutes a call may run and brings
 # back more than the 8 files a call returns, so split it over calls.
@@ -119,23 +119,21 @@ if [[ $what == random_width ]]; then
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi
-# Rows too long for the registers held in shared memory (FUSEGEN_ROW_SHARED, 1 by default)
-# and the unrolled passes over rows that are not held (FUSEGEN_ROW_UNROLL, 4 by default),
-# against each off: fusegen's own times for the cross-entropy, and softmax and LayerNorm at
-# hidden 8192 (fp32 LayerNorm's backward holds three inputs); the gather tests with both off.
-if [[ $what == row_shared ]]; then
-  with_flags row-shared-off "-DFUSEGEN_ROW_SHARED=0 -DFUSEGEN_ROW_UNROLL=1" python3 -m pytest -q -m cuda \
-    tests/gpu/test_gather_cuda.py 2>&1 | tee "$OUT/pytest_row_shared_off.log"
+# The unrolled passes over rows not held in registers (FUSEGEN_ROW_UNROLL): 4, the default,
+# against 1, fusegen's own times for the cross-entropy, and softmax and LayerNorm at hidden
+# 8192 (fp32 LayerNorm's backward reads three inputs: its rows are not held); the gather
+# tests under 1 first.
+if [[ $what == row_unroll ]]; then
+  with_flags row-unroll-1 "-DFUSEGEN_ROW_UNROLL=1" python3 -m pytest -q -m cuda tests/gpu/test_gather_cuda.py \
+    2>&1 | tee "$OUT/pytest_row_unroll_1.log"
   status=$((status | ${PIPESTATUS[0]}))
-  for flags in "-DFUSEGEN_ROW_SHARED=1 -DFUSEGEN_ROW_UNROLL=4" "-DFUSEGEN_ROW_SHARED=0 -DFUSEGEN_ROW_UNROLL=4" \
-               "-DFUSEGEN_ROW_SHARED=0 -DFUSEGEN_ROW_UNROLL=1"; do
-    name=$(echo "$flags" | tr -dc '0-9')
+  for value in 4 1; do
     for ops in crossentropy "softmax,layernorm --hidden 8192"; do
-      echo "== $flags: $ops" | tee -a "$OUT/rows_shared.log"
+      echo "== FUSEGEN_ROW_UNROLL=$value: $ops" | tee -a "$OUT/rows_unroll.log"
       # (word splitting of $ops: the options after the op names)
       # shellcheck disable=SC2086
-      with_flags "row-shared-$name" "$flags" python3 -m fusegen.bench rows --ops $ops --impls fusegen \
-        2>&1 | tee -a "$OUT/rows_shared.log"
+      with_flags "row-unroll-$value" "-DFUSEGEN_ROW_UNROLL=$value" python3 -m fusegen.bench rows --ops $ops \
+        --impls fusegen 2>&1 | tee -a "$OUT/rows_unroll.log"
       status=$((status | ${PIPESTATUS[0]}))
     done
   done
