@@ -93,10 +93,9 @@ def _nodes(fn) -> list:
 
 
 def test_the_fusegen_rope_gets_its_halves_gradient_without_a_split_or_a_copy():
-    """The fusegen variant rotates q and k before their transpose for the attention: its
-    inputs are the halves of a contiguous q, whose gradients the op's backward writes into one
-    tensor of q's shape. Halves of the transposed q went through autograd's split (a cat of
-    the two gradients) and a copy of that gradient back to the projection's layout."""
+    """The fusegen variant rotates q and k before their transpose for the attention: the op's
+    backward writes its halves' gradients into one tensor of q's shape, in the projection's
+    own layout. Rotated after the transpose, q's gradient was copied back to that layout."""
     cfg = block.CPU_CONFIG
     model = block.Decoder(cfg, block.fusegen_kernels())
     model.load_state_dict(block.initial_weights(cfg, torch.float32, "cpu"))

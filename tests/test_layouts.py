@@ -319,17 +319,29 @@ def test_chunk_halves_double_backward(corpus_ops):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_halves_of_a_non_contiguous_tensor_keep_the_split(corpus_ops):
-    """Only halves of a contiguous u go past the split (u's gradient then takes the
-    contiguous layout autograd's cat gives it); others keep autograd's own split."""
+@pytest.mark.parametrize("make", ["transposed", "view"])
+def test_halves_of_a_non_contiguous_tensor_or_of_a_view_skip_the_split(corpus_ops, make):
+    """Halves of any u go past the split, a transposed one or a view of another tensor
+    (attention's q.view(batch, seq, heads, dim).chunk(2, -1)): u's gradient is one tensor
+    of u's shape, contiguous as autograd's cat gives it, and no copy follows it."""
     op = corpus_ops["cp_relu_mul"]
-    w = torch.randn(10, 6, dtype=F64, requires_grad=True)
-    a, b = w.t().chunk(2, -1)
-    out = op(a, b)
-    assert "SplitBackward0" in str(out.grad_fn.next_functions)
-    (got,) = torch.autograd.grad(out.sum(), w)
-    (want,) = torch.autograd.grad(_relu_glu(*w.t().chunk(2, -1)).sum(), w)
+    w0 = torch.randn(10, 6, generator=torch.Generator().manual_seed(3), dtype=F64)
+
+    def u_of(w):
+        return w.t() if make == "transposed" else w.view(5, 2, 6)
+
+    results = []
+    for f in (op, _relu_glu):
+        w = w0.clone().requires_grad_(True)
+        out = f(*u_of(w).chunk(2, -1))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            (grad,) = torch.autograd.grad(out, w, torch.ones_like(out))
+        results.append((grad, out.grad_fn, [e.name for e in prof.events()]))
+    (got, node, events), (want, _, _) = results
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert "Split" not in str(node.next_functions), node.next_functions
+    unwanted = ("SplitBackward0", "aten::cat") + (("aten::copy_",) if make == "view" else ())
+    assert not [n for n in events if n in unwanted], events
 
 
 def test_chunk_halves_under_compiled_autograd(corpus_ops):

@@ -31,12 +31,11 @@ same at every step, so that the loss falls and its curve follows the gradients):
   the logits to float32 first; the mean over the tokens outside). Its RoPE rotates q and k
   in the projections' (batch, seq, heads, head_dim) layout, its tables broadcast as (seq, 1,
   head_dim / 2), and transposes them for the attention after it, where the other variants
-  transpose first: the halves of a contiguous q that is not a view are what the runtime's
-  split-halves path takes (docs/architecture.md, "Chunk halves"), so the backward writes
-  both halves' gradients into one contiguous tensor of q's shape, which the projection's
-  backward reads as it is. Halves of the transposed q would take autograd's split (a cat of
-  the two gradients) and then a copy of q's gradient back to the projection's layout, for q
-  and k in every layer;
+  transpose first: the op's backward writes both halves' gradients into one contiguous
+  tensor of q's shape (docs/architecture.md, "Chunk halves"), which in this layout is the
+  projection's own, so its backward reads it as it is. Rotated after the transpose, q's
+  gradient would come in the transposed layout and be copied back to the projection's, for
+  q and k in every layer;
 - fusegen+compile: torch.compile of the fusegen model (the fused ops decompose into ATen
   ops that Inductor fuses, fusegen's default under compile; FUSEGEN_COMPILE=opaque keeps
   their kernels);
@@ -188,11 +187,6 @@ def fusegen_kernels() -> Kernels:
         c, s = model.cos_half[:, None], model.sin_half[:, None]  # (seq, 1, head_dim / 2): over the heads
 
         def rotated(x):
-            # The split-halves path takes only the split of a tensor that is not a view (it
-            # finds that tensor as the halves' base), and x is a `.view` of the projection's
-            # output. _unsafe_view gives x's memory as a tensor of its own, as matmul gives
-            # its output; its backward reshapes the contiguous gradient, no copy.
-            x = torch.ops.aten._unsafe_view(x, x.shape)
             return rope_op(*x.chunk(2, -1), c, s).transpose(1, 2)
 
         return rotated(q), rotated(k)

@@ -236,10 +236,11 @@ struct SplitHalves {
 };
 
 // The SplitHalves among a forward call's inputs (edges: theirs), if any: plain tensors at
-// the two outputs of one split node (chunk or split into two), views of a contiguous base
-// u whose gradient edge the split's is (the split of u itself, not of a view of it), with
-// u's strides and disjoint along one dimension, and no hook or retain_grad on the split's
-// node (those would see the halves' gradients).
+// the two outputs of one split node (chunk or split into two) of a tensor u, any u (a view
+// too: q.view(batch, seq, heads, dim).chunk(2, -1)), and no hook or retain_grad on the
+// split's node (those would see the halves' gradients). u's shape is the one the node its
+// gradient goes to expects (its input metadata), and the split's dimension the one along
+// which the halves' sizes add up to it (they equal u's along every other).
 SplitHalves find_split_halves(const std::vector<at::Tensor>& tensors,
                               const torch::autograd::edge_list& edges) {
   static const std::array<std::string, 2> kSplits = {"SplitBackward0", "SplitWithSizesBackward0"};
@@ -264,21 +265,24 @@ SplitHalves find_split_halves(const std::vector<at::Tensor>& tensors,
   }
   const at::Tensor& a = tensors[h.low];
   const at::Tensor& b = tensors[h.high];
-  const at::Tensor u(a._base());
-  if (!is_plain(a) || !is_plain(b) || !b._base().is_same(u) || !u.is_contiguous() ||
-      !(torch::autograd::impl::gradient_edge(u) == split->next_edge(0)) ||
-      a.strides() != u.strides() || b.strides() != u.strides() || a.dim() != u.dim() ||
-      a.storage_offset() != u.storage_offset()) {
-    return {};
+  const torch::autograd::Edge& to_u = split->next_edge(0);
+  if (!is_plain(a) || !is_plain(b) || !to_u.is_valid()) return {};
+  const torch::autograd::InputMetadata& u = to_u.function->input_metadata(to_u.input_nr);
+  if (u.is_tensor_subclass() || u.is_nested_tensor()) return {};
+  const c10::SymIntArrayRef shape = u.shape_as_dim_vector();
+  const int64_t dims = static_cast<int64_t>(shape.size());
+  if (a.dim() != dims || b.dim() != dims) return {};
+  int64_t dim = -1;
+  for (int64_t d = 0; d < dims; ++d) {
+    const std::optional<int64_t> size = shape[d].maybe_as_int();  // (none: symbolic)
+    if (!size) return {};
+    if (a.size(d) == *size && b.size(d) == *size) continue;
+    if (dim >= 0 || a.size(d) + b.size(d) != *size || a.size(d) == 0 || b.size(d) == 0) return {};
+    dim = d;
   }
-  for (int64_t d = 0; d < u.dim(); ++d) {
-    if (a.size(d) + b.size(d) == u.size(d) && a.size(d) > 0 && b.size(d) > 0 &&
-        b.storage_offset() == u.storage_offset() + a.size(d) * u.stride(d)) {
-      h.dim = d;
-      return h;
-    }
-  }
-  return {};
+  if (dim < 0) return {};
+  h.dim = dim;
+  return h;
 }
 
 // The tensor of u's shape that a split's two gradients are written into by the kernel
