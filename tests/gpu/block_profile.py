@@ -7,6 +7,8 @@ Each variant warms up (compiles included), then `--steps` steps run under the pr
 table gives each kernel's total time per step and its count per step, and a summary per group
 (matrix products, attention, fusegen's kernels, Triton kernels, ATen elementwise and
 reductions, the optimizer, copies), so that two variants' steps can be compared line by line.
+Then the time the GPU waits between kernels (the steps' span less their busy time, per step),
+and the kernels that most often start after a wait: where the host falls behind.
 """
 
 from __future__ import annotations
@@ -66,16 +68,37 @@ def profile_variant(name: str, args) -> tuple[dict, float]:
             step()
         torch.cuda.synchronize()
     totals: dict = collections.defaultdict(lambda: [0.0, 0])
+    spans = []  # (start, end, name) of every kernel, microseconds
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             entry = totals[event.name]
             entry[0] += event.device_time / 1e3 / args.steps  # ms per step
             entry[1] += 1
+            spans.append((event.time_range.start, event.time_range.end, event.name))
     step_ms = sum(v[0] for v in totals.values())
     torch._dynamo.reset()
     del model, optimizer
     torch.cuda.empty_cache()
-    return {k: (v[0], v[1] / args.steps) for k, v in totals.items()}, step_ms
+    return {k: (v[0], v[1] / args.steps) for k, v in totals.items()}, step_ms, waits(spans, args.steps)
+
+
+def waits(spans, steps: int) -> tuple[float, list]:
+    """(ms per step the GPU ran no kernel between the first and the last, the kernels after
+    the longest waits: (ms per step, count per step, the kernel before, the kernel after))."""
+    spans.sort()
+    idle = 0.0
+    after: dict = collections.defaultdict(lambda: [0.0, 0])
+    end, before = None, ""
+    for start, stop, name in spans:
+        if end is not None and start > end:
+            idle += start - end
+            entry = after[(before[:60], name[:60])]
+            entry[0] += (start - end) / 1e3 / steps
+            entry[1] += 1
+        if end is None or stop > end:
+            end, before = stop, name
+    top = sorted(((ms, n / steps, a, b) for (a, b), (ms, n) in after.items()), reverse=True)
+    return idle / 1e3 / steps, top
 
 
 def main(argv=None) -> int:
@@ -87,7 +110,7 @@ def main(argv=None) -> int:
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     summaries = {}
     for name in args.variants.split(","):
-        kernels, step_ms = profile_variant(name, args)
+        kernels, step_ms, (idle_ms, gaps) = profile_variant(name, args)
         groups: dict = collections.defaultdict(lambda: [0.0, 0.0])
         for k, (ms, count) in kernels.items():
             groups[group_of(k)][0] += ms
@@ -96,6 +119,10 @@ def main(argv=None) -> int:
         print(f"\n== {name}: {step_ms:.2f} ms of kernels per step")
         for k, (ms, count) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:args.top]:
             print(f"{ms:8.3f} ms {count:6.1f}x  {group_of(k):11s} {k[:150]}")
+        print(f"-- {name}: the GPU waits {idle_ms:.3f} ms per step between kernels; the longest waits, "
+              "by the kernels before and after:")
+        for ms, count, before, after in gaps[:10]:
+            print(f"{ms:8.3f} ms {count:6.1f}x  {before}  ->  {after}")
     names = list(summaries)
     all_groups = sorted({g for _, groups in summaries.values() for g in groups})
     print("\n" + "group".ljust(12) + "".join(f"{n:>26s}" for n in names))
