@@ -217,7 +217,9 @@ def _with_c_names(spec: OpSpec) -> OpSpec:
     return dataclasses.replace(spec, forward_program=names.for_c(spec.forward_program, user),
                                backward_program=names.for_c(spec.backward_program, user),
                                forward_rows=spec.forward_rows and spec.forward_rows.substituted(rename),
-                               backward_rows=spec.backward_rows and spec.backward_rows.substituted(rename))
+                               backward_rows=spec.backward_rows and spec.backward_rows.substituted(rename),
+                               saved_backward_rows=(spec.saved_backward_rows
+                                                    and spec.saved_backward_rows.substituted(rename)))
 
 
 class FusedOp:

@@ -283,6 +283,75 @@ def test_summed_weight_gradients_in_narrow_dtypes_are_the_same_bits_every_run(dt
             torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * scale)
 
 
+@pytest.mark.parametrize("name, saved, backward", [("softmax", 2, 1), ("layer_norm", 2, 1), ("log_softmax", 1, 1),
+                                                 ("rms_norm", 0, 1), ("residual_rms", 0, 1)])
+def test_the_forward_saves_the_row_values_that_spare_the_backward_a_pass(name, saved, backward):
+    """The forward's row values the backward would compute again (softmax's maximum and sum,
+    LayerNorm's mean and variance) are saved where that spares the backward a pass over the
+    row; RMSNorm's backward makes one pass either way, and saves nothing."""
+    spec = op(name).spec
+    assert len(spec.saved_rows) == saved
+    assert (spec.saved_backward_rows.levels if saved else spec.backward_rows.levels) == backward
+    assert spec.forward_rows.per_row[len(spec.outputs):] == (True,) * saved
+
+
+def _saved_by_the_node(fn, *args):
+    """fn(*args) and its gradients by backward(), and the tensors its autograd node saved."""
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    out.backward(torch.ones_like(out))
+    return [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad], packed
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_cross_entropy_backward_reads_the_saved_logsumexp(dtype):
+    """The forward saves each row's logsumexp and its label's count, in the compute type
+    (float for bf16: rounded to bf16 they would move the softmax by 3 %), and the backward
+    reads them instead of its two passes: the same gradients as the backward that computes
+    them again (create_graph takes that one), eager's within rounding."""
+    ce = fusegen.fuse("torch.logsumexp(x, -1, keepdim=True) - x.gather(-1, label)", name="rows_ce",
+                      inputs="x,label")
+    assert len(ce.spec.saved_rows) == 2 and ce.spec.saved_backward_rows.levels == 0
+    g = torch.Generator().manual_seed(5)
+    x0 = (3 * torch.randn(9, 40, generator=g, dtype=D)).to(dtype)
+    label = torch.randint(0, 40, (9, 1), generator=g)
+    x = x0.clone().requires_grad_()
+    (grad,), packed = _saved_by_the_node(ce, x, label)
+    rows = [t for t in packed if t.shape == (9, 2)]
+    assert len(rows) == 1 and rows[0].dtype == (D if dtype == D else torch.float32), [t.shape for t in packed]
+    torch.testing.assert_close(rows[0][:, 1:].double(), torch.logsumexp(x0.double(), -1, keepdim=True),
+                               rtol=1e-6, atol=1e-6)
+    x2 = x0.clone().requires_grad_()
+    (again,) = torch.autograd.grad(ce(x2, label), x2, torch.ones(9, 1, dtype=dtype), create_graph=True)
+    assert torch.equal(grad, again.detach())
+    want = torch.softmax(x0.double(), -1) - F.one_hot(label[:, 0], 40).double()
+    tol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(grad.double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm"])
+def test_saved_row_values_give_the_gradients_of_eager(name):
+    """Softmax and LayerNorm in float64 through the saved row values: eager's gradients, and
+    nothing saved when no gradient is recorded."""
+    xs = inputs(name, (5, 17))
+    grads, packed = _saved_by_the_node(call(name), *xs)
+    assert any(t.shape == (5, 2) for t in packed), [t.shape for t in packed]
+    ref = [x.detach().clone().requires_grad_() for x in xs]
+    out = OPS[name][2](*ref)
+    out.backward(torch.ones_like(out))
+    for got, want in zip(grads, [r.grad for r in ref]):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        _, packed = _saved_by_the_node(lambda *a: call(name)(*a).requires_grad_(), *[x.detach() for x in xs])
+    assert packed == []
+
+
 def test_per_row_output_has_a_last_dimension_of_one():
     assert call("row_lse")(torch.randn(2, 3, 7, dtype=D)).shape == (2, 3, 1)
     assert call("row_lse")(torch.empty(2, 3, 7, device="meta")).shape == (2, 3, 1)

@@ -272,6 +272,7 @@ class PrintedOp:
     backward: dict[str, Statements]
     forward_rows: dict[str, PrintedRows] | None = None
     backward_rows: dict[str, PrintedRows] | None = None
+    saved_backward_rows: dict[str, PrintedRows] | None = None  # reading the forward's row values
 
 
 def _ctype_of(expr, ctype):
@@ -291,17 +292,26 @@ def print_op(spec: OpSpec) -> PrintedOp:
     if spec.forward_rows is not None:
         scalars = [names.value(s) for s in spec.scalars]
         forward = [names.value(x) for x in spec.inputs] + scalars
-        backward = [d.name for d in spec.douts] + [names.value(x) for x in spec.backward_inputs] + scalars
+        tensors = [d.name for d in spec.douts] + [names.value(x) for x in spec.backward_inputs]
+        backward = tensors + scalars
+        saved = tensors + saved_row_names(spec) + scalars
         return PrintedOp(
             forward={}, backward={},
             forward_rows={t: print_rows(spec.forward_rows, t, forward) for t in COMPUTE_TYPES},
             backward_rows=({t: print_rows(spec.backward_rows, t, backward) for t in COMPUTE_TYPES}
                            if spec.backward_rows is not None else None),
+            saved_backward_rows=({t: print_rows(spec.saved_backward_rows, t, saved) for t in COMPUTE_TYPES}
+                                 if spec.saved_backward_rows is not None else None),
         )
     return PrintedOp(
         forward={t: print_program(spec.forward_program, t) for t in COMPUTE_TYPES},
         backward={t: print_program(spec.backward_program, t) for t in COMPUTE_TYPES},
     )
+
+
+def saved_row_names(spec: OpSpec) -> list[str]:
+    """The C names of the row values a row op's forward saves for its backward."""
+    return [rows.saved_row_symbol(k).name for k in range(len(spec.saved_rows))]
 
 
 _IDENTITY = {rows.SUM: sympy.Integer(0), rows.MAX: -sympy.oo, rows.MIN: sympy.oo}

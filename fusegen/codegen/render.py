@@ -26,7 +26,7 @@ from fusegen.ir import names
 from fusegen.errors import SpecError
 from fusegen.codegen.escape import c_comment, c_string
 from fusegen.files import templates_dir
-from fusegen.codegen.printer import PrintedOp
+from fusegen.codegen.printer import PrintedOp, saved_row_names
 from fusegen.codegen.wrap import wrap
 from fusegen.ir.limits import MAX_LAUNCHED_OPERANDS
 from fusegen.ir.spec import OpSpec
@@ -169,18 +169,31 @@ def _rows_context(spec: OpSpec, printed: PrintedOp) -> dict | None:
         return None
     douts = [d.name for d in spec.douts]
     backward = [names.value(x) for x in spec.backward_inputs]
+    saved = saved_row_names(spec)
+    outputs = len(spec.outputs)
+
+    def backward_info(program, read_saved: bool) -> dict | None:
+        if program is None:
+            return None
+        return {"rows": len(program.accumulators), "per_row": [False] * len(program.results),
+                "raw": [False] * len(program.results),
+                "index": [False] * len(douts) + [x in spec.index_inputs for x in spec.backward_inputs]
+                + [True] * (len(saved) if read_saved else 0)}
+
     return {
         "math": [{"ctype": t, "forward": printed.forward_rows[t],
-                  "backward": printed.backward_rows[t] if printed.backward_rows else None}
+                  "backward": printed.backward_rows[t] if printed.backward_rows else None,
+                  "saved_backward": printed.saved_backward_rows[t] if printed.saved_backward_rows else None}
                  for t in COMPUTE_TYPES],
         "forward_x": {names.value(x): f"x[{i}]" for i, x in enumerate(spec.inputs)},
         "backward_x": {n: f"x[{i}]" for i, n in enumerate(douts + backward)},
+        "saved_backward_x": {n: f"x[{i}]" for i, n in enumerate(douts + backward + saved)},
         "forward": {"rows": len(spec.forward_rows.accumulators), "per_row": list(spec.forward_rows.per_row),
+                    "raw": [k >= outputs for k in range(len(spec.forward_rows.results))],
                     "index": [x in spec.index_inputs for x in spec.inputs]},
-        "backward": ({"rows": len(spec.backward_rows.accumulators),
-                      "per_row": [False] * len(spec.backward_rows.results),
-                      "index": [False] * len(douts) + [x in spec.index_inputs for x in spec.backward_inputs]}
-                     if spec.backward_rows else None),
+        "backward": backward_info(spec.backward_rows, False),
+        "saved_backward": backward_info(spec.saved_backward_rows, True),
+        "saved": saved,
         "any_index": bool(spec.index_inputs),
     }
 

@@ -40,12 +40,17 @@ LOCALS = frozenset("""
     kInputs kOutputs x y zero data strides loop T
     row acc other v kRows kPasses init pass combine finish per_row pass_begin
     u kRandom random kProbabilities rng_state
+    raw kRaw SavedBackward saved_backward saved_backward_cpu saved_backward_cuda
+    saved_backward_cuda_fp16 saved_backward_cuda_bf16 saved_backward_cuda_functor
 """.split())
 
 # Temporaries of the straight-line math: t0, t1, ... (`t` is not a role).
 TEMP_PREFIX = "t"
 # A row op's values per row, row0, row1, ... in the IR (ir/rows.py); `row[k]` in C.
 ROW_PREFIX = "row"
+# The forward's row values its backward reads (saved0, saved1, ...): extra outputs of the
+# forward's functor and per-row inputs of the backward's (ir/rows.py, `saved_rows`).
+SAVED_ROW_PREFIX = "saved"
 
 # The incoming gradient (d loss / d out) in the math and the backward schema; an op of
 # several outputs has one per output, dout0, dout1, ... (dout()).

@@ -47,8 +47,20 @@ def row_symbol(k: int) -> sympy.Symbol:
 
 
 def is_row_symbol(s) -> bool:
-    return isinstance(s, sympy.Symbol) and not s.is_real and s.name.startswith(names.ROW_PREFIX) \
-        and s.name[len(names.ROW_PREFIX):].isdigit()
+    return _is_numbered(s, names.ROW_PREFIX)
+
+
+def saved_row_symbol(k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{names.SAVED_ROW_PREFIX}{k}")
+
+
+def is_saved_row_symbol(s) -> bool:
+    return _is_numbered(s, names.SAVED_ROW_PREFIX)
+
+
+def _is_numbered(s, prefix: str) -> bool:
+    return isinstance(s, sympy.Symbol) and not s.is_real and s.name.startswith(prefix) \
+        and s.name[len(prefix):].isdigit()
 
 
 @dataclass(frozen=True)
@@ -158,16 +170,20 @@ def _row_factor(element, per_row):
     return c, f
 
 
-def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") -> RowProgram:
+def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "", given=None) -> RowProgram:
     """The passes and results of row trees (see the module's docstring); `scalars`: the
-    names that are runtime scalars, not tensors; `op`: the op's name, for the limit's error."""
+    names that are runtime scalars, not tensors; `op`: the op's name, for the limit's error;
+    `given`: reduction node -> a symbol that holds its row value already (`saved_rows`),
+    which no accumulator computes."""
     scalars = set(scalars)
     exprs = [e for _, e in results]
-    made: dict = {}     # reduction node -> its row symbol
+    made: dict = dict(given or {})  # reduction node -> its row symbol
     pending = []        # (kind, element, finish, level), in the order made
     level_of: dict = {}  # row symbol -> level
 
-    def per_row(e) -> bool:  # one value per row: reads row values, scalars and numbers only
+    # One value per row: reads row values, scalars and numbers only. (A given row value is
+    # not among them: it is read as an input, in a pass, never in an accumulator's finish.)
+    def per_row(e) -> bool:
         return all(is_row_symbol(s) or s.name in scalars for s in dag.free_symbols([e]))
 
     zero = ZeroTest(fn.index_symbols(exprs))
@@ -213,12 +229,34 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "") ->
         kind, element, finish, level = pending[old]
         element, finish = dag.substitute([element, finish], rename)
         accumulators.append(Accumulator(kind, element, finish, level))
-    made = {node: rename[s] for node, s in made.items()}
+    made = {node: rename.get(s, s) for node, s in made.items()}  # (given, or 0: as they are)
     out = dag.substitute(exprs, made)
     # (a gather's index is one value per row: reading it keeps a result one per row)
     tensors = {x for x in dag.free_symbols(exprs) if x.name not in scalars} - fn.index_symbols(exprs)
     per_row = tuple(is_row_value(e, tensors) for e in exprs)
     return RowProgram(tuple(accumulators), tuple((n, e) for (n, _), e in zip(results, out)), per_row)
+
+
+def saved_rows(outputs, forward_results, backward_results, scalars=(), op: str = ""):
+    """(the forward's reductions whose row values its backward reads, the backward's program
+    reading them as the per-row values saved0, saved1, ...), or ((), None) when reading them
+    saves the backward no pass over the row. The forward writes them (`forward_results` gain
+    one result of one value per row each, `saved<k>`), in the compute type."""
+    forward_nodes = {n for n in dag.postorder(list(outputs)) if fn.is_reduction(n)}
+    exprs = [e for _, e in backward_results]
+    shared = [n for n in dag.postorder(exprs) if fn.is_reduction(n) and n in forward_nodes]
+    if not shared:
+        return (), None
+    recomputing = schedule(backward_results, scalars, op)
+    program = schedule(backward_results, scalars, op, {n: saved_row_symbol(k) for k, n in enumerate(shared)})
+    if program.levels >= recomputing.levels:
+        return (), None
+    read = dag.free_symbols([a.element for a in program.accumulators] + [a.finish for a in program.accumulators]
+                            + [e for _, e in program.results])
+    kept = tuple(n for k, n in enumerate(shared) if saved_row_symbol(k) in read)
+    if len(kept) < len(shared):  # numbered by what it reads
+        program = schedule(backward_results, scalars, op, {n: saved_row_symbol(k) for k, n in enumerate(kept)})
+    return kept, program
 
 
 # -- a row sum that cancels ------------------------------------------------------------------

@@ -105,6 +105,10 @@ class OpSpec:
     coarse: tuple[str, ...] = ()           # the streams drawn in 16 bits (dropouts', compared
                                            # with 1 - p only)
     index_inputs: tuple[str, ...] = ()     # inputs a gather's index reads: integers, no gradient
+    saved_rows: tuple[sympy.Expr, ...] = ()  # a row op's reductions whose row values the forward
+                                             # writes for its backward (saved0, ...: the last
+                                             # results of forward_rows), in the compute type
+    saved_backward_rows: RowProgram | None = None  # the backward reading them (rows.saved_rows)
 
     @property
     def is_rows(self) -> bool:
@@ -284,12 +288,20 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
     if parsed.random and rows.has_reduction(outputs):
         raise SpecError(f"op '{name}': random numbers (rand_like, dropout) in an op that reduces over "
                         "the last dimension are not supported; apply the dropout in an op of its own")
+    saved_rows, saved_backward_rows = (), None
     if rows.has_reduction(outputs):
-        forward_rows = rows.schedule([(names.output(k, count), e) for k, e in enumerate(outputs)],
-                                     parsed.scalars, name)
+        forward_results = [(names.output(k, count), e) for k, e in enumerate(outputs)]
         if backward_exprs:
-            backward_rows = rows.schedule([(names.grad(g.input), e) for g, e in zip(owners, backward_exprs)],
-                                          parsed.scalars, name)
+            backward_results = [(names.grad(g.input), e) for g, e in zip(owners, backward_exprs)]
+            backward_rows = rows.schedule(backward_results, parsed.scalars, name)
+            # The row values the backward would compute again, saved by the forward where
+            # that saves a pass; not for an auxiliary op, whose backward runs without it.
+            if not auxiliary:
+                saved_rows, saved_backward_rows = rows.saved_rows(outputs, forward_results, backward_results,
+                                                                  parsed.scalars, name)
+        forward_rows = rows.schedule(forward_results + [(rows.saved_row_symbol(k).name, n)
+                                                        for k, n in enumerate(saved_rows)],
+                                     parsed.scalars, name)
     return OpSpec(
         name=name,
         text=parsed.text,
@@ -311,6 +323,8 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
         probabilities=parsed.probabilities,
         coarse=tuple(names.random(k) for k in parsed.coarse),
         index_inputs=index_inputs,
+        saved_rows=saved_rows,
+        saved_backward_rows=saved_backward_rows,
     )
 
 

@@ -205,6 +205,10 @@ __device__ __forceinline__ void row_store(const RowArgs<kN>& a, char* const* bas
                                           int k, const acc_t<S> (*y)[F::kOutputs]) {
   constexpr int kVec = kRowVec<S, kVector>;
   if (base[k] == nullptr || (F::per_row(k) && j > 0)) return;
+  if (F::raw(k)) {  // a row value saved for the backward: one per row, in the compute type
+    *reinterpret_cast<acc_t<S>*>(base[k]) = y[0][k];
+    return;
+  }
   if (kVec == 1 || F::per_row(k)) {
     *reinterpret_cast<S*>(base[k] + j * a.along[k]) = from_acc<S>(y[0][k]);
   } else {

@@ -49,7 +49,9 @@ struct BackwardExpected {
 struct Arg {
   const char* name;
   const at::Tensor& tensor;
-  bool index = false;  // a gather's index (OpDef::index_inputs): integers, not promoted
+  bool index = false;      // a gather's index (OpDef::index_inputs): integers, not promoted
+  bool row_value = false;  // a row value the forward saved (OpDef::num_saved_rows): one per
+                           // row, in the compute type, not promoted
 };
 using Args = std::vector<Arg>;
 
@@ -193,12 +195,17 @@ Dtype kernel_dtype(at::ScalarType t);
 // A backward's random numbers: those its forward drew, from the state (rng_state) it saved.
 Random saved_random(const std::string& op, const at::Tensor& state, c10::Device on);
 // sampled: also return the random state drawn with (fusegen::<name>_sampled's last result).
+// saved_rows (a row op with OpDef::num_saved_rows): also write the row values its backward
+// reads, into it (one tensor, the values side by side in its last dimension).
 std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a,
-                                    bool sampled = false);
+                                    bool sampled = false, at::Tensor* saved_rows = nullptr);
 // summed (a row op's, per kernel output): sum it over the rows in the kernel (run_rows).
+// saved_rows (a row op with OpDef::num_saved_rows, called by its autograd node): the row
+// values its forward saved (run_forward), which saved_backward_* read.
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given = {},
-                                     const std::vector<bool>& summed = {});
+                                     const std::vector<bool>& summed = {},
+                                     const at::Tensor* saved_rows = nullptr);
 
 // The kernel's operands for one step of TensorIterator's loop: `present[k]` says whether
 // output k of the kernel is one of the iterator's outputs (a requested gradient); absent

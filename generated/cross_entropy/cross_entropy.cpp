@@ -36,6 +36,7 @@ namespace fusegen::op_cross_entropy {
 // Defined in cross_entropy.cu, which holds the kernels and includes no torch header.
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+void saved_backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 #endif
 
 namespace {
@@ -61,6 +62,14 @@ void backward_cpu(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/) 
   });
 }
 
+// The backward from the row values its forward saved: data holds them after the inputs.
+void saved_backward_cpu(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/) {
+  run_rows_cpu(dtype, loop, [&](auto zero) {
+    using T = decltype(zero);  // the compute type
+    return SavedBackward<T>{};
+  });
+}
+
 // ---------------------------------------------------------------------------------------
 // The descriptor the runtime registers.
 
@@ -69,7 +78,7 @@ const int kBackwardInputs[] = { 0, 1 };
 const char* const kBackwardInputNames[] = { "x", "label" };
 const int kJvpArgs[] = { 0, 1, 2 };
 // Per output: one value per row (the shape's last dimension is 1).
-const bool kPerRow[] = { true };
+const bool kPerRow[] = { true, true, true };
 // Per input: a gather's index (integers, converted to the compute type's accumulator).
 const bool kIndexInputs[] = { false, true };
 
@@ -102,6 +111,11 @@ OpDef describe() {
   def.backward_cuda = backward_cuda;
 #endif
   def.backward_accumulates = true;
+  def.num_saved_rows = 2;  // the forward's last outputs, its backward's last inputs
+  def.saved_backward_rows_cpu = saved_backward_cpu;
+#ifdef FUSEGEN_WITH_CUDA
+  def.saved_backward_cuda = saved_backward_cuda;
+#endif
   def.num_jvp_args = 3;
   def.jvp_args = kJvpArgs;
   return def;

@@ -59,9 +59,11 @@ FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[3] = logf(acc[3]) + row[0];
 }
 
-// The output of one element, from its inputs and the row's values, in float.
-FUSEGEN_HD void forward_outputs(const float* row, float& out) {
+// The outputs of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void forward_outputs(const float* row, float& out, float& saved0, float& saved1) {
   out = row[3] - (row[1] == 1.0f ? row[2] : NAN);
+  saved0 = row[1];
+  saved1 = row[3];
 }
 
 // Pass 0 over a row: what one element adds to accumulators 0, 1.
@@ -102,6 +104,12 @@ FUSEGEN_HD void backward_outputs(float dout, float in_x, float in_label, float c
   grad_x = (col == in_label ? (row[0] == 1.0f ? -dout : 0.0f) : 0.0f) + dout*expf(in_x - row[2]);
 }
 
+// The output of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void saved_backward_outputs(float dout, float in_x, float in_label, float saved0,
+    float saved1, float col, float& grad_x) {
+  grad_x = (col == in_label ? (saved0 == 1.0f ? -dout : 0.0f) : 0.0f) + dout*expf(in_x - saved1);
+}
+
 // Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
 FUSEGEN_HD void forward_pass0(double in_x, double in_label, double col, double* v) {
   const bool t0 = col == in_label;
@@ -139,9 +147,11 @@ FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[3] = log(acc[3]) + row[0];
 }
 
-// The output of one element, from its inputs and the row's values, in double.
-FUSEGEN_HD void forward_outputs(const double* row, double& out) {
+// The outputs of one element, from its inputs and the row's values, in double.
+FUSEGEN_HD void forward_outputs(const double* row, double& out, double& saved0, double& saved1) {
   out = row[3] - (row[1] == 1.0 ? row[2] : NAN);
+  saved0 = row[1];
+  saved1 = row[3];
 }
 
 // Pass 0 over a row: what one element adds to accumulators 0, 1.
@@ -182,8 +192,15 @@ FUSEGEN_HD void backward_outputs(double dout, double in_x, double in_label, doub
   grad_x = (col == in_label ? (row[0] == 1.0 ? -dout : 0.0) : 0.0) + dout*exp(in_x - row[2]);
 }
 
+// The output of one element, from its inputs and the row's values, in double.
+FUSEGEN_HD void saved_backward_outputs(double dout, double in_x, double in_label, double saved0,
+    double saved1, double col, double& grad_x) {
+  grad_x = (col == in_label ? (saved0 == 1.0 ? -dout : 0.0) : 0.0) + dout*exp(in_x - saved1);
+}
+
 // The forward as a row function of 2 inputs and 1 output in the compute type T: its passes
-// over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh).
+// over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh),
+// and the row values its backward reads (saved0, saved1), written where the autograd node asks.
 template <typename T>
 struct Forward {
   static constexpr const char* kName = "fusegen::op_cross_entropy::Forward";
@@ -192,7 +209,7 @@ struct Forward {
   static const RtcSource& source() { return rtc_source(); }
 #endif
   static constexpr int kInputs = 2;
-  static constexpr int kOutputs = 1;
+  static constexpr int kOutputs = 3;
   static constexpr int kRows = 4;    // values per row (one per accumulator)
   static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
@@ -202,11 +219,18 @@ struct Forward {
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
-    constexpr bool kPerRow[] = {true};
+    constexpr bool kPerRow[] = {true, true, true};
     return kPerRow[k];
   }
-  // Whether input i is a gather's index: its integers arrive converted to T, not stored
-  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false, true, true};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, true};
     return kIndex[i];
@@ -246,7 +270,7 @@ struct Forward {
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                              [[maybe_unused]] T col, T* y) const {
-    forward_outputs(row, y[0]);
+    forward_outputs(row, y[0], y[1], y[2]);
   }
 };
 
@@ -272,8 +296,15 @@ struct Backward {
     constexpr bool kPerRow[] = {false};
     return kPerRow[k];
   }
-  // Whether input i is a gather's index: its integers arrive converted to T, not stored
-  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, true};
     return kIndex[i];
@@ -314,6 +345,48 @@ struct Backward {
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                              [[maybe_unused]] T col, T* y) const {
     backward_outputs(x[0], x[1], x[2], col, row, y[0]);
+  }
+};
+
+// The backward reading the row values its forward saved (saved0, saved1: one per row,
+// in T) after its other inputs, instead of computing them again.
+template <typename T>
+struct SavedBackward {
+  static constexpr const char* kName = "fusegen::op_cross_entropy::SavedBackward";
+      // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
+  static constexpr int kInputs = 5;
+  static constexpr int kOutputs = 1;
+  static constexpr int kRows = 0;    // values per row (one per accumulator)
+  static constexpr int kPasses = 0;  // passes over a row before the outputs'
+  // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
+  FUSEGEN_HD static constexpr int pass_begin(int p) {
+    constexpr int kBegin[] = {0};
+    return kBegin[p];
+  }
+  // Whether output k is one value per row (its tensor's last dimension is 1).
+  FUSEGEN_HD static constexpr bool per_row(int k) {
+    constexpr bool kPerRow[] = {false};
+    return kPerRow[k];
+  }
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false, true, true, true};
+    return kIndex[i];
+  }
+  FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                             [[maybe_unused]] T col, T* y) const {
+    saved_backward_outputs(x[0], x[1], x[2], x[3], x[4], col, y[0]);
   }
 };
 

@@ -225,8 +225,15 @@ struct Forward {
     constexpr bool kPerRow[] = {false};
     return kPerRow[k];
   }
-  // Whether input i is a gather's index: its integers arrive converted to T, not stored
-  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, false, false};
     return kIndex[i];
@@ -284,8 +291,15 @@ struct Backward {
     constexpr bool kPerRow[] = {false, false, false, false};
     return kPerRow[k];
   }
-  // Whether input i is a gather's index: its integers arrive converted to T, not stored
-  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false, false, false, false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, false, false, false};
     return kIndex[i];

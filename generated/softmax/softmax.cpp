@@ -37,6 +37,7 @@ namespace fusegen::op_softmax {
 // Defined in softmax.cu, which holds the kernels and includes no torch header.
 void forward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
+void saved_backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 #endif
 
 namespace {
@@ -61,6 +62,14 @@ void backward_cpu(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/) 
   });
 }
 
+// The backward from the row values its forward saved: data holds them after the inputs.
+void saved_backward_cpu(Dtype dtype, const CudaLoop& loop, const double* /*scalars*/) {
+  run_rows_cpu(dtype, loop, [&](auto zero) {
+    using T = decltype(zero);  // the compute type
+    return SavedBackward<T>{};
+  });
+}
+
 // ---------------------------------------------------------------------------------------
 // The descriptor the runtime registers.
 
@@ -69,7 +78,7 @@ const int kBackwardInputs[] = { 0 };
 const char* const kBackwardInputNames[] = { "x" };
 const int kJvpArgs[] = { 0, 1 };
 // Per output: one value per row (the shape's last dimension is 1).
-const bool kPerRow[] = { false };
+const bool kPerRow[] = { false, true, true };
 
 // Per input: {output of the backward kernel (identical gradients share one) or -1,
 // number of eager steps on dout (0: dout itself; -1: not a function of dout alone), steps}.
@@ -97,6 +106,11 @@ OpDef describe() {
   def.backward_rows_cpu = backward_cpu;
 #ifdef FUSEGEN_WITH_CUDA
   def.backward_cuda = backward_cuda;
+#endif
+  def.num_saved_rows = 2;  // the forward's last outputs, its backward's last inputs
+  def.saved_backward_rows_cpu = saved_backward_cpu;
+#ifdef FUSEGEN_WITH_CUDA
+  def.saved_backward_cuda = saved_backward_cuda;
 #endif
   def.num_jvp_args = 2;
   def.jvp_args = kJvpArgs;

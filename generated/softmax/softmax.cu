@@ -111,5 +111,45 @@ void backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, voi
 #endif
 #endif
 
+#ifndef FUSEGEN_FORWARD_ONLY
+// SavedBackward<T> in the compute type T, with the call's scalars.
+inline auto saved_backward_cuda_functor([[maybe_unused]] const double* scalars) {
+  return [=](auto zero) {
+    using T = decltype(zero);
+    return SavedBackward<T>{};
+  };
+}
+
+void saved_backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars,
+    void* stream);
+void saved_backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
+    void* stream);
+
+#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
+void saved_backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars,
+    void* stream) {
+  run_rows_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream),
+      saved_backward_cuda_functor(scalars));
+}
+#endif
+
+#if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
+void saved_backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars,
+    void* stream) {
+  run_rows_cuda<DtypeGroup::kBFloat16>(dtype, loop, static_cast<cudaStream_t>(stream),
+      saved_backward_cuda_functor(scalars));
+}
+#endif
+
+#ifndef FUSEGEN_16BIT_ONLY
+void saved_backward_cuda(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
+  if (dtype == Dtype::kFloat16) return saved_backward_cuda_fp16(dtype, loop, scalars, stream);
+  if (dtype == Dtype::kBFloat16) return saved_backward_cuda_bf16(dtype, loop, scalars, stream);
+  run_rows_cuda<DtypeGroup::kWide>(dtype, loop, static_cast<cudaStream_t>(stream),
+      saved_backward_cuda_functor(scalars));
+}
+#endif
+#endif
+
 }  // namespace fusegen::op_softmax
 #endif  // FUSEGEN_HOST_CODE

@@ -52,9 +52,12 @@ FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
 }
 
-// The output of one element, from its inputs and the row's values, in float.
-FUSEGEN_HD void forward_outputs(float in_x, const float* row, float& out) {
+// The outputs of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void forward_outputs(float in_x, const float* row, float& out, float& saved0,
+    float& saved1) {
   out = expf(in_x - row[0])/row[1];
+  saved0 = row[0];
+  saved1 = row[1];
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
@@ -96,6 +99,26 @@ FUSEGEN_HD void backward_outputs(float dout, float in_x, const float* row, float
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
+FUSEGEN_HD void saved_backward_pass0(float dout, float in_x, float saved0, float saved1, float* v) {
+  v[0] = -dout*(expf(in_x - saved0)/saved1/saved1);
+}
+FUSEGEN_HD void saved_backward_init0(float* acc) {
+  acc[0] = 0.0f;
+}
+FUSEGEN_HD void saved_backward_combine0(float* acc, const float* other) {
+  acc[0] = acc[0] + other[0];
+}
+FUSEGEN_HD void saved_backward_finish0(float /*n*/, const float* acc, float* row) {
+  row[0] = acc[0];
+}
+
+// The output of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void saved_backward_outputs(float dout, float in_x, float saved0, float saved1,
+    const float* row, float& grad_x) {
+  grad_x = (dout/saved1 + row[0])*expf(in_x - saved0);
+}
+
+// Pass 0 over a row: what one element adds to accumulator 0.
 FUSEGEN_HD void forward_pass0(double in_x, double* v) {
   v[0] = in_x;
 }
@@ -123,9 +146,12 @@ FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
 }
 
-// The output of one element, from its inputs and the row's values, in double.
-FUSEGEN_HD void forward_outputs(double in_x, const double* row, double& out) {
+// The outputs of one element, from its inputs and the row's values, in double.
+FUSEGEN_HD void forward_outputs(double in_x, const double* row, double& out, double& saved0,
+    double& saved1) {
   out = exp(in_x - row[0])/row[1];
+  saved0 = row[0];
+  saved1 = row[1];
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
@@ -166,8 +192,30 @@ FUSEGEN_HD void backward_outputs(double dout, double in_x, const double* row, do
   grad_x = (dout/row[1] + row[2])*exp(in_x - row[0]);
 }
 
+// Pass 0 over a row: what one element adds to accumulator 0.
+FUSEGEN_HD void saved_backward_pass0(double dout, double in_x, double saved0, double saved1,
+    double* v) {
+  v[0] = -dout*(exp(in_x - saved0)/saved1/saved1);
+}
+FUSEGEN_HD void saved_backward_init0(double* acc) {
+  acc[0] = 0.0;
+}
+FUSEGEN_HD void saved_backward_combine0(double* acc, const double* other) {
+  acc[0] = acc[0] + other[0];
+}
+FUSEGEN_HD void saved_backward_finish0(double /*n*/, const double* acc, double* row) {
+  row[0] = acc[0];
+}
+
+// The output of one element, from its inputs and the row's values, in double.
+FUSEGEN_HD void saved_backward_outputs(double dout, double in_x, double saved0, double saved1,
+    const double* row, double& grad_x) {
+  grad_x = (dout/saved1 + row[0])*exp(in_x - saved0);
+}
+
 // The forward as a row function of 1 input and 1 output in the compute type T: its passes
-// over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh).
+// over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh),
+// and the row values its backward reads (saved0, saved1), written where the autograd node asks.
 template <typename T>
 struct Forward {
   static constexpr const char* kName = "fusegen::op_softmax::Forward";  // in the kernel source
@@ -175,7 +223,7 @@ struct Forward {
   static const RtcSource& source() { return rtc_source(); }
 #endif
   static constexpr int kInputs = 1;
-  static constexpr int kOutputs = 1;
+  static constexpr int kOutputs = 3;
   static constexpr int kRows = 2;    // values per row (one per accumulator)
   static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
@@ -185,11 +233,18 @@ struct Forward {
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
-    constexpr bool kPerRow[] = {false};
+    constexpr bool kPerRow[] = {false, true, true};
     return kPerRow[k];
   }
-  // Whether input i is a gather's index: its integers arrive converted to T, not stored
-  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false, true, true};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false};
     return kIndex[i];
@@ -229,7 +284,7 @@ struct Forward {
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                              [[maybe_unused]] T col, T* y) const {
-    forward_outputs(x[0], row, y[0]);
+    forward_outputs(x[0], row, y[0], y[1], y[2]);
   }
 };
 
@@ -254,8 +309,15 @@ struct Backward {
     constexpr bool kPerRow[] = {false};
     return kPerRow[k];
   }
-  // Whether input i is a gather's index: its integers arrive converted to T, not stored
-  // in the op's dtype (which may not hold them: bf16 has 8 significant bits).
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false};
     return kIndex[i];
@@ -296,6 +358,73 @@ struct Backward {
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                              [[maybe_unused]] T col, T* y) const {
     backward_outputs(x[0], x[1], row, y[0]);
+  }
+};
+
+// The backward reading the row values its forward saved (saved0, saved1: one per row,
+// in T) after its other inputs, instead of computing them again.
+template <typename T>
+struct SavedBackward {
+  static constexpr const char* kName = "fusegen::op_softmax::SavedBackward";
+      // in the kernel source
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
+  static constexpr int kInputs = 4;
+  static constexpr int kOutputs = 1;
+  static constexpr int kRows = 1;    // values per row (one per accumulator)
+  static constexpr int kPasses = 1;  // passes over a row before the outputs'
+  // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
+  FUSEGEN_HD static constexpr int pass_begin(int p) {
+    constexpr int kBegin[] = {0, 1};
+    return kBegin[p];
+  }
+  // Whether output k is one value per row (its tensor's last dimension is 1).
+  FUSEGEN_HD static constexpr bool per_row(int k) {
+    constexpr bool kPerRow[] = {false};
+    return kPerRow[k];
+  }
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false, true, true};
+    return kIndex[i];
+  }
+  template <int kP>
+  FUSEGEN_HD void init(T* acc) const {
+    if constexpr (kP == 0) {
+      saved_backward_init0(acc);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
+    if constexpr (kP == 0) {
+      saved_backward_pass0(x[0], x[1], x[2], x[3], v);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void combine(T* acc, const T* other) const {
+    if constexpr (kP == 0) {
+      saved_backward_combine0(acc, other);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void finish(T n, const T* acc, T* row) const {
+    if constexpr (kP == 0) {
+      saved_backward_finish0(n, acc, row);
+    }
+  }
+  FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                             [[maybe_unused]] T col, T* y) const {
+    saved_backward_outputs(x[0], x[1], x[2], x[3], row, y[0]);
   }
 };
 

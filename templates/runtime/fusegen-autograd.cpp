@@ -498,10 +498,13 @@ std::vector<bool> row_sums(const OpDef& def, c10::ArrayRef<InputMeta> meta, Need
 // create_graph, the autograd kernel records FusedDoubleBackward (double backward).
 // With SplitHalves, both halves' gradients are computed when u's is needed (its edge is in
 // the low half's place) and joined into it (split_gradient, join_halves).
+// saved_rows: the row values the forward saved (a row op's, where it called its kernels
+// itself), which the direct call reads instead of computing them again.
 template <typename Needs>
 variable_list first_order_grads(const Op& op, variable_list douts, std::vector<at::Tensor> saved,
                                 c10::ArrayRef<double> scalars, c10::ArrayRef<InputMeta> meta,
-                                const SplitHalves& split, Needs&& needs_edge) {
+                                const SplitHalves& split, Needs&& needs_edge,
+                                const at::Tensor& saved_rows = at::Tensor()) {
   const OpDef& def = *op.def;
   variable_list grads(def.num_inputs);
   if (def.joined && douts.size() == 1)  // the result's gradient: the halves are the outputs'
@@ -537,7 +540,7 @@ variable_list first_order_grads(const Op& op, variable_list douts, std::vector<a
       const bool cuda = device_arg(a.named(def)).tensor.is_cuda();
       const std::vector<bool> summed =
           given.empty() ? row_sums(def, meta, needs, mask, cuda) : std::vector<bool>();
-      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a, given, summed);
+      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a, given, summed, &saved_rows);
     }
     torch::jit::Stack stack;
     a.push(stack);
@@ -581,12 +584,14 @@ class FusedBackward final : public torch::autograd::Node {
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);
     for (torch::autograd::SavedVariable& s : saved_) s.reset_data();
+    saved_rows_.reset_data();
   }
 
   variable_list apply(variable_list&& douts) override {
     std::lock_guard<std::mutex> lock(mutex_);
     return first_order_grads(*op_, std::move(douts), unpack_saved(), scalars_, meta_, split_,
-                             [&](int i) { return task_should_compute_output(i); });
+                             [&](int i) { return task_should_compute_output(i); },
+                             saved_rows_.unpack());
   }
 
   // Compiled autograd: the node's state for the cache key (tensors and sizes become graph
@@ -643,6 +648,10 @@ class FusedBackward final : public torch::autograd::Node {
   c10::SmallVector<double, 4> scalars_;                // def.backward_scalars, in order
   c10::SmallVector<InputMeta, 4> meta_;                // per input
   SplitHalves split_;                                  // inputs that are the halves of one split
+  // A row op's row values the forward saved (OpDef::num_saved_rows), where it ran its kernels
+  // directly (record_forward); compiled autograd and a create_graph backward compute them
+  // again, through <name>_backward.
+  torch::autograd::SavedVariable saved_rows_;
 
  private:
   // Whether saved tensor i is the forward's output (saved as an output); the random state
@@ -875,6 +884,27 @@ void composite_forward_mode(const Op& op, bool backward, torch::jit::Stack* stac
 // ---------------------------------------------------------------------------------------
 // The Autograd kernel: the node's bookkeeping around a redispatch below autograd.
 
+// The device whose kernel the forward's redispatch below autograd would reach, when it is
+// this runtime's own CPU or CUDA kernel and the forward saves row values for its backward
+// (OpDef::num_saved_rows): no other dispatch key on the way (a mode, functionalization, a
+// subclass such as FakeTensor or DTensor) and plain tensors, as direct_call_ok asks of the
+// backward. Otherwise the forward goes through the dispatcher and saves nothing.
+std::optional<Device> direct_forward(const OpDef& def, c10::DispatchKeySet keys,
+                                     const ForwardArgs& a) {
+  if (!def.rows || def.num_saved_rows == 0) return std::nullopt;
+  const c10::DispatchKeySet forced =
+      c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
+  if (!forced.empty()) return std::nullopt;
+  const c10::DispatchKeySet below =
+      (keys & c10::after_autograd_keyset) - c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView);
+  const c10::DispatchKey key = below.highestPriorityTypeId();
+  if (key != c10::DispatchKey::CPU && key != c10::DispatchKey::CUDA) return std::nullopt;
+  for (const at::Tensor& t : a.tensors) {
+    if (!is_plain(t) || has_tangent(t)) return std::nullopt;
+  }
+  return key == c10::DispatchKey::CUDA ? Device::kCuda : Device::kCpu;
+}
+
 // The forward with autograd, as PyTorch's generated autograd kernels do it: the node and
 // its edges (when `graph`), the output from the kernels below autograd, the output's
 // history, its tangent (when `tangents`), then the saved tensors (the output's after its
@@ -907,14 +937,22 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
   for (const at::Tensor& t : a.tensors) fn->meta_.emplace_back(t);
   for (int i = 0; i < def.num_backward_scalars; ++i)
     fn->scalars_.push_back(a.scalars[def.backward_scalars[i]]);
-  at::Tensor state;  // an op that draws random numbers: the state it drew with
+  at::Tensor state;       // an op that draws random numbers: the state it drew with
+  at::Tensor saved_rows;  // a row op's row values for its backward (OpDef::num_saved_rows)
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const BackwardExpected expected(def.num_kernel_grads > 0);
+    const std::optional<Device> direct = direct_forward(def, keys, a);
     if (def.num_random > 0) {
       op.sampled_op->redispatchBoxed(keys & c10::after_autograd_keyset, stack);
       state = stack->back().toTensor();
       stack->pop_back();
+    } else if (direct) {
+      // What the redispatch would reach (this runtime's CPU or CUDA kernel), called here so
+      // that the forward can hand its row values to the backward.
+      std::vector<at::Tensor> out = run_forward(op, *direct, a, false, &saved_rows);
+      torch::jit::drop(*stack, def.num_inputs + def.num_scalars);
+      for (at::Tensor& t : out) stack->emplace_back(std::move(t));
     } else {
       handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
     }
@@ -935,6 +973,7 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
                             /*is_output=*/k == kResult);
   }
   if (state.defined()) fn->saved_.emplace_back(state, /*is_output=*/false);
+  if (saved_rows.defined()) fn->saved_rows_ = torch::autograd::SavedVariable(saved_rows, false);
 }
 
 // The backward with autograd (create_graph, or a torch.func transform): its node

@@ -97,6 +97,7 @@ at::ScalarType check_args(const std::string& op, const Args& args) {
     TORCH_CHECK(t.device() == first.tensor.device() || is_cpu_scalar(t), "fusegen::", op,
                 ": argument '", arg.name, "' is on ", t.device(), ", expected ",
                 first.tensor.device(), " (the device of '", first.name, "')");
+    if (arg.row_value) continue;  // (the runtime's own: in the compute type already)
     if (arg.index) {  // as torch.gather's index: integers, which take no part in promotion
       TORCH_CHECK(at::isIntegralType(type, /*includeBool=*/false), "fusegen::", op,
                   ": argument '", arg.name, "' is the index of a gather; expected an integer "
@@ -158,7 +159,7 @@ std::vector<at::Tensor> kernel_inputs(const Args& args, at::ScalarType dtype,
     }
     // A gather's index in the accumulator type the row kernels compute in, which holds
     // every index of a row they take (run_rows checks the length).
-    const at::ScalarType type = arg.index ? acc_dtype(dtype) : dtype;
+    const at::ScalarType type = arg.index || arg.row_value ? acc_dtype(dtype) : dtype;
     out.push_back(t.scalar_type() == type ? t : t.to(type));
   }
   return out;
@@ -690,7 +691,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
     RowStrides rs{0, 0};
     if (!row_strides(t, concrete, rs)) {
       std::vector<int64_t> own = concrete;  // a gather's index stays one value per row
-      if (args[i].index) own.back() = 1;
+      if (args[i].index || args[i].row_value) own.back() = 1;
       t = t.expand(own).contiguous();
       row_strides(t, concrete, rs);
     }
@@ -894,15 +895,40 @@ void check_probabilities(const std::string& op, const OpDef& def, const ForwardA
   }
 }
 
+// The row values a row op's forward saves for its backward (OpDef::num_saved_rows), side
+// by side in the last dimension of one tensor of the compute type: its views, one per
+// value, as the forward's extra outputs (given) or the backward's extra inputs.
+std::vector<at::Tensor> saved_row_views(const at::Tensor& saved_rows) {
+  std::vector<at::Tensor> views;
+  for (int64_t k = 0; k < saved_rows.size(-1); ++k) views.push_back(saved_rows.narrow(-1, k, 1));
+  return views;
+}
+
 // The forward on one device: its outputs, in order; a joined op's two outputs are written
 // into the halves of one tensor (no concatenation), which is its one result. An op that
-// draws random numbers draws them here, and `sampled` adds the state it drew with.
+// draws random numbers draws them here, and `sampled` adds the state it drew with; a row op
+// with saved rows writes them into `saved_rows` when given.
 std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a,
-                                    bool sampled) {
+                                    bool sampled, at::Tensor* saved_rows) {
   const OpDef& def = *op.def;
   const OpDef& cpu = device == Device::kCpu ? cpu_kernels_of(op) : def;  // its CPU kernels
   const Args args = a.named(def);
-  const std::vector<bool> all(def.num_outputs, true);
+  // The kernel's outputs: the op's, then the row values it saves (written when asked).
+  const bool saving = saved_rows != nullptr && def.num_saved_rows > 0;
+  std::vector<bool> all(def.num_outputs, true);
+  all.resize(def.num_outputs + (def.rows ? def.num_saved_rows : 0), saving);
+  std::vector<at::Tensor> given(def.num_outputs);
+  if (saving) {
+    const at::ScalarType dtype = check_args(op.name, args);
+    c10::SymDimVector shape = broadcast_shape(op.name, args);
+    TORCH_CHECK(!shape.empty(), "fusegen::", op.name,
+                ": the op reduces over the last dimension, and every tensor argument is 0-d; "
+                "expected at least one argument with a dimension");
+    shape.back() = def.num_saved_rows;
+    const at::TensorOptions options = device_arg(args).tensor.options();
+    *saved_rows = at::empty_symint(shape, options.dtype(acc_dtype(dtype)));
+    for (at::Tensor& view : saved_row_views(*saved_rows)) given.push_back(std::move(view));
+  }
   Drawn drawn;  // (an op that draws random numbers is never a row op: spec.py refuses it)
   if (def.num_random > 0) {
     check_probabilities(op.name, def, a);
@@ -913,7 +939,8 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
   std::vector<at::Tensor> out;
   if (def.rows && !def.joined) {
     out = run_rows(op.name, device, args, all, def.per_row, cpu.forward_rows_cpu,
-                   def.forward_cuda, a.scalars.data(), {});
+                   def.forward_cuda, a.scalars.data(), given);
+    out.resize(def.num_outputs);  // (the saved rows' views)
   } else if (!def.joined) {
     out = run_kernel(op.name, device, args, all, cpu.forward_cpu, def.forward_cuda,
                      a.scalars.data(), {}, random);
@@ -927,8 +954,10 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
     const at::Tensor whole =
         at::empty_symint(shape, device_arg(args).tensor.options().dtype(dtype));
     if (def.rows) {
+      const std::vector<at::Tensor> halves = halves_of(whole);
+      std::copy(halves.begin(), halves.end(), given.begin());
       run_rows(op.name, device, args, all, def.per_row, cpu.forward_rows_cpu, def.forward_cuda,
-               a.scalars.data(), halves_of(whole));
+               a.scalars.data(), given);
     } else {
       run_kernel(op.name, device, args, all, cpu.forward_cpu, def.forward_cuda, a.scalars.data(),
                  halves_of(whole), random);
@@ -945,10 +974,18 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
 // draws random numbers regenerates its forward's from the state given last.
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given,
-                                     const std::vector<bool>& summed) {
+                                     const std::vector<bool>& summed,
+                                     const at::Tensor* saved_rows) {
   const OpDef& def = *op.def;
   const OpDef& cpu = device == Device::kCpu ? cpu_kernels_of(op) : def;  // its CPU kernels
-  const Args args = a.named(def);
+  Args args = a.named(def);
+  if (def.rows && saved_rows != nullptr && saved_rows->defined()) {
+    const std::vector<at::Tensor> views = saved_row_views(*saved_rows);
+    for (const at::Tensor& view : views) args.push_back({"saved row values", view, false, true});
+    return requested(run_rows(op.backward_name, device, args, a.mask, nullptr,
+                              cpu.saved_backward_rows_cpu, def.saved_backward_cuda,
+                              a.scalars.data(), given, summed));
+  }
   if (def.rows) {  // gradients at the broadcast shape: none is one value per row
     return requested(run_rows(op.backward_name, device, args, a.mask, nullptr,
                               cpu.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given,

@@ -5,8 +5,10 @@
 //   combine<P> and finish<P> (the row's values row[k] from the accumulators);
 //   operator()(x, row, col, y) the outputs of one element (col: its index along the row,
 //   which a gather compares with its index); F::per_row(k): output k is one value per row
-//   (written once, at the row's first element); F::index(i): input i is a gather's index,
-//   one per row, which arrives in the compute type.
+//   (written once, at the row's first element); F::raw(k): output k (one value per row) is
+//   stored in the compute type, a row value the forward saves for its backward;
+//   F::index(i): input i is one value per row in the compute type (a gather's index, or a
+//   saved row value).
 #ifndef FUSEGEN_ROWS_H_
 #define FUSEGEN_ROWS_H_
 
@@ -151,6 +153,10 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
         if (base[k] == nullptr || (F::per_row(k) && j > 0)) continue;
         const int64_t count = F::per_row(k) ? 1 : m;
         char* out = base[k] + j * col[k];
+        if (F::raw(k)) {  // (one value per row, in the compute type)
+          *reinterpret_cast<A*>(out) = y[k][0];
+          continue;
+        }
         if (loop.summed != nullptr && loop.summed[k]) {  // (its row of A: step[k] is 0)
           for (int64_t e = 0; e < count; ++e) *reinterpret_cast<A*>(out + e * col[k]) += y[k][e];
           continue;

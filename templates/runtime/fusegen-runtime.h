@@ -225,7 +225,7 @@ struct GradDef {
 constexpr int kResult = -1;
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 12;
+constexpr int kAbi = 14;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;
@@ -272,6 +272,15 @@ struct OpDef {
   bool backward_accumulates = false;         // backward_cuda takes accumulators
                                              // (accumulates_in_kernel), or for a row op sums
                                              // outputs over the rows: not an auxiliary op's
+  // A row op whose backward reads row values its forward computes (a cross-entropy's
+  // logsumexp and its label's count): the forward's kernels write them as num_saved_rows
+  // more outputs after num_outputs, one value per row each, in the compute type (float;
+  // double for float64), where asked; saved_backward_* read them as per-row inputs after
+  // the backward's own tensors and make fewer passes over the row than backward_*, which
+  // compute them again. The Autograd kernel saves them where it calls the kernels itself.
+  int num_saved_rows = 0;
+  RowCpuKernel saved_backward_rows_cpu = nullptr;
+  CudaKernel saved_backward_cuda = nullptr;
   // Forward-mode AD through fusegen::<name>_jvp (built into the same library): its tensor
   // arguments, each an index into the inputs (that input's primal) or num_inputs + i
   // (input i's tangent), and its scalars as indices into the scalars. num_jvp_args: -1 when
