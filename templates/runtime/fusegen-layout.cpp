@@ -465,6 +465,15 @@ std::vector<at::Tensor> run_contiguous(const Args& args, const std::vector<bool>
   return outputs;
 }
 
+// The broadcast shape of a row op's arguments, which must have a last dimension to reduce.
+c10::SymDimVector row_shape(const std::string& name, const Args& args) {
+  c10::SymDimVector shape = broadcast_shape(name, args);
+  TORCH_CHECK(!shape.empty(), "fusegen::", name,
+              ": the op reduces over the last dimension, and every tensor argument is 0-d; "
+              "expected at least one argument with a dimension");
+  return shape;
+}
+
 // A row op's layout. Each operand is seen as rows along its last dimension: its stride along a
 // row and one stride from row to row, which the leading dimensions must collapse into (true of
 // contiguous tensors, of anything broadcast over them such as a weight of shape (H,), and of
@@ -574,10 +583,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   std::optional<c10::cuda::CUDAGuard> device_guard;
   if (device == Device::kCuda) device_guard.emplace(on);
 #endif
-  const c10::SymDimVector shape = broadcast_shape(name, args);
-  TORCH_CHECK(!shape.empty(), "fusegen::", name,
-              ": the op reduces over the last dimension, and every tensor argument is 0-d; "
-              "expected at least one argument with a dimension");
+  const c10::SymDimVector shape = row_shape(name, args);
   const at::TensorOptions options = device_arg(args).tensor.options().dtype(dtype);
   // Per operand: an output summed over the rows (bool, not vector<bool>: the kernel reads
   // an array of them).
@@ -920,10 +926,7 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
   std::vector<at::Tensor> given(def.num_outputs);
   if (saving) {
     const at::ScalarType dtype = check_args(op.name, args);
-    c10::SymDimVector shape = broadcast_shape(op.name, args);
-    TORCH_CHECK(!shape.empty(), "fusegen::", op.name,
-                ": the op reduces over the last dimension, and every tensor argument is 0-d; "
-                "expected at least one argument with a dimension");
+    c10::SymDimVector shape = row_shape(op.name, args);
     shape.back() = def.num_saved_rows;
     const at::TensorOptions options = device_arg(args).tensor.options();
     *saved_rows = at::empty_symint(shape, options.dtype(acc_dtype(dtype)));
