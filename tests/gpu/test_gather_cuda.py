@@ -3,7 +3,8 @@ ignore_index, through both shapes of the row kernel (a warp per row up to 1024 e
 block beyond) and the vocabularies of Llama 2 and 3 (32000, 128256: bfloat16 cannot hold
 their indices, the kernel compares them in float), every dtype, against F.cross_entropy in
 float64 on the same values, the loss and the logits' gradient; the same bits on two runs;
-under CUDA graph capture; an index outside its row is NaN in that row only.
+under CUDA graph capture; an index outside its row is NaN in that row only; the backward
+from the saved logsumexp gives the bits of the one that computes it again.
 
     PYTHONPATH=. python -m pytest -q -m cuda tests/gpu/test_gather_cuda.py
 """
@@ -97,3 +98,18 @@ def test_cuda_graph_capture():
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.testing.assert_close(out, op(x, label), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_the_saved_logsumexp_gives_the_bits_of_computing_it_again(dtype, n):
+    """The forward saves each row's logsumexp and label count (docs/rows.md): the backward
+    autograd calls directly reads them, the one through <name>_backward (create_graph)
+    computes them again, with the same bits."""
+    op = ops()["plain"]
+    assert op.spec.saved_rows and op.spec.saved_backward_rows.levels == 0
+    x, label = _case(n, dtype, seed=3)
+    g = torch.randn(ROWS, 1, device="cuda").to(dtype)
+    (saved,) = torch.autograd.grad(op(x, label), x, g)
+    (again,) = torch.autograd.grad(op(x, label), x, g, create_graph=True)
+    assert torch.equal(saved, again.detach())

@@ -5,7 +5,8 @@ registers or read again by each pass), every dtype, against eager in float64 on 
 values, forward and every gradient; 3-D, transposed, sliced and per-row broadcast inputs;
 two runs, and the two compilers (NVRTC, nvcc), give the same bits; amax's and amin's
 gradient is split evenly between ties; no rows, no work; a weight's gradient summed over the
-rows in the kernel (large shapes, two runs, deterministic mode).
+rows in the kernel (large shapes, two runs, deterministic mode); the backward that reads the
+row values its forward saved gives the bits of the one that computes them again.
 
     PYTHONPATH=. python -m pytest -q -m cuda tests/gpu/test_rows_cuda.py
 """
@@ -286,3 +287,22 @@ def test_no_rows_gives_empty_results(ops, name, lead):
     want = _run(OPS[name][3], leaves, douts)
     for k, (a, w) in enumerate(zip(got, want)):
         assert a.shape == w.shape and (a.numel() == 0 or torch.equal(a, w)), f"{name} {lead}, result {k}"
+
+
+@pytest.mark.parametrize("n", [7, 1000, 4096, 20000])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["softmax", "layernorm", "log_softmax"])
+def test_saved_row_values_give_the_bits_of_computing_them_again(ops, name, dtype, n):
+    """softmax's, LayerNorm's and log_softmax's forward save row values for the backward
+    (docs/rows.md): the backward autograd calls directly reads them, the one through
+    <name>_backward (create_graph) computes them again, with the same bits."""
+    op = ops["nvrtc"][name]
+    assert op.spec.saved_rows
+    leaves = _inputs(name, (ROWS,), n, dtype)
+    douts = _douts(name, leaves, dtype)
+    saved = _run(_call(op, name), leaves, douts)
+    xs = [t.detach().requires_grad_() for t in leaves]
+    out = _call(op, name)(*xs)
+    again = torch.autograd.grad(out, xs, douts, create_graph=True)
+    for k, (a, b) in enumerate(zip(saved[1:], again)):
+        assert torch.equal(a, b.detach()), f"{name} {dtype} rows of {n}, gradient {k}"
