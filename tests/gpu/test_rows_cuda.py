@@ -295,14 +295,13 @@ def test_no_rows_gives_empty_results(ops, name, lead):
 def test_saved_row_values_give_the_bits_of_computing_them_again(ops, name, dtype, n):
     """softmax's, LayerNorm's and log_softmax's forward save row values for the backward
     (docs/rows.md): the backward autograd calls directly reads them, the one through
-    <name>_backward (create_graph) computes them again, with the same bits."""
+    <name>_backward (create_graph) computes them again, with the same bits of x's gradient
+    (a weight's is summed in the kernel on the direct path only, in another order)."""
     op = ops["nvrtc"][name]
     assert op.spec.saved_rows
     leaves = _inputs(name, (ROWS,), n, dtype)
     douts = _douts(name, leaves, dtype)
     saved = _run(_call(op, name), leaves, douts)
     xs = [t.detach().requires_grad_() for t in leaves]
-    out = _call(op, name)(*xs)
-    again = torch.autograd.grad(out, xs, douts, create_graph=True)
-    for k, (a, b) in enumerate(zip(saved[1:], again)):
-        assert torch.equal(a, b.detach()), f"{name} {dtype} rows of {n}, gradient {k}"
+    again = torch.autograd.grad(_call(op, name)(*xs), xs, douts, create_graph=True)
+    assert torch.equal(saved[1], again[0].detach()), f"{name} {dtype} rows of {n}"
