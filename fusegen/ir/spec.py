@@ -158,6 +158,7 @@ class OpSpec:
                                for g in self.kernel_gradients},
             "backward_reads": list(self.backward_inputs) + list(self.backward_scalars),
             "saved": self._saved_doc(),
+            **({"saved_row_values": [text(n) for n in self.saved_rows]} if self.saved_rows else {}),
             "auxiliary_ops": {a.name: {"inputs": list(a.inputs) + list(a.scalars), "forward": _forward_doc(a)}
                               for a in auxiliary},
             "fusegen_version": FUSEGEN_VERSION,
