@@ -350,6 +350,9 @@ def test_saved_row_values_give_the_gradients_of_eager(name):
     with torch.no_grad():
         _, packed = _saved_by_the_node(lambda *a: call(name)(*a).requires_grad_(), *[x.detach() for x in xs])
     assert packed == []
+    empty = [x.detach()[:, :0].requires_grad_() if x.dim() == 2 else x.detach()[:0].requires_grad_() for x in xs]
+    grads, _ = _saved_by_the_node(call(name), *empty)  # rows of no element: nothing to save
+    assert [g.shape for g in grads] == [x.shape for x in empty]
 
 
 def test_per_row_output_has_a_last_dimension_of_one():

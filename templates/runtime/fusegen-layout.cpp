@@ -919,19 +919,22 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
   const OpDef& def = *op.def;
   const OpDef& cpu = device == Device::kCpu ? cpu_kernels_of(op) : def;  // its CPU kernels
   const Args args = a.named(def);
-  // The kernel's outputs: the op's, then the row values it saves (written when asked).
-  const bool saving = saved_rows != nullptr && def.num_saved_rows > 0;
-  std::vector<bool> all(def.num_outputs, true);
-  all.resize(def.num_outputs + (def.rows ? def.num_saved_rows : 0), saving);
+  // The kernel's outputs: the op's, then the row values it saves (written when asked, and
+  // rows have an element: rows of none have no value to reduce, and the backward nothing to
+  // read, as it computes without them).
   std::vector<at::Tensor> given(def.num_outputs);
+  c10::SymDimVector shape;
+  if (saved_rows != nullptr && def.num_saved_rows > 0) shape = row_shape(op.name, args);
+  const bool saving = !shape.empty() && shape.back() != 0;
   if (saving) {
     const at::ScalarType dtype = check_args(op.name, args);
-    c10::SymDimVector shape = row_shape(op.name, args);
     shape.back() = def.num_saved_rows;
     const at::TensorOptions options = device_arg(args).tensor.options();
     *saved_rows = at::empty_symint(shape, options.dtype(acc_dtype(dtype)));
     for (at::Tensor& view : saved_row_views(*saved_rows)) given.push_back(std::move(view));
   }
+  std::vector<bool> all(def.num_outputs, true);
+  all.resize(def.num_outputs + (def.rows ? def.num_saved_rows : 0), saving);
   Drawn drawn;  // (an op that draws random numbers is never a row op: spec.py refuses it)
   if (def.num_random > 0) {
     check_probabilities(op.name, def, a);
