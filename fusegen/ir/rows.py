@@ -47,20 +47,12 @@ def row_symbol(k: int) -> sympy.Symbol:
 
 
 def is_row_symbol(s) -> bool:
-    return _is_numbered(s, names.ROW_PREFIX)
+    return isinstance(s, sympy.Symbol) and not s.is_real and s.name.startswith(names.ROW_PREFIX) \
+        and s.name[len(names.ROW_PREFIX):].isdigit()
 
 
 def saved_row_symbol(k: int) -> sympy.Symbol:
     return sympy.Symbol(f"{names.SAVED_ROW_PREFIX}{k}")
-
-
-def is_saved_row_symbol(s) -> bool:
-    return _is_numbered(s, names.SAVED_ROW_PREFIX)
-
-
-def _is_numbered(s, prefix: str) -> bool:
-    return isinstance(s, sympy.Symbol) and not s.is_real and s.name.startswith(prefix) \
-        and s.name[len(prefix):].isdigit()
 
 
 @dataclass(frozen=True)
@@ -237,17 +229,17 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "", gi
     return RowProgram(tuple(accumulators), tuple((n, e) for (n, _), e in zip(results, out)), per_row)
 
 
-def saved_rows(outputs, forward_results, backward_results, scalars=(), op: str = ""):
+def saved_rows(outputs, backward_results, recomputing: RowProgram, scalars=(), op: str = ""):
     """(the forward's reductions whose row values its backward reads, the backward's program
     reading them as the per-row values saved0, saved1, ...), or ((), None) when reading them
-    saves the backward no pass over the row. The forward writes them (`forward_results` gain
-    one result of one value per row each, `saved<k>`), in the compute type."""
+    saves the backward (scheduled without them: `recomputing`) no pass over the row. The
+    forward writes them (one more result of one value per row each, `saved<k>`), in the
+    compute type."""
     forward_nodes = {n for n in dag.postorder(list(outputs)) if fn.is_reduction(n)}
     exprs = [e for _, e in backward_results]
     shared = [n for n in dag.postorder(exprs) if fn.is_reduction(n) and n in forward_nodes]
     if not shared:
         return (), None
-    recomputing = schedule(backward_results, scalars, op)
     program = schedule(backward_results, scalars, op, {n: saved_row_symbol(k) for k, n in enumerate(shared)})
     if program.levels >= recomputing.levels:
         return (), None

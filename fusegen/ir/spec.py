@@ -298,7 +298,7 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
             # The row values the backward would compute again, saved by the forward where
             # that saves a pass; not for an auxiliary op, whose backward runs without it.
             if not auxiliary:
-                saved_rows, saved_backward_rows = rows.saved_rows(outputs, forward_results, backward_results,
+                saved_rows, saved_backward_rows = rows.saved_rows(outputs, backward_results, backward_rows,
                                                                   parsed.scalars, name)
         forward_rows = rows.schedule(forward_results + [(rows.saved_row_symbol(k).name, n)
                                                         for k, n in enumerate(saved_rows)],

@@ -12,6 +12,7 @@
 #ifndef FUSEGEN_ROWS_H_
 #define FUSEGEN_ROWS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -136,7 +137,7 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
     A row[kRowSlots<F>];
     row_passes<0, S>(f, base + kOut, col + kOut, length, row);
     // (outputs of one value per row each: element 0 alone, fusegen-runtime.h's all_per_row)
-    const int64_t span = all_per_row<F>() && length > 1 ? 1 : length;
+    const int64_t span = all_per_row<F>() ? std::min<int64_t>(length, 1) : length;
     for (int64_t j = 0; j < span; j += kCpuRowBlock) {
       const int64_t m = span - j < kCpuRowBlock ? span - j : kCpuRowBlock;
       const A* xp[kIn > 0 ? kIn : 1];
