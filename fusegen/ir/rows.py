@@ -173,10 +173,12 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "", gi
     pending = []        # (kind, element, finish, level), in the order made
     level_of: dict = {}  # row symbol -> level
 
-    # One value per row: reads row values, scalars and numbers only. (A given row value is
-    # not among them: it is read as an input, in a pass, never in an accumulator's finish.)
+    # One value per row: reads row values (given ones too: a finish reads them as the row's
+    # per-row inputs), scalars and numbers only.
+    given_symbols = set((given or {}).values())
+
     def per_row(e) -> bool:
-        return all(is_row_symbol(s) or s.name in scalars for s in dag.free_symbols([e]))
+        return all(is_row_symbol(s) or s in given_symbols or s.name in scalars for s in dag.free_symbols([e]))
 
     zero = ZeroTest(fn.index_symbols(exprs))
     for node in dag.postorder(exprs):

@@ -161,10 +161,19 @@ __device__ __forceinline__ void row_load(const RowArgs<kN>& a, char* const* base
   }
 }
 
+// The row's per-row inputs (F::index), which a finish may read: first[i] (0 for the others).
+template <typename F, typename A>
+__device__ __forceinline__ void row_firsts(char* const* base, A* first) {
+#pragma unroll
+  for (int i = 0; i < F::kInputs; ++i)
+    first[i] = F::index(i) ? *reinterpret_cast<const A*>(base[F::kOutputs + i]) : A(0);
+}
+
 template <int kP, typename S, typename F, int kRowThreads, bool kVector, int kIters, int kN>
 __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, char* const* base,
                                            int lane, const RowCache<S, F, kIters>& c,
-                                           acc_t<S>* row, acc_t<S> (*shared)[kRowSlots<F>]) {
+                                           const acc_t<S>* first, acc_t<S>* row,
+                                           acc_t<S> (*shared)[kRowSlots<F>]) {
   if constexpr (kP < F::kPasses) {
     using A = acc_t<S>;
     constexpr int kVec = kRowVec<S, kVector>;
@@ -181,8 +190,8 @@ __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, cha
       }
     });
     row_combine<kP, kRowThreads>(f, acc, shared);
-    f.template finish<kP>(static_cast<A>(a.length), acc, row);
-    row_passes<kP + 1, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
+    f.template finish<kP>(first, static_cast<A>(a.length), acc, row);
+    row_passes<kP + 1, S, F, kRowThreads, kVector>(f, a, base, lane, c, first, row, shared);
   }
 }
 
@@ -280,7 +289,9 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
     if (first >= a.rows) return;  // whole warps (kRowThreads 32) or the whole block
     row_bases(a, first, base);
     row_load<S, F, kRowThreads>(a, base, lane, c);
-    row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
+    A first[F::kInputs > 0 ? F::kInputs : 1];
+    row_firsts<F>(base, first);
+    row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, first, row, shared);
     const auto outputs = [&](int t, int64_t j) {
       A y[kVec][F::kOutputs];
       row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
@@ -305,7 +316,9 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
     }
     for (int64_t r = first; r < a.rows; r += int64_t(gridDim.x) * kGroups) {
       row_bases(a, r, base);
-      row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, row, shared);
+      A first[F::kInputs > 0 ? F::kInputs : 1];
+      row_firsts<F>(base, first);
+      row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, first, row, shared);
       // (the thread's kSumIters accesses, unrolled: t names its sums' slots)
       row_each<kRowThreads, kVec, kSumIters>(a.length, lane, [&](int t, int64_t j) {
         A y[kVec][F::kOutputs];

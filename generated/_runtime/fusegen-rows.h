@@ -2,7 +2,8 @@
 // dimension): per row, one pass over its elements per level of reductions, then one that
 // writes the outputs. The functor F (the op's Forward or Backward, <name>.h) holds the math:
 //   F::kPasses passes; pass P's accumulators init<P>, pass<P> (what one element adds),
-//   combine<P> and finish<P> (the row's values row[k] from the accumulators);
+//   combine<P> and finish<P> (the row's values row[k] from the accumulators and the row's
+//   per-row inputs);
 //   operator()(x, row, col, y) the outputs of one element (col: its index along the row,
 //   which a gather compares with its index); F::per_row(k): output k is one value per row
 //   (written once, at the row's first element); F::raw(k): output k (one value per row) is
@@ -56,9 +57,17 @@ FUSEGEN_CPU_TARGETS void row_block_inputs(char* const* in, const int64_t* stride
   }
 }
 
+// The row's per-row inputs (F::index), which a finish may read: first[i] (0 for the others).
+template <typename F, typename A>
+FUSEGEN_CPU_TARGETS void row_firsts(char* const* in, A* first) {
+  for (int i = 0; i < F::kInputs; ++i)
+    first[i] = F::index(i) ? *reinterpret_cast<const A*>(in[i]) : A(0);
+}
+
 template <int kPass, typename S, typename F>
 FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* stride,
-                                    int64_t length, typename Host<S>::acc* row) {
+                                    int64_t length, const typename Host<S>::acc* first,
+                                    typename Host<S>::acc* row) {
   if constexpr (kPass < F::kPasses) {
     using A = typename Host<S>::acc;
     constexpr int kBegin = F::pass_begin(kPass);
@@ -109,8 +118,8 @@ FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* 
       for (int k = kBegin; k < kEnd; ++k) other[k] = lanes[k][l];
       f.template combine<kPass>(total, other);
     }
-    f.template finish<kPass>(static_cast<A>(length), total, row);
-    row_passes<kPass + 1, S>(f, in, stride, length, row);
+    f.template finish<kPass>(first, static_cast<A>(length), total, row);
+    row_passes<kPass + 1, S>(f, in, stride, length, first, row);
   }
 }
 
@@ -134,8 +143,10 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
     char* base[kN];
     for (int k = 0; k < kN; ++k)
       base[k] = loop.data[k] == nullptr ? nullptr : loop.data[k] + r * step[k];
+    A first[kIn > 0 ? kIn : 1];
+    row_firsts<F>(base + kOut, first);
     A row[kRowSlots<F>];
-    row_passes<0, S>(f, base + kOut, col + kOut, length, row);
+    row_passes<0, S>(f, base + kOut, col + kOut, length, first, row);
     // (outputs of one value per row each: element 0 alone, fusegen-runtime.h's all_per_row)
     const int64_t span = all_per_row<F>() ? std::min<int64_t>(length, 1) : length;
     for (int64_t j = 0; j < span; j += kCpuRowBlock) {

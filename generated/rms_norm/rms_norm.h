@@ -173,7 +173,7 @@ struct Forward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void finish(T n, const T* acc, T* row) const {
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       forward_finish0(n, acc, row);
     }
@@ -238,7 +238,7 @@ struct Backward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void finish(T n, const T* acc, T* row) const {
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       backward_finish0(n, acc, row);
     }

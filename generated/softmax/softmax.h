@@ -99,8 +99,8 @@ FUSEGEN_HD void backward_outputs(float dout, float in_x, const float* row, float
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
-FUSEGEN_HD void saved_backward_pass0(float dout, float in_x, float saved0, float saved1, float* v) {
-  v[0] = -dout*(expf(in_x - saved0)/saved1/saved1);
+FUSEGEN_HD void saved_backward_pass0(float dout, float in_x, float saved0, float* v) {
+  v[0] = dout*expf(in_x - saved0);
 }
 FUSEGEN_HD void saved_backward_init0(float* acc) {
   acc[0] = 0.0f;
@@ -108,8 +108,8 @@ FUSEGEN_HD void saved_backward_init0(float* acc) {
 FUSEGEN_HD void saved_backward_combine0(float* acc, const float* other) {
   acc[0] = acc[0] + other[0];
 }
-FUSEGEN_HD void saved_backward_finish0(float /*n*/, const float* acc, float* row) {
-  row[0] = acc[0];
+FUSEGEN_HD void saved_backward_finish0(float saved1, float /*n*/, const float* acc, float* row) {
+  row[0] = -(1.0f/saved1)*(1.0f/saved1)*acc[0];
 }
 
 // The output of one element, from its inputs and the row's values, in float.
@@ -193,9 +193,8 @@ FUSEGEN_HD void backward_outputs(double dout, double in_x, const double* row, do
 }
 
 // Pass 0 over a row: what one element adds to accumulator 0.
-FUSEGEN_HD void saved_backward_pass0(double dout, double in_x, double saved0, double saved1,
-    double* v) {
-  v[0] = -dout*(exp(in_x - saved0)/saved1/saved1);
+FUSEGEN_HD void saved_backward_pass0(double dout, double in_x, double saved0, double* v) {
+  v[0] = dout*exp(in_x - saved0);
 }
 FUSEGEN_HD void saved_backward_init0(double* acc) {
   acc[0] = 0.0;
@@ -203,8 +202,9 @@ FUSEGEN_HD void saved_backward_init0(double* acc) {
 FUSEGEN_HD void saved_backward_combine0(double* acc, const double* other) {
   acc[0] = acc[0] + other[0];
 }
-FUSEGEN_HD void saved_backward_finish0(double /*n*/, const double* acc, double* row) {
-  row[0] = acc[0];
+FUSEGEN_HD void saved_backward_finish0(double saved1, double /*n*/, const double* acc,
+    double* row) {
+  row[0] = -(1.0/saved1)*(1.0/saved1)*acc[0];
 }
 
 // The output of one element, from its inputs and the row's values, in double.
@@ -275,7 +275,7 @@ struct Forward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void finish(T n, const T* acc, T* row) const {
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       forward_finish0(n, acc, row);
     } else if constexpr (kP == 1) {
@@ -348,7 +348,7 @@ struct Backward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void finish(T n, const T* acc, T* row) const {
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       backward_finish0(n, acc, row);
     } else if constexpr (kP == 1) {
@@ -407,7 +407,7 @@ struct SavedBackward {
   FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                        [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
-      saved_backward_pass0(x[0], x[1], x[2], x[3], v);
+      saved_backward_pass0(x[0], x[1], x[2], v);
     }
   }
   template <int kP>
@@ -417,9 +417,9 @@ struct SavedBackward {
     }
   }
   template <int kP>
-  FUSEGEN_HD void finish(T n, const T* acc, T* row) const {
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
-      saved_backward_finish0(n, acc, row);
+      saved_backward_finish0(x[3], n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
