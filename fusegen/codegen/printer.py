@@ -315,7 +315,9 @@ def saved_row_names(spec: OpSpec) -> list[str]:
 
 
 _IDENTITY = {rows.SUM: sympy.Integer(0), rows.MAX: -sympy.oo, rows.MIN: sympy.oo}
-_COMBINE = {rows.SUM: fn.Plus, rows.MAX: fn.Maximum, rows.MIN: fn.Minimum}
+# How two partial values of an accumulator combine (fusegen-math.h): a sum never contracted
+# into a multiply-add, so that a row value has the same bits in every kernel.
+_COMBINE = {rows.SUM: "fusegen::row_add", rows.MAX: "fusegen::maximum", rows.MIN: "fusegen::minimum"}
 
 
 def _slot(name: str, k: int) -> sympy.Symbol:
@@ -356,8 +358,8 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
             begin=ks[0], end=ks[-1] + 1, params=_params(elements, order),
             element=print_program(element, ctype),
             init=tuple((f"acc[{k}]", p.doprint(_IDENTITY[program.accumulators[k].kind])) for k in ks),
-            combine=tuple((f"acc[{k}]", p.doprint(_COMBINE[program.accumulators[k].kind](
-                _slot("acc", k), _slot("other", k)))) for k in ks),
+            combine=tuple((f"acc[{k}]", f"{_COMBINE[program.accumulators[k].kind]}(acc[{k}], other[{k}])")
+                          for k in ks),
             finish=tuple(finishes),
             finish_reads_n=rows.ROW_LENGTH in finish_free,
             finish_params=tuple(n for n in order if n in finish_names),

@@ -57,6 +57,27 @@ FUSEGEN_HD T minimum(T a, T b) {
   return (a != a || a < b) ? a : b;
 }
 
+// One step of a row sum (a SUM accumulator's combine, ir/rows.py). On the GPU it is
+// __fadd_rn/__dadd_rn, which nvcc never contracts into a multiply-add with the product that
+// made the term: whether it contracts depends on the code around it, and a row value must
+// have the same bits in every kernel that computes it (the forward that saves it, the
+// backward that computes it again). The CPU kernels are built without FMA (fusegen-cpu.h).
+FUSEGEN_HD float row_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+FUSEGEN_HD double row_add(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 // torch.clamp with a number bound: std::max(x, lo) and std::min(x, hi). A NaN x stays
 // NaN and a tie keeps x (clamp(-0.0, min=0) is -0.0), as torch's kernels compute it.
 template <typename T>

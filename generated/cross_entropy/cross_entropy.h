@@ -36,8 +36,8 @@ FUSEGEN_HD void forward_init0(float* acc) {
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = (fabsf(acc[0]) == INFINITY ? 0.0f : acc[0]);
@@ -53,7 +53,7 @@ FUSEGEN_HD void forward_init1(float* acc) {
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[3] = logf(acc[3]) + row[0];
@@ -76,7 +76,7 @@ FUSEGEN_HD void backward_init0(float* acc) {
   acc[1] = -INFINITY;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
-  acc[0] = acc[0] + other[0];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
   acc[1] = fusegen::maximum(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
@@ -92,7 +92,7 @@ FUSEGEN_HD void backward_init1(float* acc) {
   acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[2] = acc[2] + other[2];
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[2] = logf(acc[2]) + row[1];
@@ -124,8 +124,8 @@ FUSEGEN_HD void forward_init0(double* acc) {
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void forward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = (fabs(acc[0]) == INFINITY ? 0.0 : acc[0]);
@@ -141,7 +141,7 @@ FUSEGEN_HD void forward_init1(double* acc) {
   acc[3] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[3] = log(acc[3]) + row[0];
@@ -164,7 +164,7 @@ FUSEGEN_HD void backward_init0(double* acc) {
   acc[1] = -INFINITY;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
-  acc[0] = acc[0] + other[0];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
   acc[1] = fusegen::maximum(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
@@ -180,7 +180,7 @@ FUSEGEN_HD void backward_init1(double* acc) {
   acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[2] = acc[2] + other[2];
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[2] = log(acc[2]) + row[1];

@@ -38,7 +38,7 @@ FUSEGEN_HD void forward_init0(float* acc) {
   acc[1] = -INFINITY;
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
-  acc[0] = acc[0] + other[0];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
   acc[1] = fusegen::maximum(acc[1], other[1]);
 }
 FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
@@ -54,7 +54,7 @@ FUSEGEN_HD void forward_init1(float* acc) {
   acc[2] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
-  acc[2] = acc[2] + other[2];
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[2] = logf(acc[2]) + row[1];
@@ -78,7 +78,7 @@ FUSEGEN_HD void backward_init0(float* acc) {
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[1] = acc[1] + other[1];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = (fabsf(acc[0]) == INFINITY ? 0.0f : acc[0]);
@@ -93,7 +93,7 @@ FUSEGEN_HD void backward_init1(float* acc) {
   acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[2] = acc[2] + other[2];
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[2] = logf(acc[2]) + row[0];
@@ -108,7 +108,7 @@ FUSEGEN_HD void backward_init2(float* acc) {
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
   row[3] = acc[3];
@@ -136,7 +136,7 @@ FUSEGEN_HD void forward_init0(double* acc) {
   acc[1] = -INFINITY;
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
-  acc[0] = acc[0] + other[0];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
   acc[1] = fusegen::maximum(acc[1], other[1]);
 }
 FUSEGEN_HD void forward_finish0(double /*n*/, const double* acc, double* row) {
@@ -152,7 +152,7 @@ FUSEGEN_HD void forward_init1(double* acc) {
   acc[2] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
-  acc[2] = acc[2] + other[2];
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[2] = log(acc[2]) + row[1];
@@ -176,7 +176,7 @@ FUSEGEN_HD void backward_init0(double* acc) {
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[1] = acc[1] + other[1];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = (fabs(acc[0]) == INFINITY ? 0.0 : acc[0]);
@@ -191,7 +191,7 @@ FUSEGEN_HD void backward_init1(double* acc) {
   acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[2] = acc[2] + other[2];
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[2] = log(acc[2]) + row[0];
@@ -206,7 +206,7 @@ FUSEGEN_HD void backward_init2(double* acc) {
   acc[3] = 0.0;
 }
 FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
   row[3] = acc[3];

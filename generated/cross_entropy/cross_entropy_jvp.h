@@ -40,8 +40,8 @@ FUSEGEN_HD void forward_init0(float* acc) {
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = (fabsf(acc[0]) == INFINITY ? 0.0f : acc[0]);
@@ -57,7 +57,7 @@ FUSEGEN_HD void forward_init1(float* acc) {
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[3] = logf(acc[3]) + row[0];
@@ -71,7 +71,7 @@ FUSEGEN_HD void forward_init2(float* acc) {
   acc[4] = 0.0f;
 }
 FUSEGEN_HD void forward_combine2(float* acc, const float* other) {
-  acc[4] = acc[4] + other[4];
+  acc[4] = fusegen::row_add(acc[4], other[4]);
 }
 FUSEGEN_HD void forward_finish2(float /*n*/, const float* acc, float* row) {
   row[4] = acc[4];
@@ -93,7 +93,7 @@ FUSEGEN_HD void backward_init0(float* acc) {
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[1] = acc[1] + other[1];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = (fabsf(acc[0]) == INFINITY ? 0.0f : acc[0]);
@@ -108,7 +108,7 @@ FUSEGEN_HD void backward_init1(float* acc) {
   acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[2] = acc[2] + other[2];
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[2] = logf(acc[2]) + row[0];
@@ -122,7 +122,7 @@ FUSEGEN_HD void backward_init2(float* acc) {
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
   row[3] = acc[3];
@@ -150,8 +150,8 @@ FUSEGEN_HD void forward_init0(double* acc) {
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void forward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = (fabs(acc[0]) == INFINITY ? 0.0 : acc[0]);
@@ -167,7 +167,7 @@ FUSEGEN_HD void forward_init1(double* acc) {
   acc[3] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[3] = log(acc[3]) + row[0];
@@ -181,7 +181,7 @@ FUSEGEN_HD void forward_init2(double* acc) {
   acc[4] = 0.0;
 }
 FUSEGEN_HD void forward_combine2(double* acc, const double* other) {
-  acc[4] = acc[4] + other[4];
+  acc[4] = fusegen::row_add(acc[4], other[4]);
 }
 FUSEGEN_HD void forward_finish2(double /*n*/, const double* acc, double* row) {
   row[4] = acc[4];
@@ -203,7 +203,7 @@ FUSEGEN_HD void backward_init0(double* acc) {
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[1] = acc[1] + other[1];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = (fabs(acc[0]) == INFINITY ? 0.0 : acc[0]);
@@ -218,7 +218,7 @@ FUSEGEN_HD void backward_init1(double* acc) {
   acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[2] = acc[2] + other[2];
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[2] = log(acc[2]) + row[0];
@@ -233,7 +233,7 @@ FUSEGEN_HD void backward_init2(double* acc) {
   acc[3] = 0.0;
 }
 FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
   row[3] = acc[3];

@@ -32,7 +32,7 @@ FUSEGEN_HD void forward_init0(float* acc) {
   acc[0] = 0.0f;
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
-  acc[0] = acc[0] + other[0];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
 }
 FUSEGEN_HD void forward_finish0(float n, const float* acc, float* row) {
   row[0] = acc[0]/n;
@@ -53,8 +53,8 @@ FUSEGEN_HD void backward_init0(float* acc) {
   acc[1] = 0.0f;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
-  acc[0] = acc[0] + other[0];
-  acc[1] = acc[1] + other[1];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(float n, const float* acc, float* row) {
   row[0] = acc[0]/n;
@@ -79,7 +79,7 @@ FUSEGEN_HD void forward_init0(double* acc) {
   acc[0] = 0.0;
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
-  acc[0] = acc[0] + other[0];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
 }
 FUSEGEN_HD void forward_finish0(double n, const double* acc, double* row) {
   row[0] = acc[0]/n;
@@ -100,8 +100,8 @@ FUSEGEN_HD void backward_init0(double* acc) {
   acc[1] = 0.0;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
-  acc[0] = acc[0] + other[0];
-  acc[1] = acc[1] + other[1];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(double n, const double* acc, double* row) {
   row[0] = acc[0]/n;

@@ -49,8 +49,8 @@ FUSEGEN_HD void forward_init0(float* acc) {
   acc[1] = 0.0f;
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
-  acc[0] = acc[0] + other[0];
-  acc[1] = acc[1] + other[1];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void forward_finish0(float n, const float* acc, float* row) {
   row[0] = acc[0]/n;
@@ -77,9 +77,9 @@ FUSEGEN_HD void backward_init0(float* acc) {
   acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
-  acc[0] = acc[0] + other[0];
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish0(float n, const float* acc, float* row) {
   row[0] = acc[0]/n;
@@ -99,7 +99,7 @@ FUSEGEN_HD void backward_init1(float* acc) {
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void backward_finish1(float n, const float* acc, float* row) {
   row[3] = -0.5f*((1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] + 1e-06f))*(1.0f/sqrtf(row[0] +
@@ -131,8 +131,8 @@ FUSEGEN_HD void forward_init0(double* acc) {
   acc[1] = 0.0;
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
-  acc[0] = acc[0] + other[0];
-  acc[1] = acc[1] + other[1];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void forward_finish0(double n, const double* acc, double* row) {
   row[0] = acc[0]/n;
@@ -159,9 +159,9 @@ FUSEGEN_HD void backward_init0(double* acc) {
   acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
-  acc[0] = acc[0] + other[0];
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish0(double n, const double* acc, double* row) {
   row[0] = acc[0]/n;
@@ -181,7 +181,7 @@ FUSEGEN_HD void backward_init1(double* acc) {
   acc[3] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[3] = acc[3] + other[3];
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void backward_finish1(double n, const double* acc, double* row) {
   row[3] = -0.5*((1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] + 1e-06))*(1.0/sqrt(row[0] +

@@ -46,7 +46,7 @@ FUSEGEN_HD void forward_init1(float* acc) {
   acc[1] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
-  acc[1] = acc[1] + other[1];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
@@ -85,8 +85,8 @@ FUSEGEN_HD void backward_init1(float* acc) {
   acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
@@ -106,7 +106,7 @@ FUSEGEN_HD void saved_backward_init0(float* acc) {
   acc[0] = 0.0f;
 }
 FUSEGEN_HD void saved_backward_combine0(float* acc, const float* other) {
-  acc[0] = acc[0] + other[0];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
 }
 FUSEGEN_HD void saved_backward_finish0(float saved1, float /*n*/, const float* acc, float* row) {
   row[0] = -(1.0f/saved1)*(1.0f/saved1)*acc[0];
@@ -140,7 +140,7 @@ FUSEGEN_HD void forward_init1(double* acc) {
   acc[1] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
-  acc[1] = acc[1] + other[1];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
@@ -179,8 +179,8 @@ FUSEGEN_HD void backward_init1(double* acc) {
   acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
@@ -200,7 +200,7 @@ FUSEGEN_HD void saved_backward_init0(double* acc) {
   acc[0] = 0.0;
 }
 FUSEGEN_HD void saved_backward_combine0(double* acc, const double* other) {
-  acc[0] = acc[0] + other[0];
+  acc[0] = fusegen::row_add(acc[0], other[0]);
 }
 FUSEGEN_HD void saved_backward_finish0(double saved1, double /*n*/, const double* acc,
     double* row) {

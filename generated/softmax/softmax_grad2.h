@@ -73,8 +73,8 @@ FUSEGEN_HD void forward_init1(float* acc) {
   acc[2] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
@@ -115,9 +115,9 @@ FUSEGEN_HD void backward_init1(float* acc) {
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
@@ -137,7 +137,7 @@ FUSEGEN_HD void backward_init2(float* acc) {
   acc[4] = 0.0f;
 }
 FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
-  acc[4] = acc[4] + other[4];
+  acc[4] = fusegen::row_add(acc[4], other[4]);
 }
 FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
   row[4] = acc[4];
@@ -179,8 +179,8 @@ FUSEGEN_HD void forward_init1(double* acc) {
   acc[2] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
@@ -221,9 +221,9 @@ FUSEGEN_HD void backward_init1(double* acc) {
   acc[3] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
@@ -243,7 +243,7 @@ FUSEGEN_HD void backward_init2(double* acc) {
   acc[4] = 0.0;
 }
 FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
-  acc[4] = acc[4] + other[4];
+  acc[4] = fusegen::row_add(acc[4], other[4]);
 }
 FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
   row[4] = acc[4];

@@ -86,9 +86,9 @@ FUSEGEN_HD void forward_init1(float* acc) {
   acc[3] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
@@ -104,7 +104,7 @@ FUSEGEN_HD void forward_init2(float* acc) {
   acc[4] = 0.0f;
 }
 FUSEGEN_HD void forward_combine2(float* acc, const float* other) {
-  acc[4] = acc[4] + other[4];
+  acc[4] = fusegen::row_add(acc[4], other[4]);
 }
 FUSEGEN_HD void forward_finish2(float /*n*/, const float* acc, float* row) {
   row[4] = acc[4];
@@ -146,10 +146,10 @@ FUSEGEN_HD void backward_init1(float* acc) {
   acc[4] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
-  acc[4] = acc[4] + other[4];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+  acc[4] = fusegen::row_add(acc[4], other[4]);
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[1] = acc[1];
@@ -166,7 +166,7 @@ FUSEGEN_HD void backward_init2(float* acc) {
   acc[5] = 0.0f;
 }
 FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
-  acc[5] = acc[5] + other[5];
+  acc[5] = fusegen::row_add(acc[5], other[5]);
 }
 FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
   row[5] = acc[5];
@@ -183,7 +183,7 @@ FUSEGEN_HD void backward_init3(float* acc) {
   acc[6] = 0.0f;
 }
 FUSEGEN_HD void backward_combine3(float* acc, const float* other) {
-  acc[6] = acc[6] + other[6];
+  acc[6] = fusegen::row_add(acc[6], other[6]);
 }
 FUSEGEN_HD void backward_finish3(float /*n*/, const float* acc, float* row) {
   row[6] = acc[6];
@@ -225,9 +225,9 @@ FUSEGEN_HD void forward_init1(double* acc) {
   acc[3] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
@@ -243,7 +243,7 @@ FUSEGEN_HD void forward_init2(double* acc) {
   acc[4] = 0.0;
 }
 FUSEGEN_HD void forward_combine2(double* acc, const double* other) {
-  acc[4] = acc[4] + other[4];
+  acc[4] = fusegen::row_add(acc[4], other[4]);
 }
 FUSEGEN_HD void forward_finish2(double /*n*/, const double* acc, double* row) {
   row[4] = acc[4];
@@ -286,10 +286,10 @@ FUSEGEN_HD void backward_init1(double* acc) {
   acc[4] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[1] = acc[1] + other[1];
-  acc[2] = acc[2] + other[2];
-  acc[3] = acc[3] + other[3];
-  acc[4] = acc[4] + other[4];
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+  acc[4] = fusegen::row_add(acc[4], other[4]);
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[1] = acc[1];
@@ -306,7 +306,7 @@ FUSEGEN_HD void backward_init2(double* acc) {
   acc[5] = 0.0;
 }
 FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
-  acc[5] = acc[5] + other[5];
+  acc[5] = fusegen::row_add(acc[5], other[5]);
 }
 FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
   row[5] = acc[5];
@@ -324,7 +324,7 @@ FUSEGEN_HD void backward_init3(double* acc) {
   acc[6] = 0.0;
 }
 FUSEGEN_HD void backward_combine3(double* acc, const double* other) {
-  acc[6] = acc[6] + other[6];
+  acc[6] = fusegen::row_add(acc[6], other[6]);
 }
 FUSEGEN_HD void backward_finish3(double /*n*/, const double* acc, double* row) {
   row[6] = acc[6];
