@@ -292,11 +292,14 @@ def test_no_rows_gives_empty_results(ops, name, lead):
 @pytest.mark.parametrize("n", [7, 1000, 4096, 20000])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", ["softmax", "layernorm", "log_softmax"])
-def test_saved_row_values_give_the_bits_of_computing_them_again(ops, name, dtype, n):
+def test_saved_row_values_give_the_gradient_of_computing_them_again(ops, name, dtype, n):
     """softmax's, LayerNorm's and log_softmax's forward save row values for the backward
     (docs/rows.md): the backward autograd calls directly reads them, the one through
-    <name>_backward (create_graph) computes them again, with the same bits of x's gradient
-    (a weight's is summed in the kernel on the direct path only, in another order)."""
+    <name>_backward (create_graph) computes them again. x's gradient has the same bits for
+    softmax and log_softmax; LayerNorm's output expression is a sum of products, which nvcc
+    contracts into multiply-adds as each kernel's code allows: one rounding of the float
+    result apart at most (a weight's gradient is summed in the kernel on the direct path
+    only, in another order)."""
     op = ops["nvrtc"][name]
     assert op.spec.saved_rows
     leaves = _inputs(name, (ROWS,), n, dtype)
@@ -304,4 +307,12 @@ def test_saved_row_values_give_the_bits_of_computing_them_again(ops, name, dtype
     saved = _run(_call(op, name), leaves, douts)
     xs = [t.detach().requires_grad_() for t in leaves]
     again = torch.autograd.grad(_call(op, name)(*xs), xs, douts, create_graph=True)
-    assert torch.equal(saved[1], again[0].detach()), f"{name} {dtype} rows of {n}"
+    got, want = saved[1], again[0].detach()
+    if name != "layernorm":
+        assert torch.equal(got, want), f"{name} {dtype} rows of {n}"
+        return
+    # (a few float roundings of the largest gradient, then one of the storage type)
+    tol = 2.0**-20 + torch.finfo(dtype).eps
+    scale = want.double().abs().max().item()
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol * scale,
+                               msg=lambda m: f"{name} {dtype} rows of {n}: {m}")
