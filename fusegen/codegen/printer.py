@@ -314,26 +314,10 @@ def saved_row_names(spec: OpSpec) -> list[str]:
     return [rows.saved_row_symbol(k).name for k in range(len(spec.saved_rows))]
 
 
-_IDENTITY = {rows.SUM: sympy.Integer(0), rows.MAX: -sympy.oo, rows.MIN: sympy.oo,
-             rows.LSE_MAX: -sympy.oo, rows.LSE_SUM: sympy.Integer(0)}
+_IDENTITY = {rows.SUM: sympy.Integer(0), rows.MAX: -sympy.oo, rows.MIN: sympy.oo}
 # How two partial values of an accumulator combine (fusegen-math.h): a sum never contracted
 # into a multiply-add, so that a row value has the same bits in every kernel.
-_COMBINE = {rows.SUM: "fusegen::row_add", rows.MAX: "fusegen::maximum", rows.MIN: "fusegen::minimum",
-            rows.LSE_MAX: "fusegen::maximum"}
-
-
-def _combine(program, ks) -> tuple[tuple[str, str], ...]:
-    """The combine of accumulators `ks`: a logsumexp pair's sum (k + 1) first, as it reads
-    both maxima before the maximum (k) takes the larger."""
-    out = []
-    for k in ks:
-        kind = program.accumulators[k].kind
-        if kind == rows.LSE_SUM:
-            out.insert(len(out) - 1, (f"acc[{k}]", f"fusegen::lse_sum(acc[{k - 1}], acc[{k}], other[{k - 1}], "
-                                                  f"other[{k}])"))
-        else:
-            out.append((f"acc[{k}]", f"{_COMBINE[kind]}(acc[{k}], other[{k}])"))
-    return tuple(out)
+_COMBINE = {rows.SUM: "fusegen::row_add", rows.MAX: "fusegen::maximum", rows.MIN: "fusegen::minimum"}
 
 
 def _slot(name: str, k: int) -> sympy.Symbol:
@@ -374,7 +358,8 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
             begin=ks[0], end=ks[-1] + 1, params=_params(elements, order),
             element=print_program(element, ctype),
             init=tuple((f"acc[{k}]", p.doprint(_IDENTITY[program.accumulators[k].kind])) for k in ks),
-            combine=_combine(program, ks),
+            combine=tuple((f"acc[{k}]", f"{_COMBINE[program.accumulators[k].kind]}(acc[{k}], other[{k}])")
+                          for k in ks),
             finish=tuple(finishes),
             finish_reads_n=rows.ROW_LENGTH in finish_free,
             finish_params=tuple(n for n in order if n in finish_names),

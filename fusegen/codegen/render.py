@@ -23,7 +23,6 @@ from functools import lru_cache
 import jinja2
 
 from fusegen.ir import names
-from fusegen.ir import rows
 from fusegen.errors import SpecError
 from fusegen.codegen.escape import c_comment, c_string
 from fusegen.files import templates_dir
@@ -176,7 +175,7 @@ def _rows_context(spec: OpSpec, printed: PrintedOp) -> dict | None:
     def backward_info(program, read_saved: bool) -> dict | None:
         if program is None:
             return None
-        return {"rows": len(program.accumulators), "lse": _lse(program), "per_row": [False] * len(program.results),
+        return {"rows": len(program.accumulators), "per_row": [False] * len(program.results),
                 "raw": [False] * len(program.results),
                 "index": [False] * len(douts) + [x in spec.index_inputs for x in spec.backward_inputs]
                 + [True] * (len(saved) if read_saved else 0)}
@@ -189,8 +188,7 @@ def _rows_context(spec: OpSpec, printed: PrintedOp) -> dict | None:
         "forward_x": {names.value(x): f"x[{i}]" for i, x in enumerate(spec.inputs)},
         "backward_x": {n: f"x[{i}]" for i, n in enumerate(douts + backward)},
         "saved_backward_x": {n: f"x[{i}]" for i, n in enumerate(douts + backward + saved)},
-        "forward": {"rows": len(spec.forward_rows.accumulators), "lse": _lse(spec.forward_rows),
-                    "per_row": list(spec.forward_rows.per_row),
+        "forward": {"rows": len(spec.forward_rows.accumulators), "per_row": list(spec.forward_rows.per_row),
                     "raw": [k >= outputs for k in range(len(spec.forward_rows.results))],
                     "index": [x in spec.index_inputs for x in spec.inputs]},
         "backward": backward_info(spec.backward_rows, False),
@@ -198,12 +196,6 @@ def _rows_context(spec: OpSpec, printed: PrintedOp) -> dict | None:
         "saved": saved,
         "any_index": bool(spec.index_inputs),
     }
-
-
-def _lse(program) -> list[bool]:
-    """Per accumulator: the maximum of a logsumexp pair (ir/rows.py); [False] when there is
-    none (C++ has no empty arrays)."""
-    return [a.kind == rows.LSE_MAX for a in program.accumulators] or [False]
 
 
 def _check_names(spec: OpSpec):

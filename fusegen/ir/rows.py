@@ -6,10 +6,8 @@ over it. `schedule` turns result trees that contain them into a `RowProgram`:
 
 - each reduction becomes one or two accumulators (`Accumulator`: sum, max or min of an
   element expression, then a `finish` that makes the row's value of it): mean is a sum
-  divided by the row's length `n`; logsumexp is a pair computed in one pass, the running
-  maximum m (LSE_MAX) and the sum of exp(x - shift(m)) (LSE_SUM, rescaled as m grows;
-  shift(m) is m, or 0 where m is infinite, as torch masks it), which finishes as
-  log(sum) + shift(m): torch's value, without a second pass over the row;
+  divided by the row's length `n`; logsumexp is torch's two steps, the row's maximum
+  (0 where it is infinite, as torch masks it) and then log(sum(exp(x - max))) + max;
 - an accumulator's element expression reads inputs, scalars and the row values of
   accumulators before it; those it reads set its level, and one pass over the row
   computes every accumulator of a level (RMSNorm: one pass, then the outputs; softmax:
@@ -42,9 +40,6 @@ from fusegen.ir import primitives as fn
 ACC = sympy.Symbol("acc")
 ROW_LENGTH = sympy.Symbol("n")
 SUM, MAX, MIN = "sum", "max", "min"
-# logsumexp's pair, accumulators k and k + 1 of one pass: the running maximum, and the sum of
-# exp(x - shift(maximum)); the kernels combine them together (fusegen-math.h, lse_sum).
-LSE_MAX, LSE_SUM = "lse_max", "lse_sum"
 
 
 def row_symbol(k: int) -> sympy.Symbol:
@@ -62,7 +57,7 @@ def saved_row_symbol(k: int) -> sympy.Symbol:
 
 @dataclass(frozen=True)
 class Accumulator:
-    kind: str              # SUM, MAX, MIN, or LSE_MAX and LSE_SUM (a pair) over the row
+    kind: str              # SUM, MAX or MIN over the row
     element: sympy.Expr    # what each element contributes, in inputs, scalars and earlier rows
     finish: sympy.Expr     # the row's value, in ACC, ROW_LENGTH and earlier rows
     level: int             # the pass that computes it (0: the first)
@@ -116,7 +111,7 @@ def has_reduction(exprs) -> bool:
 
 def _lowered(node, arg) -> list[tuple[str, object, object]]:
     """(kind, element, finish) per accumulator of one reduction; `finish` may read the
-    previous accumulator's row value as PREV (logsumexp's sum reads its maximum)."""
+    previous accumulator's row value as PREV (logsumexp's second step)."""
     t = type(node)
     if t is fn.RowSum:
         return [(SUM, arg, ACC)]
@@ -126,10 +121,9 @@ def _lowered(node, arg) -> list[tuple[str, object, object]]:
         return [(MAX, arg, ACC)]
     if t is fn.RowMin:
         return [(MIN, arg, ACC)]
-    # logsumexp_out: maxes.masked_fill_(maxes.abs() == inf, 0), then log(sum(exp(x - maxes))) + maxes;
-    # an element is the pair (x, 1): the kernels read the maximum's element for both.
+    # logsumexp_out: maxes.masked_fill_(maxes.abs() == inf, 0), then log(sum(exp(x - maxes))) + maxes
     shifted = fn.Where(fn.Equal(fn.Abs(ACC), sympy.oo), sympy.Integer(0), ACC)
-    return [(LSE_MAX, arg, shifted), (LSE_SUM, sympy.Integer(1), fn.add(fn.Log(ACC), _PREV))]
+    return [(MAX, arg, shifted), (SUM, fn.Exp(fn.sub(arg, _PREV)), fn.add(fn.Log(ACC), _PREV))]
 
 
 _PREV = sympy.Symbol("prev")

@@ -78,38 +78,6 @@ FUSEGEN_HD double row_add(double a, double b) {
 #endif
 }
 
-// exp in the compute type (float or double), for the row loops' logsumexp pairs. (Templates:
-// an op's descriptor compiled alone includes no <cmath>, and instantiates none of them.)
-template <typename T>
-FUSEGEN_HD T row_exp(T x) {
-  if constexpr (sizeof(T) == sizeof(float)) {
-    return expf(x);
-  } else {
-    return exp(x);
-  }
-}
-
-// logsumexp's pair of accumulators (LSE_MAX, LSE_SUM: ir/rows.py): m the running maximum, s
-// the sum of exp(x - lse_shift(m)); lse_shift masks an infinite maximum to 0, as torch's
-// logsumexp does. lse_sum is the sum of two partial pairs once their maxima combine: pairs
-// of one maximum (a vector's elements, reduced in two steps by the row loops) add; others
-// are each rescaled to the larger maximum, a sum of 0 as it is (a part with no element has
-// the maximum -inf, and 0 * exp(inf) would be NaN). A NaN maximum makes the sum NaN.
-template <typename T>
-FUSEGEN_HD T lse_shift(T m) {
-  const bool infinite = m == m && m - m != m - m;  // (inf - inf is NaN; a NaN stays)
-  return infinite ? T(0) : m;
-}
-
-template <typename T>
-FUSEGEN_HD T lse_sum(T m, T s, T m2, T s2) {
-  if (m == m2) return row_add(s, s2);
-  const T shift = lse_shift(maximum(m, m2));
-  const T a = s == T(0) ? T(0) : s * row_exp(lse_shift(m) - shift);
-  const T b = s2 == T(0) ? T(0) : s2 * row_exp(lse_shift(m2) - shift);
-  return row_add(a, b);
-}
-
 // torch.clamp with a number bound: std::max(x, lo) and std::min(x, hi). A NaN x stays
 // NaN and a tie keeps x (clamp(-0.0, min=0) is -0.0), as torch's kernels compute it.
 template <typename T>

@@ -57,34 +57,6 @@ FUSEGEN_CPU_TARGETS void row_block_inputs(char* const* in, const int64_t* stride
   }
 }
 
-// The m elements' values v[k][e] of a pass with a logsumexp pair (row_lse_pass) combined
-// into element 0: each pair's elements first as (the block's maximum M, exp(x -
-// lse_shift(M))), so that they add, and the block's pair rescales the row's once
-// (fusegen-math.h, lse_sum); the pass's other accumulators in element order.
-template <int kPass, typename F, typename A>
-FUSEGEN_CPU_TARGETS void row_lse_block(const F& f, A (*v)[kCpuRowBlock], int64_t m) {
-  constexpr int kBegin = F::pass_begin(kPass);
-  constexpr int kEnd = F::pass_begin(kPass + 1);
-  for (int k = kBegin; k < kEnd; ++k) {
-    if (!F::lse(k)) continue;
-    A top = v[k][0];
-    for (int64_t e = 1; e < m; ++e) top = maximum(top, v[k][e]);
-    const A shift = lse_shift(top);
-    for (int64_t e = 0; e < m; ++e) {
-      v[k + 1][e] = row_exp(v[k][e] - shift);
-      v[k][e] = top;
-    }
-  }
-  A acc[kRowSlots<F>];
-  A other[kRowSlots<F>];
-  for (int k = kBegin; k < kEnd; ++k) acc[k] = v[k][0];
-  for (int64_t e = 1; e < m; ++e) {
-    for (int k = kBegin; k < kEnd; ++k) other[k] = v[k][e];
-    f.template combine<kPass>(acc, other);
-  }
-  for (int k = kBegin; k < kEnd; ++k) v[k][0] = acc[k];
-}
-
 // The row's per-row inputs (F::index), which a finish may read: first[i] (0 for the others).
 template <typename F, typename A>
 FUSEGEN_CPU_TARGETS void row_firsts(char* const* in, A* first) {
@@ -132,11 +104,6 @@ FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* 
         for (int i = 0; i < F::kInputs; ++i) xe[i] = xp[i][e];
         f.template pass<kPass>(xe, row, static_cast<A>(j + e), ve);
         for (int k = kBegin; k < kEnd; ++k) v[k][e] = ve[k];
-      }
-      if constexpr (row_lse_pass<F, kPass>()) {
-        row_lse_block<kPass>(f, v, m);
-        into_lane(0, 0);
-        continue;
       }
       const int64_t whole = m - m % kCpuLanes;
       for (int64_t e = 0; e < whole; e += kCpuLanes) {

@@ -114,17 +114,6 @@ FUSEGEN_HD_CONSTEXPR bool all_per_row() {
   return true;
 }
 
-// Whether pass kP of F computes a logsumexp pair (F::lse): the row loops then reduce the
-// elements of a vector (CUDA) or a block (CPU) in two steps, row_lse_elements, before they
-// combine them into the accumulators.
-template <typename F, int kP>
-FUSEGEN_HD_CONSTEXPR bool row_lse_pass() {
-  for (int k = F::pass_begin(kP); k < F::pass_begin(kP + 1); ++k) {
-    if (F::lse(k)) return true;
-  }
-  return false;
-}
-
 #if defined(FUSEGEN_WITH_CUDA) && !defined(__CUDACC_RTC__)
 // The NVRTC route (fusegen-rtc.cpp): an op's launchers are compiled by the host compiler
 // alone (FUSEGEN_RTC_HOST) and launch each kernel by its name in the op's kernel source,

@@ -22,59 +22,79 @@ namespace fusegen::op_cross_entropy {
 const RtcSource& rtc_source();
 #endif
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2, 3.
+// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
 FUSEGEN_HD void forward_pass0(float in_x, float in_label, float col, float* v) {
   const bool t0 = col == in_label;
   v[0] = in_x;
-  v[1] = 1.0f;
-  v[2] = (t0 ? 1.0f : 0.0f);
-  v[3] = (t0 ? in_x : 0.0f);
+  v[1] = (t0 ? 1.0f : 0.0f);
+  v[2] = (t0 ? in_x : 0.0f);
 }
 FUSEGEN_HD void forward_init0(float* acc) {
   acc[0] = -INFINITY;
   acc[1] = 0.0f;
   acc[2] = 0.0f;
-  acc[3] = 0.0f;
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
-  acc[1] = fusegen::lse_sum(acc[0], acc[1], other[0], other[1]);
   acc[0] = fusegen::maximum(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
   acc[2] = fusegen::row_add(acc[2], other[2]);
-  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = (fabsf(acc[0]) == INFINITY ? 0.0f : acc[0]);
-  row[1] = logf(acc[1]) + row[0];
+  row[1] = acc[1];
   row[2] = acc[2];
-  row[3] = acc[3];
+}
+
+// Pass 1 over a row: what one element adds to accumulator 3.
+FUSEGEN_HD void forward_pass1(float in_x, const float* row, float* v) {
+  v[3] = expf(in_x - row[0]);
+}
+FUSEGEN_HD void forward_init1(float* acc) {
+  acc[3] = 0.0f;
+}
+FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+}
+FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
+  row[3] = logf(acc[3]) + row[0];
 }
 
 // The outputs of one element, from its inputs and the row's values, in float.
 FUSEGEN_HD void forward_outputs(const float* row, float& out, float& saved0, float& saved1) {
-  out = row[1] - (row[2] == 1.0f ? row[3] : NAN);
-  saved0 = row[2];
-  saved1 = row[1];
+  out = row[3] - (row[1] == 1.0f ? row[2] : NAN);
+  saved0 = row[1];
+  saved1 = row[3];
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
 FUSEGEN_HD void backward_pass0(float in_x, float in_label, float col, float* v) {
   v[0] = (col == in_label ? 1.0f : 0.0f);
   v[1] = in_x;
-  v[2] = 1.0f;
 }
 FUSEGEN_HD void backward_init0(float* acc) {
   acc[0] = 0.0f;
   acc[1] = -INFINITY;
-  acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
   acc[0] = fusegen::row_add(acc[0], other[0]);
-  acc[2] = fusegen::lse_sum(acc[1], acc[2], other[1], other[2]);
   acc[1] = fusegen::maximum(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = acc[0];
   row[1] = (fabsf(acc[1]) == INFINITY ? 0.0f : acc[1]);
+}
+
+// Pass 1 over a row: what one element adds to accumulator 2.
+FUSEGEN_HD void backward_pass1(float in_x, const float* row, float* v) {
+  v[2] = expf(in_x - row[1]);
+}
+FUSEGEN_HD void backward_init1(float* acc) {
+  acc[2] = 0.0f;
+}
+FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+}
+FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
   row[2] = logf(acc[2]) + row[1];
 }
 
@@ -90,59 +110,79 @@ FUSEGEN_HD void saved_backward_outputs(float dout, float in_x, float in_label, f
   grad_x = (col == in_label ? (saved0 == 1.0f ? -dout : 0.0f) : 0.0f) + dout*expf(in_x - saved1);
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2, 3.
+// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
 FUSEGEN_HD void forward_pass0(double in_x, double in_label, double col, double* v) {
   const bool t0 = col == in_label;
   v[0] = in_x;
-  v[1] = 1.0;
-  v[2] = (t0 ? 1.0 : 0.0);
-  v[3] = (t0 ? in_x : 0.0);
+  v[1] = (t0 ? 1.0 : 0.0);
+  v[2] = (t0 ? in_x : 0.0);
 }
 FUSEGEN_HD void forward_init0(double* acc) {
   acc[0] = -INFINITY;
   acc[1] = 0.0;
   acc[2] = 0.0;
-  acc[3] = 0.0;
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
-  acc[1] = fusegen::lse_sum(acc[0], acc[1], other[0], other[1]);
   acc[0] = fusegen::maximum(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
   acc[2] = fusegen::row_add(acc[2], other[2]);
-  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = (fabs(acc[0]) == INFINITY ? 0.0 : acc[0]);
-  row[1] = log(acc[1]) + row[0];
+  row[1] = acc[1];
   row[2] = acc[2];
-  row[3] = acc[3];
+}
+
+// Pass 1 over a row: what one element adds to accumulator 3.
+FUSEGEN_HD void forward_pass1(double in_x, const double* row, double* v) {
+  v[3] = exp(in_x - row[0]);
+}
+FUSEGEN_HD void forward_init1(double* acc) {
+  acc[3] = 0.0;
+}
+FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+}
+FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
+  row[3] = log(acc[3]) + row[0];
 }
 
 // The outputs of one element, from its inputs and the row's values, in double.
 FUSEGEN_HD void forward_outputs(const double* row, double& out, double& saved0, double& saved1) {
-  out = row[1] - (row[2] == 1.0 ? row[3] : NAN);
-  saved0 = row[2];
-  saved1 = row[1];
+  out = row[3] - (row[1] == 1.0 ? row[2] : NAN);
+  saved0 = row[1];
+  saved1 = row[3];
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
 FUSEGEN_HD void backward_pass0(double in_x, double in_label, double col, double* v) {
   v[0] = (col == in_label ? 1.0 : 0.0);
   v[1] = in_x;
-  v[2] = 1.0;
 }
 FUSEGEN_HD void backward_init0(double* acc) {
   acc[0] = 0.0;
   acc[1] = -INFINITY;
-  acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
   acc[0] = fusegen::row_add(acc[0], other[0]);
-  acc[2] = fusegen::lse_sum(acc[1], acc[2], other[1], other[2]);
   acc[1] = fusegen::maximum(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = acc[0];
   row[1] = (fabs(acc[1]) == INFINITY ? 0.0 : acc[1]);
+}
+
+// Pass 1 over a row: what one element adds to accumulator 2.
+FUSEGEN_HD void backward_pass1(double in_x, const double* row, double* v) {
+  v[2] = exp(in_x - row[1]);
+}
+FUSEGEN_HD void backward_init1(double* acc) {
+  acc[2] = 0.0;
+}
+FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+}
+FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
   row[2] = log(acc[2]) + row[1];
 }
 
@@ -171,18 +211,11 @@ struct Forward {
   static constexpr int kInputs = 2;
   static constexpr int kOutputs = 3;
   static constexpr int kRows = 4;    // values per row (one per accumulator)
-  static constexpr int kPasses = 1;  // passes over a row before the outputs'
+  static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 4};
+    constexpr int kBegin[] = {0, 3, 4};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {true, false, false, false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
@@ -206,6 +239,8 @@ struct Forward {
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
       forward_init0(acc);
+    } else if constexpr (kP == 1) {
+      forward_init1(acc);
     }
   }
   template <int kP>
@@ -213,18 +248,24 @@ struct Forward {
                        [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
       forward_pass0(x[0], x[1], col, v);
+    } else if constexpr (kP == 1) {
+      forward_pass1(x[0], row, v);
     }
   }
   template <int kP>
   FUSEGEN_HD void combine(T* acc, const T* other) const {
     if constexpr (kP == 0) {
       forward_combine0(acc, other);
+    } else if constexpr (kP == 1) {
+      forward_combine1(acc, other);
     }
   }
   template <int kP>
   FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       forward_finish0(n, acc, row);
+    } else if constexpr (kP == 1) {
+      forward_finish1(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
@@ -244,18 +285,11 @@ struct Backward {
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 1;
   static constexpr int kRows = 3;    // values per row (one per accumulator)
-  static constexpr int kPasses = 1;  // passes over a row before the outputs'
+  static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 3};
+    constexpr int kBegin[] = {0, 2, 3};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {false, true, false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
@@ -279,6 +313,8 @@ struct Backward {
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
       backward_init0(acc);
+    } else if constexpr (kP == 1) {
+      backward_init1(acc);
     }
   }
   template <int kP>
@@ -286,18 +322,24 @@ struct Backward {
                        [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
       backward_pass0(x[1], x[2], col, v);
+    } else if constexpr (kP == 1) {
+      backward_pass1(x[1], row, v);
     }
   }
   template <int kP>
   FUSEGEN_HD void combine(T* acc, const T* other) const {
     if constexpr (kP == 0) {
       backward_combine0(acc, other);
+    } else if constexpr (kP == 1) {
+      backward_combine1(acc, other);
     }
   }
   template <int kP>
   FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       backward_finish0(n, acc, row);
+    } else if constexpr (kP == 1) {
+      backward_finish1(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
@@ -323,13 +365,6 @@ struct SavedBackward {
   FUSEGEN_HD static constexpr int pass_begin(int p) {
     constexpr int kBegin[] = {0};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {

@@ -28,25 +28,35 @@ namespace fusegen::op_cross_entropy_grad2 {
 const RtcSource& rtc_source();
 #endif
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
 FUSEGEN_HD void forward_pass0(float in_x, float in_label, float col, float* v) {
   v[0] = (col == in_label ? 1.0f : 0.0f);
   v[1] = in_x;
-  v[2] = 1.0f;
 }
 FUSEGEN_HD void forward_init0(float* acc) {
   acc[0] = 0.0f;
   acc[1] = -INFINITY;
-  acc[2] = 0.0f;
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
   acc[0] = fusegen::row_add(acc[0], other[0]);
-  acc[2] = fusegen::lse_sum(acc[1], acc[2], other[1], other[2]);
   acc[1] = fusegen::maximum(acc[1], other[1]);
 }
 FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = acc[0];
   row[1] = (fabsf(acc[1]) == INFINITY ? 0.0f : acc[1]);
+}
+
+// Pass 1 over a row: what one element adds to accumulator 2.
+FUSEGEN_HD void forward_pass1(float in_x, const float* row, float* v) {
+  v[2] = expf(in_x - row[1]);
+}
+FUSEGEN_HD void forward_init1(float* acc) {
+  acc[2] = 0.0f;
+}
+FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+}
+FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
   row[2] = logf(acc[2]) + row[1];
 }
 
@@ -57,40 +67,50 @@ FUSEGEN_HD void forward_outputs(float in_dout, float in_x, float in_label, float
       row[2]));
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
 FUSEGEN_HD void backward_pass0(float in_x, float in_label, float col, float* v) {
   v[0] = in_x;
-  v[1] = 1.0f;
-  v[2] = (col == in_label ? 1.0f : 0.0f);
+  v[1] = (col == in_label ? 1.0f : 0.0f);
 }
 FUSEGEN_HD void backward_init0(float* acc) {
   acc[0] = -INFINITY;
   acc[1] = 0.0f;
-  acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
-  acc[1] = fusegen::lse_sum(acc[0], acc[1], other[0], other[1]);
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = (fabsf(acc[0]) == INFINITY ? 0.0f : acc[0]);
-  row[1] = logf(acc[1]) + row[0];
-  row[2] = acc[2];
+  row[1] = acc[1];
 }
 
-// Pass 1 over a row: what one element adds to accumulator 3.
-FUSEGEN_HD void backward_pass1(float dout, float in_dout, float in_x, float in_gg_x,
-    const float* row, float* v) {
-  v[3] = -(dout*in_gg_x*in_dout*expf(in_x - row[1]));
+// Pass 1 over a row: what one element adds to accumulator 2.
+FUSEGEN_HD void backward_pass1(float in_x, const float* row, float* v) {
+  v[2] = expf(in_x - row[0]);
 }
 FUSEGEN_HD void backward_init1(float* acc) {
-  acc[3] = 0.0f;
+  acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[3] = fusegen::row_add(acc[3], other[3]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
+  row[2] = logf(acc[2]) + row[0];
+}
+
+// Pass 2 over a row: what one element adds to accumulator 3.
+FUSEGEN_HD void backward_pass2(float dout, float in_dout, float in_x, float in_gg_x,
+    const float* row, float* v) {
+  v[3] = -(dout*in_gg_x*in_dout*expf(in_x - row[2]));
+}
+FUSEGEN_HD void backward_init2(float* acc) {
+  acc[3] = 0.0f;
+}
+FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+}
+FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
   row[3] = acc[3];
 }
 
@@ -98,33 +118,43 @@ FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
 FUSEGEN_HD void backward_outputs(float dout, float in_dout, float in_x, float in_label,
     float in_gg_x, float col, const float* row, float& grad_dout, float& grad_x, float& grad_gg_x) {
   const float t0 = dout*in_gg_x;
-  const float t1 = expf(in_x - row[1]);
+  const float t1 = expf(in_x - row[2]);
   const bool t2 = col == in_label;
-  const bool t3 = row[2] == 1.0f;
+  const bool t3 = row[1] == 1.0f;
   grad_dout = t0*t1 + (t2 ? (t3 ? -t0 : 0.0f) : 0.0f);
   grad_x = t0*in_dout*t1 + row[3]*t1;
   grad_gg_x = dout*((t2 ? (t3 ? -in_dout : 0.0f) : 0.0f) + in_dout*t1);
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
 FUSEGEN_HD void forward_pass0(double in_x, double in_label, double col, double* v) {
   v[0] = (col == in_label ? 1.0 : 0.0);
   v[1] = in_x;
-  v[2] = 1.0;
 }
 FUSEGEN_HD void forward_init0(double* acc) {
   acc[0] = 0.0;
   acc[1] = -INFINITY;
-  acc[2] = 0.0;
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
   acc[0] = fusegen::row_add(acc[0], other[0]);
-  acc[2] = fusegen::lse_sum(acc[1], acc[2], other[1], other[2]);
   acc[1] = fusegen::maximum(acc[1], other[1]);
 }
 FUSEGEN_HD void forward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = acc[0];
   row[1] = (fabs(acc[1]) == INFINITY ? 0.0 : acc[1]);
+}
+
+// Pass 1 over a row: what one element adds to accumulator 2.
+FUSEGEN_HD void forward_pass1(double in_x, const double* row, double* v) {
+  v[2] = exp(in_x - row[1]);
+}
+FUSEGEN_HD void forward_init1(double* acc) {
+  acc[2] = 0.0;
+}
+FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+}
+FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
   row[2] = log(acc[2]) + row[1];
 }
 
@@ -135,40 +165,50 @@ FUSEGEN_HD void forward_outputs(double in_dout, double in_x, double in_label, do
       row[2]));
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
 FUSEGEN_HD void backward_pass0(double in_x, double in_label, double col, double* v) {
   v[0] = in_x;
-  v[1] = 1.0;
-  v[2] = (col == in_label ? 1.0 : 0.0);
+  v[1] = (col == in_label ? 1.0 : 0.0);
 }
 FUSEGEN_HD void backward_init0(double* acc) {
   acc[0] = -INFINITY;
   acc[1] = 0.0;
-  acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
-  acc[1] = fusegen::lse_sum(acc[0], acc[1], other[0], other[1]);
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = (fabs(acc[0]) == INFINITY ? 0.0 : acc[0]);
-  row[1] = log(acc[1]) + row[0];
-  row[2] = acc[2];
+  row[1] = acc[1];
 }
 
-// Pass 1 over a row: what one element adds to accumulator 3.
-FUSEGEN_HD void backward_pass1(double dout, double in_dout, double in_x, double in_gg_x,
-    const double* row, double* v) {
-  v[3] = -(dout*in_gg_x*in_dout*exp(in_x - row[1]));
+// Pass 1 over a row: what one element adds to accumulator 2.
+FUSEGEN_HD void backward_pass1(double in_x, const double* row, double* v) {
+  v[2] = exp(in_x - row[0]);
 }
 FUSEGEN_HD void backward_init1(double* acc) {
-  acc[3] = 0.0;
+  acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[3] = fusegen::row_add(acc[3], other[3]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
+  row[2] = log(acc[2]) + row[0];
+}
+
+// Pass 2 over a row: what one element adds to accumulator 3.
+FUSEGEN_HD void backward_pass2(double dout, double in_dout, double in_x, double in_gg_x,
+    const double* row, double* v) {
+  v[3] = -(dout*in_gg_x*in_dout*exp(in_x - row[2]));
+}
+FUSEGEN_HD void backward_init2(double* acc) {
+  acc[3] = 0.0;
+}
+FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+}
+FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
   row[3] = acc[3];
 }
 
@@ -177,9 +217,9 @@ FUSEGEN_HD void backward_outputs(double dout, double in_dout, double in_x, doubl
     double in_gg_x, double col, const double* row, double& grad_dout, double& grad_x,
     double& grad_gg_x) {
   const double t0 = dout*in_gg_x;
-  const double t1 = exp(in_x - row[1]);
+  const double t1 = exp(in_x - row[2]);
   const bool t2 = col == in_label;
-  const bool t3 = row[2] == 1.0;
+  const bool t3 = row[1] == 1.0;
   grad_dout = t0*t1 + (t2 ? (t3 ? -t0 : 0.0) : 0.0);
   grad_x = t0*in_dout*t1 + row[3]*t1;
   grad_gg_x = dout*((t2 ? (t3 ? -in_dout : 0.0) : 0.0) + in_dout*t1);
@@ -197,18 +237,11 @@ struct Forward {
   static constexpr int kInputs = 4;
   static constexpr int kOutputs = 1;
   static constexpr int kRows = 3;    // values per row (one per accumulator)
-  static constexpr int kPasses = 1;  // passes over a row before the outputs'
+  static constexpr int kPasses = 2;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 3};
+    constexpr int kBegin[] = {0, 2, 3};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {false, true, false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
@@ -232,6 +265,8 @@ struct Forward {
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
       forward_init0(acc);
+    } else if constexpr (kP == 1) {
+      forward_init1(acc);
     }
   }
   template <int kP>
@@ -239,18 +274,24 @@ struct Forward {
                        [[maybe_unused]] T col, T* v) const {
     if constexpr (kP == 0) {
       forward_pass0(x[1], x[2], col, v);
+    } else if constexpr (kP == 1) {
+      forward_pass1(x[1], row, v);
     }
   }
   template <int kP>
   FUSEGEN_HD void combine(T* acc, const T* other) const {
     if constexpr (kP == 0) {
       forward_combine0(acc, other);
+    } else if constexpr (kP == 1) {
+      forward_combine1(acc, other);
     }
   }
   template <int kP>
   FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
     if constexpr (kP == 0) {
       forward_finish0(n, acc, row);
+    } else if constexpr (kP == 1) {
+      forward_finish1(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
@@ -270,18 +311,11 @@ struct Backward {
   static constexpr int kInputs = 5;
   static constexpr int kOutputs = 3;
   static constexpr int kRows = 4;    // values per row (one per accumulator)
-  static constexpr int kPasses = 2;  // passes over a row before the outputs'
+  static constexpr int kPasses = 3;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 3, 4};
+    constexpr int kBegin[] = {0, 2, 3, 4};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {true, false, false, false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
@@ -307,6 +341,8 @@ struct Backward {
       backward_init0(acc);
     } else if constexpr (kP == 1) {
       backward_init1(acc);
+    } else if constexpr (kP == 2) {
+      backward_init2(acc);
     }
   }
   template <int kP>
@@ -315,7 +351,9 @@ struct Backward {
     if constexpr (kP == 0) {
       backward_pass0(x[2], x[3], col, v);
     } else if constexpr (kP == 1) {
-      backward_pass1(x[0], x[1], x[2], x[4], row, v);
+      backward_pass1(x[2], row, v);
+    } else if constexpr (kP == 2) {
+      backward_pass2(x[0], x[1], x[2], x[4], row, v);
     }
   }
   template <int kP>
@@ -324,6 +362,8 @@ struct Backward {
       backward_combine0(acc, other);
     } else if constexpr (kP == 1) {
       backward_combine1(acc, other);
+    } else if constexpr (kP == 2) {
+      backward_combine2(acc, other);
     }
   }
   template <int kP>
@@ -332,6 +372,8 @@ struct Backward {
       backward_finish0(n, acc, row);
     } else if constexpr (kP == 1) {
       backward_finish1(n, acc, row);
+    } else if constexpr (kP == 2) {
+      backward_finish2(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,

@@ -26,185 +26,225 @@ namespace fusegen::op_cross_entropy_jvp {
 const RtcSource& rtc_source();
 #endif
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2, 3.
+// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
 FUSEGEN_HD void forward_pass0(float in_x, float in_label, float in_t_x, float col, float* v) {
   const bool t0 = col == in_label;
   v[0] = in_x;
-  v[1] = 1.0f;
-  v[2] = (t0 ? 1.0f : 0.0f);
-  v[3] = (t0 ? in_t_x : 0.0f);
+  v[1] = (t0 ? 1.0f : 0.0f);
+  v[2] = (t0 ? in_t_x : 0.0f);
 }
 FUSEGEN_HD void forward_init0(float* acc) {
   acc[0] = -INFINITY;
   acc[1] = 0.0f;
   acc[2] = 0.0f;
-  acc[3] = 0.0f;
 }
 FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
-  acc[1] = fusegen::lse_sum(acc[0], acc[1], other[0], other[1]);
   acc[0] = fusegen::maximum(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
   acc[2] = fusegen::row_add(acc[2], other[2]);
-  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = (fabsf(acc[0]) == INFINITY ? 0.0f : acc[0]);
-  row[1] = logf(acc[1]) + row[0];
+  row[1] = acc[1];
   row[2] = acc[2];
-  row[3] = acc[3];
 }
 
-// Pass 1 over a row: what one element adds to accumulator 4.
-FUSEGEN_HD void forward_pass1(float in_x, float in_t_x, const float* row, float* v) {
-  v[4] = in_t_x*expf(in_x - row[1]);
+// Pass 1 over a row: what one element adds to accumulator 3.
+FUSEGEN_HD void forward_pass1(float in_x, const float* row, float* v) {
+  v[3] = expf(in_x - row[0]);
 }
 FUSEGEN_HD void forward_init1(float* acc) {
-  acc[4] = 0.0f;
+  acc[3] = 0.0f;
 }
 FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
-  acc[4] = fusegen::row_add(acc[4], other[4]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
+  row[3] = logf(acc[3]) + row[0];
+}
+
+// Pass 2 over a row: what one element adds to accumulator 4.
+FUSEGEN_HD void forward_pass2(float in_x, float in_t_x, const float* row, float* v) {
+  v[4] = in_t_x*expf(in_x - row[3]);
+}
+FUSEGEN_HD void forward_init2(float* acc) {
+  acc[4] = 0.0f;
+}
+FUSEGEN_HD void forward_combine2(float* acc, const float* other) {
+  acc[4] = fusegen::row_add(acc[4], other[4]);
+}
+FUSEGEN_HD void forward_finish2(float /*n*/, const float* acc, float* row) {
   row[4] = acc[4];
 }
 
 // The output of one element, from its inputs and the row's values, in float.
 FUSEGEN_HD void forward_outputs(const float* row, float& out) {
-  out = row[4] + (-(row[2] == 1.0f ? row[3] : 0.0f));
+  out = row[4] + (-(row[1] == 1.0f ? row[2] : 0.0f));
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
 FUSEGEN_HD void backward_pass0(float in_x, float in_label, float col, float* v) {
   v[0] = in_x;
-  v[1] = 1.0f;
-  v[2] = (col == in_label ? 1.0f : 0.0f);
+  v[1] = (col == in_label ? 1.0f : 0.0f);
 }
 FUSEGEN_HD void backward_init0(float* acc) {
   acc[0] = -INFINITY;
   acc[1] = 0.0f;
-  acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
-  acc[1] = fusegen::lse_sum(acc[0], acc[1], other[0], other[1]);
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
   row[0] = (fabsf(acc[0]) == INFINITY ? 0.0f : acc[0]);
-  row[1] = logf(acc[1]) + row[0];
-  row[2] = acc[2];
+  row[1] = acc[1];
 }
 
-// Pass 1 over a row: what one element adds to accumulator 3.
-FUSEGEN_HD void backward_pass1(float dout, float in_x, float in_t_x, const float* row, float* v) {
-  v[3] = -(dout*in_t_x*expf(in_x - row[1]));
+// Pass 1 over a row: what one element adds to accumulator 2.
+FUSEGEN_HD void backward_pass1(float in_x, const float* row, float* v) {
+  v[2] = expf(in_x - row[0]);
 }
 FUSEGEN_HD void backward_init1(float* acc) {
-  acc[3] = 0.0f;
+  acc[2] = 0.0f;
 }
 FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
-  acc[3] = fusegen::row_add(acc[3], other[3]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
+  row[2] = logf(acc[2]) + row[0];
+}
+
+// Pass 2 over a row: what one element adds to accumulator 3.
+FUSEGEN_HD void backward_pass2(float dout, float in_x, float in_t_x, const float* row, float* v) {
+  v[3] = -(dout*in_t_x*expf(in_x - row[2]));
+}
+FUSEGEN_HD void backward_init2(float* acc) {
+  acc[3] = 0.0f;
+}
+FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+}
+FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
   row[3] = acc[3];
 }
 
 // The outputs of one element, from its inputs and the row's values, in float.
 FUSEGEN_HD void backward_outputs(float dout, float in_x, float in_label, float in_t_x, float col,
     const float* row, float& grad_x, float& grad_t_x) {
-  const float t0 = expf(in_x - row[1]);
+  const float t0 = expf(in_x - row[2]);
   grad_x = dout*in_t_x*t0 + row[3]*t0;
-  grad_t_x = (col == in_label ? (row[2] == 1.0f ? -dout : 0.0f) : 0.0f) + dout*t0;
+  grad_t_x = (col == in_label ? (row[1] == 1.0f ? -dout : 0.0f) : 0.0f) + dout*t0;
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2, 3.
+// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
 FUSEGEN_HD void forward_pass0(double in_x, double in_label, double in_t_x, double col, double* v) {
   const bool t0 = col == in_label;
   v[0] = in_x;
-  v[1] = 1.0;
-  v[2] = (t0 ? 1.0 : 0.0);
-  v[3] = (t0 ? in_t_x : 0.0);
+  v[1] = (t0 ? 1.0 : 0.0);
+  v[2] = (t0 ? in_t_x : 0.0);
 }
 FUSEGEN_HD void forward_init0(double* acc) {
   acc[0] = -INFINITY;
   acc[1] = 0.0;
   acc[2] = 0.0;
-  acc[3] = 0.0;
 }
 FUSEGEN_HD void forward_combine0(double* acc, const double* other) {
-  acc[1] = fusegen::lse_sum(acc[0], acc[1], other[0], other[1]);
   acc[0] = fusegen::maximum(acc[0], other[0]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
   acc[2] = fusegen::row_add(acc[2], other[2]);
-  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = (fabs(acc[0]) == INFINITY ? 0.0 : acc[0]);
-  row[1] = log(acc[1]) + row[0];
+  row[1] = acc[1];
   row[2] = acc[2];
-  row[3] = acc[3];
 }
 
-// Pass 1 over a row: what one element adds to accumulator 4.
-FUSEGEN_HD void forward_pass1(double in_x, double in_t_x, const double* row, double* v) {
-  v[4] = in_t_x*exp(in_x - row[1]);
+// Pass 1 over a row: what one element adds to accumulator 3.
+FUSEGEN_HD void forward_pass1(double in_x, const double* row, double* v) {
+  v[3] = exp(in_x - row[0]);
 }
 FUSEGEN_HD void forward_init1(double* acc) {
-  acc[4] = 0.0;
+  acc[3] = 0.0;
 }
 FUSEGEN_HD void forward_combine1(double* acc, const double* other) {
-  acc[4] = fusegen::row_add(acc[4], other[4]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
 }
 FUSEGEN_HD void forward_finish1(double /*n*/, const double* acc, double* row) {
+  row[3] = log(acc[3]) + row[0];
+}
+
+// Pass 2 over a row: what one element adds to accumulator 4.
+FUSEGEN_HD void forward_pass2(double in_x, double in_t_x, const double* row, double* v) {
+  v[4] = in_t_x*exp(in_x - row[3]);
+}
+FUSEGEN_HD void forward_init2(double* acc) {
+  acc[4] = 0.0;
+}
+FUSEGEN_HD void forward_combine2(double* acc, const double* other) {
+  acc[4] = fusegen::row_add(acc[4], other[4]);
+}
+FUSEGEN_HD void forward_finish2(double /*n*/, const double* acc, double* row) {
   row[4] = acc[4];
 }
 
 // The output of one element, from its inputs and the row's values, in double.
 FUSEGEN_HD void forward_outputs(const double* row, double& out) {
-  out = row[4] + (-(row[2] == 1.0 ? row[3] : 0.0));
+  out = row[4] + (-(row[1] == 1.0 ? row[2] : 0.0));
 }
 
-// Pass 0 over a row: what one element adds to accumulators 0, 1, 2.
+// Pass 0 over a row: what one element adds to accumulators 0, 1.
 FUSEGEN_HD void backward_pass0(double in_x, double in_label, double col, double* v) {
   v[0] = in_x;
-  v[1] = 1.0;
-  v[2] = (col == in_label ? 1.0 : 0.0);
+  v[1] = (col == in_label ? 1.0 : 0.0);
 }
 FUSEGEN_HD void backward_init0(double* acc) {
   acc[0] = -INFINITY;
   acc[1] = 0.0;
-  acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine0(double* acc, const double* other) {
-  acc[1] = fusegen::lse_sum(acc[0], acc[1], other[0], other[1]);
   acc[0] = fusegen::maximum(acc[0], other[0]);
-  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[1] = fusegen::row_add(acc[1], other[1]);
 }
 FUSEGEN_HD void backward_finish0(double /*n*/, const double* acc, double* row) {
   row[0] = (fabs(acc[0]) == INFINITY ? 0.0 : acc[0]);
-  row[1] = log(acc[1]) + row[0];
-  row[2] = acc[2];
+  row[1] = acc[1];
 }
 
-// Pass 1 over a row: what one element adds to accumulator 3.
-FUSEGEN_HD void backward_pass1(double dout, double in_x, double in_t_x, const double* row,
-    double* v) {
-  v[3] = -(dout*in_t_x*exp(in_x - row[1]));
+// Pass 1 over a row: what one element adds to accumulator 2.
+FUSEGEN_HD void backward_pass1(double in_x, const double* row, double* v) {
+  v[2] = exp(in_x - row[0]);
 }
 FUSEGEN_HD void backward_init1(double* acc) {
-  acc[3] = 0.0;
+  acc[2] = 0.0;
 }
 FUSEGEN_HD void backward_combine1(double* acc, const double* other) {
-  acc[3] = fusegen::row_add(acc[3], other[3]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
 }
 FUSEGEN_HD void backward_finish1(double /*n*/, const double* acc, double* row) {
+  row[2] = log(acc[2]) + row[0];
+}
+
+// Pass 2 over a row: what one element adds to accumulator 3.
+FUSEGEN_HD void backward_pass2(double dout, double in_x, double in_t_x, const double* row,
+    double* v) {
+  v[3] = -(dout*in_t_x*exp(in_x - row[2]));
+}
+FUSEGEN_HD void backward_init2(double* acc) {
+  acc[3] = 0.0;
+}
+FUSEGEN_HD void backward_combine2(double* acc, const double* other) {
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+}
+FUSEGEN_HD void backward_finish2(double /*n*/, const double* acc, double* row) {
   row[3] = acc[3];
 }
 
 // The outputs of one element, from its inputs and the row's values, in double.
 FUSEGEN_HD void backward_outputs(double dout, double in_x, double in_label, double in_t_x,
     double col, const double* row, double& grad_x, double& grad_t_x) {
-  const double t0 = exp(in_x - row[1]);
+  const double t0 = exp(in_x - row[2]);
   grad_x = dout*in_t_x*t0 + row[3]*t0;
-  grad_t_x = (col == in_label ? (row[2] == 1.0 ? -dout : 0.0) : 0.0) + dout*t0;
+  grad_t_x = (col == in_label ? (row[1] == 1.0 ? -dout : 0.0) : 0.0) + dout*t0;
 }
 
 // The forward as a row function of 3 inputs and 1 output in the compute type T: its passes
@@ -219,18 +259,11 @@ struct Forward {
   static constexpr int kInputs = 3;
   static constexpr int kOutputs = 1;
   static constexpr int kRows = 5;    // values per row (one per accumulator)
-  static constexpr int kPasses = 2;  // passes over a row before the outputs'
+  static constexpr int kPasses = 3;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 4, 5};
+    constexpr int kBegin[] = {0, 3, 4, 5};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {true, false, false, false, false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
@@ -256,6 +289,8 @@ struct Forward {
       forward_init0(acc);
     } else if constexpr (kP == 1) {
       forward_init1(acc);
+    } else if constexpr (kP == 2) {
+      forward_init2(acc);
     }
   }
   template <int kP>
@@ -264,7 +299,9 @@ struct Forward {
     if constexpr (kP == 0) {
       forward_pass0(x[0], x[1], x[2], col, v);
     } else if constexpr (kP == 1) {
-      forward_pass1(x[0], x[2], row, v);
+      forward_pass1(x[0], row, v);
+    } else if constexpr (kP == 2) {
+      forward_pass2(x[0], x[2], row, v);
     }
   }
   template <int kP>
@@ -273,6 +310,8 @@ struct Forward {
       forward_combine0(acc, other);
     } else if constexpr (kP == 1) {
       forward_combine1(acc, other);
+    } else if constexpr (kP == 2) {
+      forward_combine2(acc, other);
     }
   }
   template <int kP>
@@ -281,6 +320,8 @@ struct Forward {
       forward_finish0(n, acc, row);
     } else if constexpr (kP == 1) {
       forward_finish1(n, acc, row);
+    } else if constexpr (kP == 2) {
+      forward_finish2(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
@@ -300,18 +341,11 @@ struct Backward {
   static constexpr int kInputs = 4;
   static constexpr int kOutputs = 2;
   static constexpr int kRows = 4;    // values per row (one per accumulator)
-  static constexpr int kPasses = 2;  // passes over a row before the outputs'
+  static constexpr int kPasses = 3;  // passes over a row before the outputs'
   // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
   FUSEGEN_HD static constexpr int pass_begin(int p) {
-    constexpr int kBegin[] = {0, 3, 4};
+    constexpr int kBegin[] = {0, 2, 3, 4};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {true, false, false, false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
@@ -337,6 +371,8 @@ struct Backward {
       backward_init0(acc);
     } else if constexpr (kP == 1) {
       backward_init1(acc);
+    } else if constexpr (kP == 2) {
+      backward_init2(acc);
     }
   }
   template <int kP>
@@ -345,7 +381,9 @@ struct Backward {
     if constexpr (kP == 0) {
       backward_pass0(x[1], x[2], col, v);
     } else if constexpr (kP == 1) {
-      backward_pass1(x[0], x[1], x[3], row, v);
+      backward_pass1(x[1], row, v);
+    } else if constexpr (kP == 2) {
+      backward_pass2(x[0], x[1], x[3], row, v);
     }
   }
   template <int kP>
@@ -354,6 +392,8 @@ struct Backward {
       backward_combine0(acc, other);
     } else if constexpr (kP == 1) {
       backward_combine1(acc, other);
+    } else if constexpr (kP == 2) {
+      backward_combine2(acc, other);
     }
   }
   template <int kP>
@@ -362,6 +402,8 @@ struct Backward {
       backward_finish0(n, acc, row);
     } else if constexpr (kP == 1) {
       backward_finish1(n, acc, row);
+    } else if constexpr (kP == 2) {
+      backward_finish2(n, acc, row);
     }
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,

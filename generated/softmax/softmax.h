@@ -231,13 +231,6 @@ struct Forward {
     constexpr int kBegin[] = {0, 1, 2};
     return kBegin[p];
   }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {false, false};
-    return kLse[k];
-  }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
     constexpr bool kPerRow[] = {false, true, true};
@@ -310,13 +303,6 @@ struct Backward {
   FUSEGEN_HD static constexpr int pass_begin(int p) {
     constexpr int kBegin[] = {0, 1, 3};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {false, false, false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
@@ -392,13 +378,6 @@ struct SavedBackward {
   FUSEGEN_HD static constexpr int pass_begin(int p) {
     constexpr int kBegin[] = {0, 1};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {

@@ -278,13 +278,6 @@ struct Forward {
     constexpr int kBegin[] = {0, 1, 3};
     return kBegin[p];
   }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {false, false, false};
-    return kLse[k];
-  }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {
     constexpr bool kPerRow[] = {false};
@@ -358,13 +351,6 @@ struct Backward {
   FUSEGEN_HD static constexpr int pass_begin(int p) {
     constexpr int kBegin[] = {0, 1, 4, 5};
     return kBegin[p];
-  }
-  // Whether accumulator k is the maximum of a logsumexp pair (k, k + 1): the row loops
-  // reduce a vector's or a block's elements of it in two steps (its maximum, then the
-  // exponentials against it) before combining them, one rescale per vector.
-  FUSEGEN_HD static constexpr bool lse(int k) {
-    constexpr bool kLse[] = {false, false, false, false, false};
-    return kLse[k];
   }
   // Whether output k is one value per row (its tensor's last dimension is 1).
   FUSEGEN_HD static constexpr bool per_row(int k) {

@@ -161,29 +161,6 @@ __device__ __forceinline__ void row_load(const RowArgs<kN>& a, char* const* base
   }
 }
 
-// The kVec elements' values of a pass with a logsumexp pair (row_lse_pass) combined into
-// v[0]: each pair's elements first as (the vector's maximum M, exp(x - lse_shift(M))), so
-// that they add, and the vector's pair rescales the accumulator's once (fusegen-math.h,
-// lse_sum), not once per element; the pass's other accumulators in element order.
-template <int kP, int kVec, typename F, typename A>
-__device__ __forceinline__ void row_lse_elements(const F& f, A (*v)[kRowSlots<F>]) {
-#pragma unroll
-  for (int k = F::pass_begin(kP); k < F::pass_begin(kP + 1); ++k) {
-    if (!F::lse(k)) continue;
-    A m = v[0][k];
-#pragma unroll
-    for (int e = 1; e < kVec; ++e) m = maximum(m, v[e][k]);
-    const A shift = lse_shift(m);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      v[e][k + 1] = row_exp(v[e][k] - shift);
-      v[e][k] = m;
-    }
-  }
-#pragma unroll
-  for (int e = 1; e < kVec; ++e) f.template combine<kP>(v[0], v[e]);
-}
-
 // The row's per-row inputs (F::index), which a finish may read: first[i] (0 for the others).
 template <typename F, typename A>
 __device__ __forceinline__ void row_firsts(char* const* base, A* first) {
@@ -205,19 +182,11 @@ __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, cha
     row_each<kRowThreads, kVec, kIters>(a.length, lane, [&](int t, int64_t j) {
       A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
       row_inputs<S, F, kVector>(a, base, j, c, t, x);
-      if constexpr (kVec > 1 && row_lse_pass<F, kP>()) {  // (one element: (x, 1) as it is)
-        A v[kVec][kRowSlots<F>];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) f.template pass<kP>(x[e], row, static_cast<A>(j + e), v[e]);
-        row_lse_elements<kP, kVec>(f, v);
-        f.template combine<kP>(acc, v[0]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          A v[kRowSlots<F>];
-          f.template pass<kP>(x[e], row, static_cast<A>(j + e), v);
-          f.template combine<kP>(acc, v);
-        }
+      for (int e = 0; e < kVec; ++e) {
+        A v[kRowSlots<F>];
+        f.template pass<kP>(x[e], row, static_cast<A>(j + e), v);
+        f.template combine<kP>(acc, v);
       }
     });
     row_combine<kP, kRowThreads>(f, acc, shared);

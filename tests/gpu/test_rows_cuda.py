@@ -291,11 +291,12 @@ def test_no_rows_gives_empty_results(ops, name, lead):
 
 @pytest.mark.parametrize("n", [7, 1000, 4096, 20000])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+@pytest.mark.parametrize("name", ["softmax", "layernorm", "log_softmax"])
 def test_saved_row_values_give_the_gradient_of_computing_them_again(ops, name, dtype, n):
-    """softmax's and LayerNorm's forward save row values for the backward (docs/rows.md):
-    the backward autograd calls directly reads them, the one through <name>_backward
-    (create_graph) computes them again. x's gradient has the same bits for softmax; LayerNorm's output expression is a sum of products, which nvcc
+    """softmax's, LayerNorm's and log_softmax's forward save row values for the backward
+    (docs/rows.md): the backward autograd calls directly reads them, the one through
+    <name>_backward (create_graph) computes them again. x's gradient has the same bits for
+    softmax and log_softmax; LayerNorm's output expression is a sum of products, which nvcc
     contracts into multiply-adds as each kernel's code allows: one rounding of the float
     result apart at most (a weight's gradient is summed in the kernel on the direct path
     only, in another order)."""
