@@ -62,17 +62,14 @@ FUSEGEN_HD T minimum(T a, T b) {
 // made the term: whether it contracts depends on the code around it, and a row value must
 // have the same bits in every kernel that computes it (the forward that saves it, the
 // backward that computes it again). The CPU kernels are built without FMA (fusegen-cpu.h).
-FUSEGEN_HD float row_add(float a, float b) {
+template <typename T>
+FUSEGEN_HD T row_add(T a, T b) {
 #ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-FUSEGEN_HD double row_add(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dadd_rn(a, b);
+  if constexpr (sizeof(T) == sizeof(float)) {
+    return __fadd_rn(a, b);
+  } else {
+    return __dadd_rn(a, b);
+  }
 #else
   return a + b;
 #endif
