@@ -180,7 +180,8 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "", gi
     def per_row(e) -> bool:
         return all(is_row_symbol(s) or s in given_symbols or s.name in scalars for s in dag.free_symbols([e]))
 
-    zero = ZeroTest(fn.index_symbols(exprs))
+    indices = fn.index_symbols(exprs)  # (a gather's index: one value per row)
+    zero = ZeroTest(indices)
     for node in dag.postorder(exprs):
         if not fn.is_reduction(node) or node in made:
             continue
@@ -226,7 +227,7 @@ def schedule(results: list[tuple[str, sympy.Expr]], scalars=(), op: str = "", gi
     made = {node: rename.get(s, s) for node, s in made.items()}  # (given, or 0: as they are)
     out = dag.substitute(exprs, made)
     # (a gather's index is one value per row: reading it keeps a result one per row)
-    tensors = {x for x in dag.free_symbols(exprs) if x.name not in scalars} - fn.index_symbols(exprs)
+    tensors = {x for x in dag.free_symbols(exprs) if x.name not in scalars} - indices
     per_row = tuple(is_row_value(e, tensors) for e in exprs)
     return RowProgram(tuple(accumulators), tuple((n, e) for (n, _), e in zip(results, out)), per_row)
 
