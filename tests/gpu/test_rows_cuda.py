@@ -297,8 +297,8 @@ def test_saved_row_values_give_the_gradient_of_computing_them_again(ops, name, d
     (docs/rows.md): the backward autograd calls directly reads them, the one through
     <name>_backward (create_graph) computes them again. x's gradient has the same bits for
     softmax and log_softmax; LayerNorm's output expression is a sum of products, which nvcc
-    contracts into multiply-adds as each kernel's code allows: one rounding of the float
-    result apart at most (a weight's gradient is summed in the kernel on the direct path
+    contracts into multiply-adds as each kernel's code allows: a few float roundings apart
+    at most (a weight's gradient is summed in the kernel on the direct path
     only, in another order)."""
     op = ops["nvrtc"][name]
     assert op.spec.saved_rows
