@@ -295,14 +295,13 @@ def print_op(spec: OpSpec) -> PrintedOp:
         tensors = [d.name for d in spec.douts] + [names.value(x) for x in spec.backward_inputs]
         backward = tensors + scalars
         saved = tensors + saved_row_names(spec) + scalars
-        return PrintedOp(
-            forward={}, backward={},
-            forward_rows={t: print_rows(spec.forward_rows, t, forward) for t in COMPUTE_TYPES},
-            backward_rows=({t: print_rows(spec.backward_rows, t, backward) for t in COMPUTE_TYPES}
-                           if spec.backward_rows is not None else None),
-            saved_backward_rows=({t: print_rows(spec.saved_backward_rows, t, saved) for t in COMPUTE_TYPES}
-                                 if spec.saved_backward_rows is not None else None),
-        )
+
+        def per_type(program, order):
+            return None if program is None else {t: print_rows(program, t, order) for t in COMPUTE_TYPES}
+
+        return PrintedOp(forward={}, backward={}, forward_rows=per_type(spec.forward_rows, forward),
+                         backward_rows=per_type(spec.backward_rows, backward),
+                         saved_backward_rows=per_type(spec.saved_backward_rows, saved))
     return PrintedOp(
         forward={t: print_program(spec.forward_program, t) for t in COMPUTE_TYPES},
         backward={t: print_program(spec.backward_program, t) for t in COMPUTE_TYPES},

@@ -77,7 +77,8 @@ class RowProgram:
         return [k for k, a in enumerate(self.accumulators) if a.level == level]
 
     def substituted(self, rules: dict) -> "RowProgram":
-        """The program with symbols renamed (user names to their C names)."""
+        """The program with symbols renamed (user names to their C names, saved row values
+        renumbered)."""
         exprs = dag.substitute([a.element for a in self.accumulators] + [a.finish for a in self.accumulators]
                                + [e for _, e in self.results], rules)
         n = len(self.accumulators)
@@ -248,10 +249,10 @@ def saved_rows(outputs, backward_results, recomputing: RowProgram, scalars=(), o
         return (), None
     read = dag.free_symbols([a.element for a in program.accumulators] + [a.finish for a in program.accumulators]
                             + [e for _, e in program.results])
-    kept = tuple(n for k, n in enumerate(shared) if saved_row_symbol(k) in read)
-    if len(kept) < len(shared):  # numbered by what it reads
-        program = schedule(backward_results, scalars, op, {n: saved_row_symbol(k) for k, n in enumerate(kept)})
-    return kept, program
+    used = [k for k in range(len(shared)) if saved_row_symbol(k) in read]
+    # (numbered by what it reads)
+    program = program.substituted({saved_row_symbol(k): saved_row_symbol(i) for i, k in enumerate(used)})
+    return tuple(shared[k] for k in used), program
 
 
 # -- a row sum that cancels ------------------------------------------------------------------

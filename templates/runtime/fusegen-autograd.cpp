@@ -191,27 +191,28 @@ bool is_plain(const at::Tensor& t) {
 // tensor without autograd metadata (no requires_grad, no tangent) answers with a pointer test.
 bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
 
-// Whether a backward may run its kernel directly instead of through the dispatcher: grad
-// mode off (nothing to record for a double backward), no forward-mode tangent (forward over
-// reverse), no dispatch key forced on for the
-// thread (a TorchDispatchMode, FakeTensorMode under torch.compile, functorch's transforms,
-// the Python dispatcher), and every tensor a plain dense CPU or CUDA tensor (no subclass
+// Whether this runtime's CPU or CUDA kernel may be called directly on `tensors`, instead of
+// through the dispatcher: no dispatch key forced on for the thread (a TorchDispatchMode,
+// FakeTensorMode under torch.compile, functorch's transforms, the Python dispatcher), and
+// every tensor a plain dense CPU or CUDA tensor without a forward-mode tangent (no subclass
 // such as DTensor or FakeTensor, no lazy conjugate or negative view). The dispatcher would
-// then reach this file's own CPU or CUDA kernel, after boxing the call; the direct call
-// keeps the profiler's event of that op.
-bool direct_call_ok(const variable_list& douts, const std::vector<at::Tensor>& saved) {
+// then reach this file's own kernel, after boxing the call.
+bool plain_call_ok(c10::ArrayRef<at::Tensor> tensors) {
   // Included beyond the defaults (BackendSelect, ADInplaceOrView), that is.
   const c10::DispatchKeySet forced =
       c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
-  if (at::GradMode::is_enabled() || !forced.empty()) return false;
-  for (const at::Tensor& dout : douts) {
-    if (!is_plain(dout) || has_tangent(dout)) return false;
-  }
-  for (const at::Tensor& t : saved) {
-    if (!is_plain(t) || has_tangent(t))
-      return false;  // a tangent: the autograd kernel computes its own
+  if (!forced.empty()) return false;
+  for (const at::Tensor& t : tensors) {
+    if (!is_plain(t) || has_tangent(t)) return false;  // a tangent: the autograd kernel's own
   }
   return true;
+}
+
+// Whether a backward may run its kernel directly (plain_call_ok), with grad mode off as well
+// (nothing to record for a double backward). The direct call keeps the profiler's event of
+// that op.
+bool direct_call_ok(const variable_list& douts, const std::vector<at::Tensor>& saved) {
+  return !at::GradMode::is_enabled() && plain_call_ok(douts) && plain_call_ok(saved);
 }
 
 // Two inputs that are the two halves of one split of a tensor u (`a, b = u.chunk(2, -1)`,
@@ -887,21 +888,16 @@ void composite_forward_mode(const Op& op, bool backward, torch::jit::Stack* stac
 // The device whose kernel the forward's redispatch below autograd would reach, when it is
 // this runtime's own CPU or CUDA kernel and the forward saves row values for its backward
 // (OpDef::num_saved_rows): no other dispatch key on the way (a mode, functionalization, a
-// subclass such as FakeTensor or DTensor) and plain tensors, as direct_call_ok asks of the
-// backward. Otherwise the forward goes through the dispatcher and saves nothing.
+// subclass such as FakeTensor or DTensor) and plain tensors (plain_call_ok). Otherwise the
+// forward goes through the dispatcher and saves nothing.
 std::optional<Device> direct_forward(const OpDef& def, c10::DispatchKeySet keys,
                                      const ForwardArgs& a) {
   if (!def.rows || def.num_saved_rows == 0) return std::nullopt;
-  const c10::DispatchKeySet forced =
-      c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set;
-  if (!forced.empty()) return std::nullopt;
   const c10::DispatchKeySet below =
       (keys & c10::after_autograd_keyset) - c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView);
   const c10::DispatchKey key = below.highestPriorityTypeId();
   if (key != c10::DispatchKey::CPU && key != c10::DispatchKey::CUDA) return std::nullopt;
-  for (const at::Tensor& t : a.tensors) {
-    if (!is_plain(t) || has_tangent(t)) return std::nullopt;
-  }
+  if (!plain_call_ok(a.tensors)) return std::nullopt;
   return key == c10::DispatchKey::CUDA ? Device::kCuda : Device::kCpu;
 }
 
