@@ -30,6 +30,7 @@ struct RowArgs {
   int64_t length;
   int64_t rows;
   int summed;
+  unsigned summed_bits;  // 1 << summed (0: none)
 };
 
 // The inputs a row cache holds: those that are not a gather's index (which arrives in the
@@ -145,8 +146,9 @@ __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* ba
   }
 }
 
-// A row's vectors loaded into the row cache, every load issued before any pass waits on one.
-template <typename S, typename F, int kRowThreads, int kIters, int kN>
+// A row's vectors loaded into the row cache, every load issued before any pass waits on one
+// (kRowsOnly: not those of an input of one value per column, already there).
+template <typename S, typename F, int kRowThreads, bool kRowsOnly = false, int kIters, int kN>
 __device__ __forceinline__ void row_load(const RowArgs<kN>& a, char* const* base, int lane,
                                          RowCache<S, F, kIters>& c) {
   if constexpr (kIters > 0) {
@@ -154,7 +156,7 @@ __device__ __forceinline__ void row_load(const RowArgs<kN>& a, char* const* base
 #pragma unroll
       for (int i = 0; i < F::kInputs; ++i) {
         const int k = F::kOutputs + i;
-        if (F::index(i) || a.along[k] == 0) continue;
+        if (F::index(i) || a.along[k] == 0 || (kRowsOnly && a.next[k] == 0)) continue;
         c.v[t][i] = *reinterpret_cast<const Vec<S, kVecWidth<S>>*>(base[k] + j * sizeof(S));
       }
     });
@@ -266,19 +268,18 @@ __device__ __forceinline__ void row_partials(const RowArgs<kN>& a,
 // One row per warp or block (kRowThreads), or, when kSums, a grid of CudaLoop::sum_blocks
 // blocks striding over the rows, each thread summing the summed output at its columns (at
 // most row_sum_columns of them: the rows' length fits, row_sums_fit) in shared memory,
-// which row_partials writes at the end. kCache > 0 (not with kSums): each row is loaded
-// into registers once (RowCache), kCache vectors of each input a thread, as many as the row
-// needs, since the registers held set how many rows an SM keeps in flight.
+// which row_partials writes at the end. kCache > 0: each row is loaded into registers once
+// (RowCache), kCache vectors of each input a thread, as many as the row needs, since the
+// registers held set how many rows an SM keeps in flight; a summing kernel keeps an input
+// of one value per column (a weight) there from row to row.
 template <typename S, typename F, int kRowThreads, bool kVector, bool kSums, int kCache>
-__global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
+__global__ void __launch_bounds__(kRowBlock, kSums ? row_sum_blocks_per_sm(sizeof(S)) : 1)
     rows_kernel(const RowArgs<F::kInputs + F::kOutputs> a, const F f) {
   using A = acc_t<S>;
   constexpr int kN = F::kInputs + F::kOutputs;
   constexpr int kGroups = kRowBlock / kRowThreads;
   constexpr int kVec = kRowVec<S, kVector>;
-  constexpr int kSumIters = row_sum_columns(sizeof(A)) / kVec;
   static_assert(kCache == 0 || kVector, "a row cache holds 16-byte vectors");
-  static_assert(kCache == 0 || !kSums, "a summing kernel reads each pass's row again");
   __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
   const int lane = threadIdx.x % kRowThreads;
   const int64_t first = int64_t(blockIdx.x) * kGroups + threadIdx.x / kRowThreads;
@@ -304,9 +305,12 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
       row_each<kRowThreads, kVec, kCache>(a.length, lane, outputs);
     }
   } else {
-    // (in shared memory: with its 32 sums in registers the float32 kernel of 16-byte rows
-    // took 104-128 registers, here 70-74; ptxas -v for sm_90, RMSNorm's backward)
-    constexpr int kColumns = kRowThreads * row_sum_columns(sizeof(A));
+    // A thread's columns: its cached vectors', or row_sum_columns (in shared memory: with its
+    // 32 sums in registers the float32 kernel of 16-byte rows took 104-128 registers, here
+    // 70-74; ptxas -v for sm_90, RMSNorm's backward).
+    constexpr int kSumIters = kCache > 0 ? kCache : row_sum_columns(sizeof(A)) / kVec;
+    constexpr int kColumns = kRowThreads * kSumIters * kVec;
+    static_assert(kSumIters * kVec <= row_sum_columns(sizeof(A)), "a thread's sums fit");
     __shared__ A sum[kGroups][kColumns];
     A(*mine)[kColumns] = sum + threadIdx.x / kRowThreads;
 #pragma unroll
@@ -316,22 +320,34 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? kRowSumBlocksPerSm : 1)
     }
     for (int64_t r = first; r < a.rows; r += int64_t(gridDim.x) * kGroups) {
       row_bases(a, r, base);
+#pragma unroll
+      for (int k = 0; k < F::kOutputs; ++k) {  // (its partial row: row_partials)
+        if (a.summed_bits >> k & 1) base[k] = nullptr;  // row_store skips it
+      }
+      if (r == first) {
+        row_load<S, F, kRowThreads>(a, base, lane, c);
+      } else {  // (an input of one value per column, a weight, stays in the cache)
+        row_load<S, F, kRowThreads, true>(a, base, lane, c);
+      }
       A first[F::kInputs > 0 ? F::kInputs : 1];
       row_firsts<F>(base, first);
       row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, first, row, shared);
-      // (the thread's kSumIters accesses, unrolled: t names its sums' slots)
+      // (the thread's kSumIters accesses, unrolled: t names its sums' slots. The summed
+      // output is picked by a mask, not by its index: code that tests k == a.summed is
+      // folded into y[a.summed], which moves y and base to local memory)
       row_each<kRowThreads, kVec, kSumIters>(a.length, lane, [&](int t, int64_t j) {
         A y[kVec][F::kOutputs];
         row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
 #pragma unroll
-        for (int k = 0; k < F::kOutputs; ++k) {
-          if (k != a.summed) {
-            row_store<S, F, kVector>(a, base, j, k, y);
-            continue;
-          }
+        for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
 #pragma unroll
-          for (int e = 0; e < kVec; ++e)
-            mine[0][row_sum_slot<kRowThreads, kVec>(t, lane, e)] += y[e][k];
+        for (int e = 0; e < kVec; ++e) {
+          A v = A(0);
+#pragma unroll
+          for (int k = 0; k < F::kOutputs; ++k) {
+            if (a.summed_bits >> k & 1) v += y[e][k];
+          }
+          mine[0][row_sum_slot<kRowThreads, kVec>(t, lane, e)] += v;
         }
       });
     }
@@ -367,11 +383,15 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     constexpr int kN = F::kInputs + F::kOutputs;
     RowArgs<kN> a;
     a.summed = -1;
+    a.summed_bits = 0;
     for (int k = 0; k < kN; ++k) {
       a.p[k] = loop.data[k];
       a.along[k] = loop.strides[k];
       a.next[k] = loop.strides[loop.num_operands + k];
-      if (loop.summed != nullptr && loop.summed[k]) a.summed = k;  // (one: the runtime's)
+      if (loop.summed != nullptr && loop.summed[k]) {  // (one: the runtime's)
+        a.summed = k;
+        a.summed_bits = 1u << k;
+      }
     }
     a.length = loop.sizes[0];
     a.rows = loop.sizes[1];
@@ -403,34 +423,23 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     using Block = std::integral_constant<int, kRowBlock>;
     using On = std::true_type;
     using Off = std::false_type;
-    using None = std::integral_constant<int, 0>;
+    using None = std::integral_constant<int, 0>;  // (no row cache)
     const bool warp = row_threads(a.length) == 32;
-    if constexpr (kSums) {
-      // (float32 and float64 rows only, where row_sums_fit: fusegen-layout.cpp; each pass
-      // reads the row again: holding it made the summing grid slower, CONTRIBUTING.md)
-      if constexpr (sizeof(S) >= 4) {
-        if (a.summed >= 0) {
-          if (warp) {
-            vector ? go(Warp{}, On{}, None{}, On{}) : go(Warp{}, Off{}, None{}, On{});
-          } else {
-            vector ? go(Block{}, On{}, None{}, On{}) : go(Block{}, Off{}, None{}, On{});
-          }
-          return;
-        }
-      }
-    }
     // A row that fits the registers of a warp or a block (row_cache_vectors) is held there,
     // in 1, 2, 4 or 8 vectors of each input a thread; a longer one, or one of other strides,
-    // is read again by each pass.
+    // is read again by each pass. A summing kernel holds as many as its sums' columns.
     constexpr int kMost = row_cache_vectors(row_cached_inputs<F>());
-    const auto held = [&](auto threads) {
+    constexpr int kMostSummed = row_sum_columns(sizeof(acc_t<S>)) / kVecWidth<S>;
+    const auto held = [&](auto threads, auto sums) {
       constexpr int64_t kPerVector = int64_t(decltype(threads)::value) * kVecWidth<S>;
+      constexpr bool kSum = decltype(sums)::value;
       [[maybe_unused]] const int64_t needed = (a.length + kPerVector - 1) / kPerVector;
       bool done = false;
       const auto one = [&](auto size) {
-        if constexpr (decltype(size)::value <= kMost) {
-          if (!done && needed <= decltype(size)::value) {
-            go(threads, On{}, size, Off{});
+        constexpr int kSize = decltype(size)::value;
+        if constexpr (kSize <= kMost && (!kSum || kSize <= kMostSummed)) {
+          if (!done && needed <= kSize) {
+            go(threads, On{}, size, sums);
             done = true;
           }
         }
@@ -441,8 +450,24 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       one(std::integral_constant<int, 8>{});
       return done;
     };
-    if (vector && warp && held(Warp{})) return;
-    if (vector && held(Block{})) return;
+    if constexpr (kSums) {
+      // (where row_sums_fit: fusegen-layout.cpp; 16-bit rows past 4096 elements, one block
+      // each, read again by each pass: held, they spill at three blocks per SM)
+      if (a.summed >= 0) {
+        using Sum = std::true_type;
+        if constexpr (sizeof(S) >= 4) {
+          if (vector && (warp ? held(Warp{}, Sum{}) : held(Block{}, Sum{}))) return;
+          if (warp) {
+            vector ? go(Warp{}, On{}, None{}, Sum{}) : go(Warp{}, Off{}, None{}, Sum{});
+            return;
+          }
+        }
+        vector ? go(Block{}, On{}, None{}, Sum{}) : go(Block{}, Off{}, None{}, Sum{});
+        return;
+      }
+    }
+    if (vector && warp && held(Warp{}, Off{})) return;
+    if (vector && held(Block{}, Off{})) return;
     if (warp) {  // (rows of other strides: a vector row of a warp's length is held)
       go(Warp{}, Off{}, None{}, Off{});
     } else {

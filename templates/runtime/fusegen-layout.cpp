@@ -592,14 +592,13 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   bool any_sum = false;
   if (device != Device::kMeta && !summed.empty()) {
     const bool cpu = device == Device::kCpu;
-    // CUDA: float32 and float64 rows only. The summing grid (two blocks per SM) keeps fewer
-    // rows in flight than one block per row; rows of 16-bit values, half the bytes, then
-    // ran slower than writing the gradient whole for ATen to sum (H200, RMSNorm bf16 at
-    // 16384 x 8192: 0.71 against 0.55 ms, and 0.70 with each row held in registers;
-    // float32 1.18 -> 0.85 ms).
-    const bool wide = dtype == at::kFloat || dtype == at::kDouble;
+    // CUDA: where row_sums_fit (fusegen-runtime.h). The summing grid (a few blocks per SM)
+    // keeps fewer rows in flight than one block per row: 16-bit rows, half the bytes, of up
+    // to 4096 elements ran as fast or faster with the gradient written whole for ATen to sum.
     const int acc_bytes = static_cast<int>(sum_options.dtype().itemsize());
-    const bool fits = cpu || (wide && row_sums_fit(shape.back().expect_int(), acc_bytes));
+    const int storage_bytes = static_cast<int>(options.dtype().itemsize());
+    const bool fits =
+        cpu || row_sums_fit(shape.back().expect_int(), storage_bytes, acc_bytes);
     for (size_t k = 0; k < present.size(); ++k) {
       sums[k] = fits && present[k] && summed[k] && (cpu || !any_sum);  // CUDA: the first
       any_sum = any_sum || sums[k];
@@ -661,7 +660,8 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   if (device == Device::kCuda && any_sum) {  // a few waves of blocks striding over the rows
     const int64_t per_block = kRowBlock / row_threads(length);
     sum_blocks = std::min<int64_t>((rows + per_block - 1) / per_block,
-                                   int64_t(rtc_sm_count()) * kRowSumBlocksPerSm);
+                                   int64_t(rtc_sm_count()) *
+                                       row_sum_blocks_per_sm(int(options.dtype().itemsize())));
   }
 #endif
   for (size_t k = 0; k < present.size(); ++k) {
