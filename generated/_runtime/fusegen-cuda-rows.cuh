@@ -30,7 +30,9 @@ struct RowArgs {
   int64_t length;
   int64_t rows;
   int summed;
-  unsigned summed_bits;  // 1 << summed (0: none)
+  // 1 << summed (0: none), set by the host: the kernel picks the summed output by it, since
+  // tests of k == summed are folded into an indexed access that moves arrays to local memory
+  unsigned summed_bits;
 };
 
 // The inputs a row cache holds: those that are not a gather's index (which arrives in the
@@ -332,9 +334,8 @@ __global__ void __launch_bounds__(kRowBlock, kSums ? row_sum_blocks_per_sm(sizeo
       A first[F::kInputs > 0 ? F::kInputs : 1];
       row_firsts<F>(base, first);
       row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, first, row, shared);
-      // (the thread's kSumIters accesses, unrolled: t names its sums' slots. The summed
-      // output is picked by a mask, not by its index: code that tests k == a.summed is
-      // folded into y[a.summed], which moves y and base to local memory)
+      // (the thread's kSumIters accesses, unrolled: t names its sums' slots; the summed
+      // output by its bit, RowArgs::summed_bits)
       row_each<kRowThreads, kVec, kSumIters>(a.length, lane, [&](int t, int64_t j) {
         A y[kVec][F::kOutputs];
         row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);

@@ -588,6 +588,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   // Per operand: an output summed over the rows (bool, not vector<bool>: the kernel reads
   // an array of them).
   const at::TensorOptions sum_options = options.dtype(acc_dtype(dtype));
+  const int storage_bytes = static_cast<int>(options.dtype().itemsize());
   c10::SmallVector<bool, 16> sums(present.size() + args.size(), false);
   bool any_sum = false;
   if (device != Device::kMeta && !summed.empty()) {
@@ -596,7 +597,6 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
     // keeps fewer rows in flight than one block per row: 16-bit rows, half the bytes, of up
     // to 4096 elements ran as fast or faster with the gradient written whole for ATen to sum.
     const int acc_bytes = static_cast<int>(sum_options.dtype().itemsize());
-    const int storage_bytes = static_cast<int>(options.dtype().itemsize());
     const bool fits =
         cpu || row_sums_fit(shape.back().expect_int(), storage_bytes, acc_bytes);
     for (size_t k = 0; k < present.size(); ++k) {
@@ -660,8 +660,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   if (device == Device::kCuda && any_sum) {  // a few waves of blocks striding over the rows
     const int64_t per_block = kRowBlock / row_threads(length);
     sum_blocks = std::min<int64_t>((rows + per_block - 1) / per_block,
-                                   int64_t(rtc_sm_count()) *
-                                       row_sum_blocks_per_sm(int(options.dtype().itemsize())));
+                                   int64_t(rtc_sm_count()) * row_sum_blocks_per_sm(storage_bytes));
   }
 #endif
   for (size_t k = 0; k < present.size(); ++k) {
