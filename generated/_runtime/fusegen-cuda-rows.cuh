@@ -428,9 +428,10 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     const bool warp = row_threads(a.length) == 32;
     // A row that fits the registers of a warp or a block (row_cache_vectors) is held there,
     // in 1, 2, 4 or 8 vectors of each input a thread; a longer one, or one of other strides,
-    // is read again by each pass. A summing kernel holds as many as its sums' columns.
+    // is read again by each pass. A summing kernel holds at most row_sum_held_vectors.
     constexpr int kMost = row_cache_vectors(row_cached_inputs<F>());
-    constexpr int kMostSummed = row_sum_columns(sizeof(acc_t<S>)) / kVecWidth<S>;
+    constexpr int kMostSummed =
+        row_sum_held_vectors(sizeof(S), sizeof(acc_t<S>), row_cached_inputs<F>());
     const auto held = [&](auto threads, auto sums) {
       constexpr int64_t kPerVector = int64_t(decltype(threads)::value) * kVecWidth<S>;
       constexpr bool kSum = decltype(sums)::value;
@@ -452,17 +453,17 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       return done;
     };
     if constexpr (kSums) {
-      // (where row_sums_fit: fusegen-layout.cpp; 16-bit rows past 4096 elements, one block
-      // each, read again by each pass: held, they spill at three blocks per SM)
+      // (where row_sums_fit: fusegen-layout.cpp)
       if (a.summed >= 0) {
         using Sum = std::true_type;
-        if constexpr (sizeof(S) >= 4) {
-          if (vector && (warp ? held(Warp{}, Sum{}) : held(Block{}, Sum{}))) return;
+        if constexpr (sizeof(S) >= 4) {  // (16-bit rows a warp takes are not summed)
           if (warp) {
+            if (vector && held(Warp{}, Sum{})) return;
             vector ? go(Warp{}, On{}, None{}, Sum{}) : go(Warp{}, Off{}, None{}, Sum{});
             return;
           }
         }
+        if (vector && held(Block{}, Sum{})) return;
         vector ? go(Block{}, On{}, None{}, Sum{}) : go(Block{}, Off{}, None{}, Sum{});
         return;
       }

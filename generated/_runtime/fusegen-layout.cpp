@@ -593,9 +593,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   bool any_sum = false;
   if (device != Device::kMeta && !summed.empty()) {
     const bool cpu = device == Device::kCpu;
-    // CUDA: where row_sums_fit (fusegen-runtime.h). The summing grid (a few blocks per SM)
-    // keeps fewer rows in flight than one block per row: 16-bit rows, half the bytes, of up
-    // to 4096 elements ran as fast or faster with the gradient written whole for ATen to sum.
+    // CUDA: where row_sums_fit (fusegen-runtime.h says which rows, and why).
     const int acc_bytes = static_cast<int>(sum_options.dtype().itemsize());
     const bool fits =
         cpu || row_sums_fit(shape.back().expect_int(), storage_bytes, acc_bytes);

@@ -80,20 +80,27 @@ constexpr int row_threads(int64_t length) { return length <= kWarpRowLength ? 32
 // Summing an output over the rows, a thread keeps the sums of its columns (the same ones on
 // every row) in its slots of the block's shared memory: row_sum_columns of them at most,
 // 128 bytes (32 floats, 16 doubles; a 16-byte vector's elements divide it), 32 KiB a block,
-// with row_sum_blocks_per_sm resident blocks per SM: two for float32 and float64 rows, whose
-// summing kernel holds the row in registers where it fits; three for 16-bit rows, read
-// again by each pass, which the kernel sums only past kRowSumShortest elements (shorter
-// ones ran as fast or faster with the gradient written whole for ATen to sum;
-// docs/benchmarks.md). Longer rows (past 8192 elements, 4096 in fp64) are not summed in the
-// kernel.
+// with row_sum_blocks_per_sm resident blocks per SM: two for float32 and float64 rows,
+// three for 16-bit rows. A row that fits is held in registers (as in the other row
+// kernels), row_sum_held_vectors of each of its `inputs` (those read along the row) a
+// thread at most; a longer one is read again by each pass. 16-bit rows are held in at
+// most kRowSumHeldBytes a thread (RMSNorm's and LayerNorm's backward at 2048 elements:
+// three inputs of one vector; more spilled registers under three blocks' 80 a thread and
+// ran slower than reading the row again). 16-bit rows a warp takes (up to kWarpRowLength
+// elements) write the gradient whole for ATen to sum, as do longer rows (past 8192
+// elements, 4096 in fp64).
 FUSEGEN_HD_CONSTEXPR int row_sum_blocks_per_sm(int storage_bytes) {
   return storage_bytes >= 4 ? 2 : 3;
 }
-constexpr int64_t kRowSumShortest = 4097;
 FUSEGEN_HD_CONSTEXPR int row_sum_columns(int acc_bytes) { return 32 * 4 / acc_bytes; }
+constexpr int kRowSumHeldBytes = 64;
+FUSEGEN_HD_CONSTEXPR int row_sum_held_vectors(int storage_bytes, int acc_bytes, int inputs) {
+  return storage_bytes >= 4 ? row_sum_columns(acc_bytes) * storage_bytes / 16
+                            : kRowSumHeldBytes / 16 / (inputs > 0 ? inputs : 1);
+}
 constexpr bool row_sums_fit(int64_t length, int storage_bytes, int acc_bytes) {
   return length <= int64_t(row_threads(length)) * row_sum_columns(acc_bytes) &&
-         (storage_bytes >= 4 || length >= kRowSumShortest);
+         (storage_bytes >= 4 || length > kWarpRowLength);
 }
 // A row of 16-byte vectors may be held in registers while the kernel makes its passes over
 // it (fusegen-cuda-rows.cuh, RowCache): each thread loads its vectors of every input once,
