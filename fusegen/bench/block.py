@@ -64,8 +64,9 @@ model takes the same `--check-steps` steps; a curve's largest relative distance 
 float64's may be at most `GRAD_MULTIPLIER` times eager's, plus `LOSS_FLOOR`. A batch per
 step, not one batch repeated: over one batch the bf16 curves over-fit and part after a few
 steps whatever computes them (eager's own distance from float64 was 0.11 in one run, 0.21
-in another, and torch.compile's and Liger's failed the bound as often as fusegen's). A fusegen variant that fails either makes the exit status 1;
-a peer that fails is marked in the table.
+in another, and torch.compile's and Liger's curves failed the bound as often as fusegen's).
+A fusegen variant that fails either check makes the exit status 1; a peer that fails is
+marked in the table.
 
 Without CUDA the default is a tiny model in float32 (CPU_CONFIG), so that a test can run
 every variant; `--no-compile` leaves out the two torch.compile variants (on a 2-core CPU
@@ -331,6 +332,7 @@ def run_variant(name: str, kernels: Kernels, cfg: Config, weights: dict, data: l
     model.load_state_dict(weights)
     forward = torch.compile(model) if name in COMPILED else model
     optimizer, kind = _optimizer(list(model.parameters()), args.lr)
+
     def step(tokens, targets):
         optimizer.zero_grad(set_to_none=True)
         loss = forward(tokens, targets)
