@@ -92,6 +92,9 @@ constexpr int row_threads(int64_t length) { return length <= kWarpRowLength ? 32
 FUSEGEN_HD_CONSTEXPR int row_sum_blocks_per_sm(int storage_bytes) {
   return storage_bytes >= 4 ? 2 : 3;
 }
+// Whether rows a warp takes are summed in the kernel (the launcher builds no 16-bit warp
+// summing kernels).
+FUSEGEN_HD_CONSTEXPR bool row_sums_in_warps(int storage_bytes) { return storage_bytes >= 4; }
 FUSEGEN_HD_CONSTEXPR int row_sum_columns(int acc_bytes) { return 32 * 4 / acc_bytes; }
 constexpr int kRowSumHeldBytes = 64;
 FUSEGEN_HD_CONSTEXPR int row_sum_held_vectors(int storage_bytes, int acc_bytes, int inputs) {
@@ -100,7 +103,7 @@ FUSEGEN_HD_CONSTEXPR int row_sum_held_vectors(int storage_bytes, int acc_bytes, 
 }
 constexpr bool row_sums_fit(int64_t length, int storage_bytes, int acc_bytes) {
   return length <= int64_t(row_threads(length)) * row_sum_columns(acc_bytes) &&
-         (storage_bytes >= 4 || length > kWarpRowLength);
+         (row_sums_in_warps(storage_bytes) || length > kWarpRowLength);
 }
 // A row of 16-byte vectors may be held in registers while the kernel makes its passes over
 // it (fusegen-cuda-rows.cuh, RowCache): each thread loads its vectors of every input once,

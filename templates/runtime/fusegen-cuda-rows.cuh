@@ -456,7 +456,7 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       // (where row_sums_fit: fusegen-layout.cpp)
       if (a.summed >= 0) {
         using Sum = std::true_type;
-        if constexpr (sizeof(S) >= 4) {  // (16-bit rows a warp takes are not summed)
+        if constexpr (row_sums_in_warps(sizeof(S))) {
           if (warp) {
             if (vector && held(Warp{}, Sum{})) return;
             vector ? go(Warp{}, On{}, None{}, Sum{}) : go(Warp{}, Off{}, None{}, Sum{});
