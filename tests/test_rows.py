@@ -283,6 +283,20 @@ def test_summed_weight_gradients_in_narrow_dtypes_are_the_same_bits_every_run(dt
             torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * scale)
 
 
+def test_the_residual_norm_backward_reads_the_sum_it_returns():
+    o = op("residual_rms")
+    assert o.spec.saved_output == "result" and o.spec.saved_index == 0
+    assert o.spec.backward_inputs == ("result", "w")  # not x and r: their sum, output 0
+    x, r, w = inputs("residual_rms", (5, 24))
+    h, y = call("residual_rms")(x, r, w)
+    h.add_(1)  # the saved sum changed: autograd refuses, as for eager's saved tensors
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    h, y = call("residual_rms")(x, r, w)
+    y.add_(1)  # the other output is not saved
+    (h.sum() + y.sum()).backward()
+
+
 @pytest.mark.parametrize("name, saved, backward", [("softmax", 2, 1), ("layer_norm", 2, 1), ("log_softmax", 1, 1),
                                                  ("rms_norm", 0, 1), ("residual_rms", 0, 1)])
 def test_the_forward_saves_the_row_values_that_spare_the_backward_a_pass(name, saved, backward):

@@ -123,7 +123,8 @@ def _context(spec: OpSpec, printed: PrintedOp, jvp=None, grad2: bool = False) ->
     inputs = [Name(x, index=i) for i, x in enumerate(spec.inputs)]
     by_name = {x.name: x for x in inputs}
     if spec.saved_output:
-        by_name[spec.saved_output] = Name(spec.saved_output, index=-1)  # kResult
+        # kResult - k: output k (fusegen-runtime.h)
+        by_name[spec.saved_output] = Name(spec.saved_output, index=-1 - spec.saved_index)
     kernel_grads = [Name(g.input, index=by_name[g.input].index, kernel_index=g.output)
                     for g in spec.kernel_gradients]
     steps, grad_defs = _grad_defs(spec)

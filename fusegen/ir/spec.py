@@ -67,6 +67,7 @@ class Plan:
     bytes: dict                     # dtype size -> forward + backward bytes per element
     alternative: dict | None        # the plan not taken: {"reads": [...], "bytes": {...}}
     why: str
+    saved_index: int = 0            # which output it reads (an op of several outputs)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,11 @@ class OpSpec:
     def saved_output(self) -> str | None:
         return self.plan.saved_output if self.plan else None
 
+    @property
+    def saved_index(self) -> int | None:
+        """Which output the backward reads (saved_output), or None."""
+        return self.plan.saved_index if self.plan and self.plan.saved_output else None
+
     def to_json(self, content_hash: str, auxiliary=()) -> str:
         doc = {
             "name": self.name,
@@ -171,6 +177,7 @@ class OpSpec:
         if p is None:
             return {"tensors": list(self.backward_inputs), "why": "no backward kernel"}
         doc = {"tensors": list(p.reads), "output": p.saved_output,
+               **({"output_index": p.saved_index} if p.saved_output and len(self.outputs) > 1 else {}),
                "bytes_per_element": {_DTYPE_OF_SIZE[k]: v for k, v in p.bytes.items()}}
         if p.alternative is not None:
             doc["instead_of"] = {"tensors": p.alternative["reads"],
@@ -239,13 +246,16 @@ def _differentiate(parsed: Parsed, name: str, command: str | None, auxiliary: bo
     _check_printable(name, [(f"the gradient for '{inp}'", e) for inp, e in zip(parsed.inputs, exprs)], checked)
     budget.add_nodes(dag.count(list(outputs) + exprs), f"the forward and gradients of '{name}'")
 
-    # What the backward reads (`_plan`): the inputs, or the forward's output when that
-    # lets it read fewer tensors. The auxiliary ops keep their inputs: the double backward
-    # calls <name>_grad2_backward without running <name>_grad2, so there is no output.
-    # An op of several outputs keeps them too (one saved output per op, as eager's nodes).
+    # What the backward reads (`_plan`): the inputs, or one of the forward's outputs when
+    # that lets it read fewer tensors (`h = x + r` of a residual add and norm: h, not x and
+    # r). The auxiliary ops keep their inputs: the double backward calls
+    # <name>_grad2_backward without running <name>_grad2, so there is no output; so does a
+    # joined op, whose outputs are halves of one tensor.
     taken = set(parsed.inputs) | set(parsed.scalars)
     out_name = names.fresh(names.SAVED_OUTPUT, taken)
-    plan, kernel_exprs = _plan(outputs, exprs, parsed.inputs, out_name if single and not auxiliary else None)
+    unsaved = ("an auxiliary op: the double backward runs it without its forward" if auxiliary else
+               "a joined op: its outputs are the halves of one tensor" if parsed.joined else None)
+    plan, kernel_exprs = _plan(outputs, exprs, parsed.inputs, out_name, unsaved)
 
     # Identical gradients (the same tree, after the plan's rewriting) are one kernel output;
     # a gradient of GRAD alone (`a - b`: -grad) needs the kernel only when another one does.
@@ -373,10 +383,10 @@ def _reads_of(exprs, inputs, out=None) -> list[str]:
     return ([out] if out is not None and out in names_used else []) + [i for i in inputs if i in names_used]
 
 
-def _plan(outputs, exprs, inputs, out_name):
-    """(Plan, the gradients as the backward computes them). `out_name`: the name the output
-    would have in the backward, None when it may not read it (several outputs, an
-    auxiliary op)."""
+def _plan(outputs, exprs, inputs, out_name, unsaved=None):
+    """(Plan, the gradients as the backward computes them). `out_name`: the name an output
+    would have in the backward; `unsaved`: why it may read none, or None. Of several
+    outputs, the first that lets the backward read fewest tensors."""
     n = len(outputs)
     kernel = [e for e in exprs if e != GRAD]
     if n == 1 and all(_dout_steps(e) is not None for e in kernel):
@@ -384,27 +394,30 @@ def _plan(outputs, exprs, inputs, out_name):
     distinct = len(set(kernel))
     by_inputs = _reads_of(kernel, inputs)
     cost_inputs = _bytes(len(inputs), n, len(by_inputs), distinct)
-    if out_name is None or not kernel:
-        why = ("no backward kernel" if not kernel else
-               "the inputs (an op of several outputs saves its inputs)" if n > 1 else
-               "the inputs (an auxiliary op: the double backward runs it without its forward)")
+    if unsaved is not None or not kernel:
+        why = "no backward kernel" if not kernel else f"the inputs ({unsaved})"
         return Plan(None, tuple(by_inputs), cost_inputs, None, why), list(exprs)
-    (forward,) = outputs
-    rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
     in_kernel = set(kernel)  # a set: `in` a list compares deep trees pairwise
-    by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in in_kernel], inputs, out_name)
+    best = None
+    for k, forward in enumerate(outputs):
+        rewritten = _in_terms_of_output(forward, exprs, symbol(out_name))
+        by_output = _reads_of([r for e, r in zip(exprs, rewritten) if e in in_kernel], inputs, out_name)
+        if best is None or len(by_output) < len(best[2]):
+            best = (k, rewritten, by_output)
+    k, rewritten, by_output = best
     cost_output = _bytes(len(inputs), n, len(by_output),
                          len({r for e, r in zip(exprs, rewritten) if e in in_kernel}))
+    output = "the output" if n == 1 else f"output {k}"
     if len(by_output) < len(by_inputs):
-        why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of the output, "
+        why = (f"the gradients need only {', '.join(by_output)} once rewritten in terms of {output}, "
                f"{cost_inputs[4] - cost_output[4]} bytes per element less than reading {', '.join(by_inputs)} "
-               "(float32); saved with save_for_backward, so modifying the output in place before backward "
+               f"(float32); saved with save_for_backward, so modifying {output} in place before backward "
                "raises, as for eager's relu")
-        return (Plan(out_name, tuple(by_output), cost_output, {"reads": by_inputs, "bytes": cost_inputs}, why),
+        return (Plan(out_name, tuple(by_output), cost_output, {"reads": by_inputs, "bytes": cost_inputs}, why, k),
                 rewritten)
     why = ("no tensor: the gradients read none of the inputs, nor the output" if not by_inputs else
-           f"the inputs: in terms of the output the gradients would read {', '.join(by_output)}, no fewer "
-           "tensors, and the output would have to stay unmodified until backward")
+           f"the inputs: in terms of {output} the gradients would read {', '.join(by_output)}, no fewer "
+           f"tensors, and {output} would have to stay unmodified until backward")
     return Plan(None, tuple(by_inputs), cost_inputs, {"reads": by_output, "bytes": cost_output}, why), list(exprs)
 
 

@@ -41,7 +41,7 @@ class OpInfo:
     vjp: object = None                  # fused reverse mode: vjp(ctx, *grads), or None
     jvp: object = None                  # fused forward mode: jvp(ctx, *tangents), or None
     function: object = None             # the op's torch.autograd.Function
-    saves_output: bool = False          # its backward reads its output (saved after the inputs)
+    saved_output: int | None = None     # the output its backward reads (saved after the inputs)
     find_op: object = None              # name -> OpOverload (autograd's: builds an auxiliary op)
     _derived: dict = field(default_factory=dict)
 
@@ -363,7 +363,8 @@ def _function(info: OpInfo):
             ctx.out_shape = (*ctx.out_shape[:-1], ctx.out_shape[-1] // 2)
         # The output too when the backward reads it: saved as an output, so autograd's version
         # counter catches an in-place change of it before backward.
-        ctx.save_for_backward(*tensors, *([output] if info.saves_output else []))
+        saved = () if info.saved_output is None else (output[info.saved_output] if info.several else output,)
+        ctx.save_for_backward(*tensors, *saved)
         ctx.save_for_forward(*tensors)
 
     vjp = info.vjp or _composite_vjp(info)
@@ -428,7 +429,7 @@ def infos(spec: OpSpec, auxiliary: tuple[OpSpec, ...], call_op, find_op) -> list
         main = s is spec
         forward = _forward_info(s)
         forward.vjp = _vjp_of_forward(s, call_op)
-        forward.saves_output = s.saved_output is not None
+        forward.saved_output = s.saved_index
         forward.jvp = _jvp_of_forward(s, jvp, call_op) if main and jvp is not None else None
         out.append(forward)
         if s.kernel_gradients:

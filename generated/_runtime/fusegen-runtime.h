@@ -238,12 +238,14 @@ struct GradDef {
   const DoutStep* steps;
 };
 
-// backward_inputs[i] == kResult: the backward reads the forward's output, saved with
-// save_for_backward (so an in-place change of the output before backward is caught).
+// backward_inputs[i] == kResult - k: the backward reads the forward's output k (kResult:
+// an op of one output), saved with save_for_backward (so an in-place change of it before
+// backward is caught).
 constexpr int kResult = -1;
+constexpr int result_output(int i) { return i <= kResult ? kResult - i : -1; }
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 14;
+constexpr int kAbi = 15;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;

@@ -659,7 +659,7 @@ class FusedBackward final : public torch::autograd::Node {
   // of an op that draws comes after the backward's inputs.
   bool is_output(size_t i) const {
     return i < static_cast<size_t>(op_->def->num_backward_inputs) &&
-           op_->def->backward_inputs[i] == kResult;
+           result_output(op_->def->backward_inputs[i]) >= 0;
   }
 
   // The saved tensors; an output is saved without its grad_fn (this node: no cycle) and
@@ -953,20 +953,24 @@ void record_forward(const Op& op, const c10::OperatorHandle& handle, c10::Dispat
       handle.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
     }
   }
+  std::vector<at::Tensor> outs;  // (several results)
   if (num_results(def) == 1) {  // one result: no vector on the common path
     const at::Tensor& out = stack->back().toTensor();
     torch::autograd::set_history(out, node);
     if (tangents) set_tangents(op, a, {out});
   } else {
-    const std::vector<at::Tensor> outs = outputs_on(*stack, num_results(def));
+    outs = outputs_on(*stack, num_results(def));
     torch::autograd::set_history(outs, node);
     if (tangents) set_tangents(op, a, outs);
   }
   fn->saved_.reserve(def.num_backward_inputs + 1);
   for (int i = 0; i < def.num_backward_inputs; ++i) {
-    const int k = def.backward_inputs[i];  // kResult: an op of one output
-    fn->saved_.emplace_back(k == kResult ? stack->back().toTensor() : a.tensors[k],
-                            /*is_output=*/k == kResult);
+    const int k = def.backward_inputs[i];
+    const int output = result_output(k);  // (-1: an input)
+    fn->saved_.emplace_back(output < 0       ? a.tensors[k]
+                            : outs.empty()   ? stack->back().toTensor()
+                                             : outs[output],
+                            /*is_output=*/output >= 0);
   }
   if (state.defined()) fn->saved_.emplace_back(state, /*is_output=*/false);
   if (saved_rows.defined()) fn->saved_rows_ = torch::autograd::SavedVariable(saved_rows, false);
