@@ -361,8 +361,8 @@ def _function(info: OpInfo):
         ctx.out_shape = (output[0].shape if output else ()) if info.backward or info.several else output.shape
         if info.joined:  # each output's: half of the result's last dimension
             ctx.out_shape = (*ctx.out_shape[:-1], ctx.out_shape[-1] // 2)
-        # The output too when the backward reads it: saved as an output, so autograd's version
-        # counter catches an in-place change of it before backward.
+        # The output the backward reads, if any (output k of several): saved as an output, so
+        # autograd's version counter catches an in-place change of it before backward.
         saved = () if info.saved_output is None else (output[info.saved_output] if info.several else output,)
         ctx.save_for_backward(*tensors, *saved)
         ctx.save_for_forward(*tensors)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
 # 3, build 1.5, rows 3.5); `all` is more than the 10 minutes a call may run and brings
 # back more than the 8 files a call returns, so split it over calls.
@@ -55,6 +55,13 @@ fi
 if [[ $what == rows || $what == all ]]; then
   python3 -m pytest -q -m cuda tests/gpu/test_rows_cuda.py tests/gpu/test_gather_cuda.py 2>&1 | tee "$OUT/pytest_rows.log"; status=$((status | ${PIPESTATUS[0]}))
   python3 -m fusegen.bench rows --json "$OUT/bench_rows.json" 2>&1 | tee "$OUT/bench_rows.log"
+  status=$((status | ${PIPESTATUS[0]}))
+fi
+# The row ops' kernels under torch.profiler beside Liger's, at 16384 rows in bf16
+# (tests/gpu/rows_profile.py): which pass takes the time where fusegen trails a peer.
+if [[ $what == rows_profile ]]; then
+  python3 tests/gpu/rows_profile.py --ops layernorm,softmax,resnorm --dtypes bf16 --shapes 16384x4096,16384x8192 \
+    --impls fusegen,liger 2>&1 | tee "$OUT/rows_profile.log"
   status=$((status | ${PIPESTATUS[0]}))
 fi
 # Random numbers in the kernels (dropout): their CUDA tests, then `fusegen bench dropout`.
