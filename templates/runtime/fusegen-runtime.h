@@ -85,8 +85,9 @@ constexpr int row_threads(int64_t length) { return length <= kWarpRowLength ? 32
 // kernels), row_sum_held_vectors of each of its `inputs` (those read along the row) a
 // thread at most; a longer one is read again by each pass. 16-bit rows are held in at
 // most kRowSumHeldBytes a thread (RMSNorm's and LayerNorm's backward at 2048 elements:
-// three inputs of one vector; more spilled registers under three blocks' 80 a thread and
-// ran slower than reading the row again). 16-bit rows a warp takes (up to kWarpRowLength
+// three inputs of one vector; residual + RMSNorm's four, with 32 bytes of spill stores;
+// more spilled further under three blocks' 80 registers a thread and ran slower than
+// reading the row again). 16-bit rows a warp takes (up to kWarpRowLength
 // elements) write the gradient whole for ATen to sum, as do longer rows (past 8192
 // elements, 4096 in fp64).
 FUSEGEN_HD_CONSTEXPR int row_sum_blocks_per_sm(int storage_bytes) {
@@ -242,6 +243,7 @@ struct GradDef {
 // an op of one output), saved with save_for_backward (so an in-place change of it before
 // backward is caught).
 constexpr int kResult = -1;
+// result_output(backward_inputs[i]): the output k it names, or -1 for an input's index.
 constexpr int result_output(int i) { return i <= kResult ? kResult - i : -1; }
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
