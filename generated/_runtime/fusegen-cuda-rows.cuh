@@ -1,6 +1,7 @@
 // fusegen-cuda-rows.cuh: the CUDA kernel of a row op (an expression that reduces over the
 // last dimension; fusegen-rows.h is its CPU loop and describes the functor). One row per
-// warp for rows of up to kWarpRowLength elements, one row per block beyond: each pass over
+// warp for rows of up to kWarpRowLength elements, one row per block beyond (of 128 threads
+// for short 16-bit rows, kRowHalfBlock; 256 otherwise): each pass over
 // the row accumulates per thread, then combines across the warp by butterfly shuffles and
 // across the block's warps through shared memory, in a fixed order, so every thread holds
 // the same bits and every run gives them; then the outputs are written. Rows of unit
@@ -18,7 +19,21 @@
 
 namespace fusegen {
 
-// (kRowBlock threads per block, kWarpRowLength: fusegen-runtime.h, whose layout needs them.)
+// (kRowBlock threads per block, kWarpRowLength, row_block: fusegen-runtime.h, whose layout
+// needs them.)
+
+// A 16-bit row that a block holds in registers in at most FUSEGEN_ROW_HALF_VECTORS vectors
+// of each input a thread (rows of up to 2048 elements at 2) takes kRowHalfBlock threads, one
+// row a block of that many, not kRowBlock: the row's registers are the same, the threads'
+// own (addresses, accumulators) half as many, so an SM keeps more rows in flight. On an
+// H100, fwd+bwd at 16384 x 2048 in bf16: softmax 0.172 -> 0.155 ms, LayerNorm 0.254 ->
+// 0.238. At 4 (rows of 4096) softmax's forward went from 143 to 122 us but its backward,
+// 93 registers a thread, from 173 to 200 (fwd+bwd 0.313 -> 0.320; LayerNorm's 0.426 ->
+// 0.418). 0: every row longer than a warp's takes kRowBlock threads. A macro, to measure.
+#ifndef FUSEGEN_ROW_HALF_VECTORS
+#define FUSEGEN_ROW_HALF_VECTORS 2
+#endif
+constexpr int kRowHalfBlock = kRowBlock / 2;
 
 // One launch: per operand its data, its byte stride along a row and from row to row, and
 // the output summed over the rows (fusegen-runtime.h: its partial rows instead), or -1.
@@ -253,11 +268,12 @@ template <typename S, int kRowThreads, int kVec, int kColumns, int kN>
 __device__ __forceinline__ void row_partials(const RowArgs<kN>& a,
                                              const acc_t<S> (*sum)[kColumns]) {
   using A = acc_t<S>;
-  constexpr int kGroups = kRowBlock / kRowThreads;  // rows the block takes at once
+  constexpr int kBlock = row_block(kRowThreads);
+  constexpr int kGroups = kBlock / kRowThreads;  // rows the block takes at once
   char* partial = a.p[a.summed] + int64_t(blockIdx.x) * a.next[a.summed];
   const int64_t along = a.along[a.summed];
   __syncthreads();
-  for (int c = threadIdx.x; c < a.length; c += kRowBlock) {
+  for (int c = threadIdx.x; c < a.length; c += kBlock) {
     const int slot = row_sum_slot<kRowThreads, kVec>(c / (kRowThreads * kVec),
                                                      c / kVec % kRowThreads, c % kVec);
     A v = sum[0][slot];
@@ -275,14 +291,15 @@ __device__ __forceinline__ void row_partials(const RowArgs<kN>& a,
 // registers held set how many rows an SM keeps in flight; a summing kernel keeps an input
 // of one value per column (a weight) there from row to row.
 template <typename S, typename F, int kRowThreads, bool kVector, bool kSums, int kCache>
-__global__ void __launch_bounds__(kRowBlock, kSums ? row_sum_blocks_per_sm(sizeof(S)) : 1)
+__global__ void
+__launch_bounds__(row_block(kRowThreads), kSums ? row_sum_blocks_per_sm(sizeof(S)) : 1)
     rows_kernel(const RowArgs<F::kInputs + F::kOutputs> a, const F f) {
   using A = acc_t<S>;
   constexpr int kN = F::kInputs + F::kOutputs;
-  constexpr int kGroups = kRowBlock / kRowThreads;
+  constexpr int kGroups = row_block(kRowThreads) / kRowThreads;
   constexpr int kVec = kRowVec<S, kVector>;
   static_assert(kCache == 0 || kVector, "a row cache holds 16-byte vectors");
-  __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
+  __shared__ A shared[row_block(kRowThreads) / 32][kRowSlots<F>];
   const int lane = threadIdx.x % kRowThreads;
   const int64_t first = int64_t(blockIdx.x) * kGroups + threadIdx.x / kRowThreads;
   char* base[kN];
@@ -412,34 +429,40 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       // (a reference: the NVRTC route keys its kernels by the address of their names)
       const auto& kernel =
           FUSEGEN_KERNEL(f, rows_kernel, S, F, kRowThreads, kVector, kSum, kCache);
+      constexpr int kBlock = row_block(kRowThreads);
       if constexpr (kSum) {
-        launch(kernel, {static_cast<unsigned>(loop.sum_blocks)}, kRowBlock, 0, stream, a, f);
+        launch(kernel, {static_cast<unsigned>(loop.sum_blocks)}, kBlock, 0, stream, a, f);
       } else {
-        constexpr int64_t kPerBlock = kRowBlock / kRowThreads;
+        constexpr int64_t kPerBlock = kBlock / kRowThreads;
         const unsigned grid = static_cast<unsigned>((a.rows + kPerBlock - 1) / kPerBlock);
-        launch(kernel, {grid}, kRowBlock, 0, stream, a, f);
+        launch(kernel, {grid}, kBlock, 0, stream, a, f);
       }
     };
     using Warp = std::integral_constant<int, 32>;
     using Block = std::integral_constant<int, kRowBlock>;
+    using HalfBlock = std::integral_constant<int, kRowHalfBlock>;
     using On = std::true_type;
     using Off = std::false_type;
     using None = std::integral_constant<int, 0>;  // (no row cache)
+    using Any = std::integral_constant<int, 8>;  // (held: as many vectors as row_cache_vectors)
+    using HalfMost = std::integral_constant<int, FUSEGEN_ROW_HALF_VECTORS>;
     const bool warp = row_threads(a.length) == 32;
     // A row that fits the registers of a warp or a block (row_cache_vectors) is held there,
     // in 1, 2, 4 or 8 vectors of each input a thread; a longer one, or one of other strides,
-    // is read again by each pass. A summing kernel holds at most row_sum_held_vectors.
+    // is read again by each pass. A summing kernel holds at most row_sum_held_vectors; a
+    // 16-bit row that kRowHalfBlock threads hold (FUSEGEN_ROW_HALF_VECTORS) takes that many.
     constexpr int kMost = row_cache_vectors(row_cached_inputs<F>());
     constexpr int kMostSummed =
         row_sum_held_vectors(sizeof(S), sizeof(acc_t<S>), row_cached_inputs<F>());
-    const auto held = [&](auto threads, auto sums) {
+    const auto held = [&](auto threads, auto sums, auto most) {
       constexpr int64_t kPerVector = int64_t(decltype(threads)::value) * kVecWidth<S>;
       constexpr bool kSum = decltype(sums)::value;
+      constexpr int kMostHere = decltype(most)::value;
       [[maybe_unused]] const int64_t needed = (a.length + kPerVector - 1) / kPerVector;
       bool done = false;
       const auto one = [&](auto size) {
         constexpr int kSize = decltype(size)::value;
-        if constexpr (kSize <= kMost && (!kSum || kSize <= kMostSummed)) {
+        if constexpr (kSize <= kMost && kSize <= kMostHere && (!kSum || kSize <= kMostSummed)) {
           if (!done && needed <= kSize) {
             go(threads, On{}, size, sums);
             done = true;
@@ -458,18 +481,21 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
         using Sum = std::true_type;
         if constexpr (row_sums_in_warps(sizeof(S))) {
           if (warp) {
-            if (vector && held(Warp{}, Sum{})) return;
+            if (vector && held(Warp{}, Sum{}, Any{})) return;
             vector ? go(Warp{}, On{}, None{}, Sum{}) : go(Warp{}, Off{}, None{}, Sum{});
             return;
           }
         }
-        if (vector && held(Block{}, Sum{})) return;
+        if (vector && held(Block{}, Sum{}, Any{})) return;
         vector ? go(Block{}, On{}, None{}, Sum{}) : go(Block{}, Off{}, None{}, Sum{});
         return;
       }
     }
-    if (vector && warp && held(Warp{}, Off{})) return;
-    if (vector && held(Block{}, Off{})) return;
+    if (vector && warp && held(Warp{}, Off{}, Any{})) return;
+    if constexpr (sizeof(S) == 2) {
+      if (vector && !warp && held(HalfBlock{}, Off{}, HalfMost{})) return;
+    }
+    if (vector && held(Block{}, Off{}, Any{})) return;
     if (warp) {  // (rows of other strides: a vector row of a warp's length is held)
       go(Warp{}, Off{}, None{}, Off{});
     } else {

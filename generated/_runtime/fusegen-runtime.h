@@ -77,6 +77,13 @@ using RowCpuKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* s
 constexpr int kRowBlock = 256;
 constexpr int64_t kWarpRowLength = 1024;
 constexpr int row_threads(int64_t length) { return length <= kWarpRowLength ? 32 : kRowBlock; }
+// Threads per block of a row kernel whose rows take `row_threads` threads each: kRowBlock
+// for a warp's rows (several rows a block), the row's own threads beyond (one row a block;
+// the CUDA launcher also gives a 16-bit row that a block holds in registers half a block's
+// threads, kRowHalfBlock: fusegen-cuda-rows.cuh).
+FUSEGEN_HD_CONSTEXPR int row_block(int row_threads) {
+  return row_threads == 32 ? kRowBlock : row_threads;
+}
 // Summing an output over the rows, a thread keeps the sums of its columns (the same ones on
 // every row) in its slots of the block's shared memory: row_sum_columns of them at most,
 // 128 bytes (32 floats, 16 doubles; a 16-byte vector's elements divide it), 32 KiB a block,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|row_half|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
 # One mode is one device call of 1-5 minutes (H200: rtc 2.5 min, tests about 5, bench about
 # 3, build 1.5, rows 3.5); `all` is more than the 10 minutes a call may run and brings
 # back more than the 8 files a call returns, so split it over calls.
@@ -143,6 +143,16 @@ if [[ $what == row_unroll ]]; then
         --impls fusegen 2>&1 | tee -a "$OUT/rows_unroll.log"
       status=$((status | ${PIPESTATUS[0]}))
     done
+  done
+fi
+# The 16-bit rows that half a block's threads take (FUSEGEN_ROW_HALF_VECTORS): 2, the default
+# (rows of up to 2048 elements), against 0 (none) and 4 (up to 4096), fusegen's own times.
+if [[ $what == row_half ]]; then
+  for value in 2 0 4; do
+    echo "== FUSEGEN_ROW_HALF_VECTORS=$value" | tee -a "$OUT/row_half.log"
+    with_flags "row-half-$value" "-DFUSEGEN_ROW_HALF_VECTORS=$value" python3 -m fusegen.bench rows \
+      --ops softmax,layernorm --dtypes bf16 --rows 16384 --hidden 2048,4096 --impls fusegen 2>&1 | tee -a "$OUT/row_half.log"
+    status=$((status | ${PIPESTATUS[0]}))
   done
 fi
 # The vector and accumulating kernels' launch shapes (FUSEGEN_VECTOR_UNROLL, _VECTOR_BLOCKS,
