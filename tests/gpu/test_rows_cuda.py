@@ -1,7 +1,7 @@
 """On a GPU: ops that reduce over the last dimension (RMSNorm, LayerNorm, softmax,
 log_softmax, residual + RMSNorm of two outputs) through every shape of the row kernel (rows
-of up to 1024 elements one per warp, longer ones one per 256-thread block, held in
-registers or read again by each pass), every dtype, against eager in float64 on the same
+of up to 1024 elements one per warp, longer ones one per block of 256 threads, or 128 for
+16-bit rows of up to 2048 held in registers, held or read again by each pass), every dtype, against eager in float64 on the same
 values, forward and every gradient; 3-D, transposed, sliced and per-row broadcast inputs;
 two runs, and the two compilers (NVRTC, nvcc), give the same bits; amax's and amin's
 gradient is split evenly between ties; no rows, no work; a weight's gradient summed over the
@@ -29,9 +29,11 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # to the storage type, after float math whose sums run over up to 8192 elements.
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 # Around the warp/block boundary (1024) and a warp's 32 lanes; 1 is a row of one element;
-# 20000 and 60000 are longer than a block holds in registers (fusegen-runtime.h,
-# row_cache_vectors): read again by each pass, in unrolled loops with a remainder.
-LENGTHS = [1, 7, 64, 1000, 1024, 1025, 4096, 8192, 20000, 60000]
+# 2048: a 16-bit row that a block of 128 threads holds (fusegen-cuda-rows.cuh,
+# kRowHalfBlock); 20000 and 60000 are longer than a block holds in registers
+# (fusegen-runtime.h, row_cache_vectors): read again by each pass, in unrolled loops with a
+# remainder.
+LENGTHS = [1, 7, 64, 1000, 1024, 1025, 2048, 4096, 8192, 20000, 60000]
 ROWS = 37  # not a multiple of the 8 rows a block of warps takes: the last block is partial
 
 
