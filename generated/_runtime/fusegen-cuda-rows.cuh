@@ -269,7 +269,7 @@ __device__ __forceinline__ void row_partials(const RowArgs<kN>& a,
                                              const acc_t<S> (*sum)[kColumns]) {
   using A = acc_t<S>;
   constexpr int kBlock = row_block(kRowThreads);
-  constexpr int kGroups = kBlock / kRowThreads;  // rows the block takes at once
+  constexpr int kGroups = row_groups(kRowThreads);
   char* partial = a.p[a.summed] + int64_t(blockIdx.x) * a.next[a.summed];
   const int64_t along = a.along[a.summed];
   __syncthreads();
@@ -296,7 +296,7 @@ __launch_bounds__(row_block(kRowThreads), kSums ? row_sum_blocks_per_sm(sizeof(S
     rows_kernel(const RowArgs<F::kInputs + F::kOutputs> a, const F f) {
   using A = acc_t<S>;
   constexpr int kN = F::kInputs + F::kOutputs;
-  constexpr int kGroups = row_block(kRowThreads) / kRowThreads;
+  constexpr int kGroups = row_groups(kRowThreads);
   constexpr int kVec = kRowVec<S, kVector>;
   static_assert(kCache == 0 || kVector, "a row cache holds 16-byte vectors");
   __shared__ A shared[row_block(kRowThreads) / 32][kRowSlots<F>];
@@ -433,7 +433,7 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       if constexpr (kSum) {
         launch(kernel, {static_cast<unsigned>(loop.sum_blocks)}, kBlock, 0, stream, a, f);
       } else {
-        constexpr int64_t kPerBlock = kBlock / kRowThreads;
+        constexpr int64_t kPerBlock = row_groups(kRowThreads);
         const unsigned grid = static_cast<unsigned>((a.rows + kPerBlock - 1) / kPerBlock);
         launch(kernel, {grid}, kBlock, 0, stream, a, f);
       }
@@ -456,13 +456,12 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
         row_sum_held_vectors(sizeof(S), sizeof(acc_t<S>), row_cached_inputs<F>());
     const auto held = [&](auto threads, auto sums, auto most) {
       constexpr int64_t kPerVector = int64_t(decltype(threads)::value) * kVecWidth<S>;
-      constexpr bool kSum = decltype(sums)::value;
       constexpr int kMostHere = decltype(most)::value;
       [[maybe_unused]] const int64_t needed = (a.length + kPerVector - 1) / kPerVector;
       bool done = false;
       const auto one = [&](auto size) {
         constexpr int kSize = decltype(size)::value;
-        if constexpr (kSize <= kMost && kSize <= kMostHere && (!kSum || kSize <= kMostSummed)) {
+        if constexpr (kSize <= kMost && kSize <= kMostHere) {
           if (!done && needed <= kSize) {
             go(threads, On{}, size, sums);
             done = true;
@@ -479,14 +478,15 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
       // (where row_sums_fit: fusegen-layout.cpp)
       if (a.summed >= 0) {
         using Sum = std::true_type;
+        using SumMost = std::integral_constant<int, kMostSummed>;
         if constexpr (row_sums_in_warps(sizeof(S))) {
           if (warp) {
-            if (vector && held(Warp{}, Sum{}, Any{})) return;
+            if (vector && held(Warp{}, Sum{}, SumMost{})) return;
             vector ? go(Warp{}, On{}, None{}, Sum{}) : go(Warp{}, Off{}, None{}, Sum{});
             return;
           }
         }
-        if (vector && held(Block{}, Sum{}, Any{})) return;
+        if (vector && held(Block{}, Sum{}, SumMost{})) return;
         vector ? go(Block{}, On{}, None{}, Sum{}) : go(Block{}, Off{}, None{}, Sum{});
         return;
       }

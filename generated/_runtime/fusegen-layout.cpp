@@ -656,7 +656,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   int64_t sum_blocks = 0;
 #ifdef FUSEGEN_WITH_CUDA
   if (device == Device::kCuda && any_sum) {  // a few waves of blocks striding over the rows
-    const int64_t per_block = kRowBlock / row_threads(length);
+    const int64_t per_block = row_groups(row_threads(length));
     sum_blocks = std::min<int64_t>((rows + per_block - 1) / per_block,
                                    int64_t(rtc_sm_count()) * row_sum_blocks_per_sm(storage_bytes));
   }

@@ -84,6 +84,10 @@ constexpr int row_threads(int64_t length) { return length <= kWarpRowLength ? 32
 FUSEGEN_HD_CONSTEXPR int row_block(int row_threads) {
   return row_threads == 32 ? kRowBlock : row_threads;
 }
+// The rows such a block takes at once.
+FUSEGEN_HD_CONSTEXPR int row_groups(int row_threads) {
+  return row_block(row_threads) / row_threads;
+}
 // Summing an output over the rows, a thread keeps the sums of its columns (the same ones on
 // every row) in its slots of the block's shared memory: row_sum_columns of them at most,
 // 128 bytes (32 floats, 16 doubles; a 16-byte vector's elements divide it), 32 KiB a block,

@@ -20,8 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fusegen.bench import rows
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from fusegen.bench.core import DTYPES
 
 
 def kernels_per_step(step, sets, steps: int) -> dict[str, tuple[float, float]]:

@@ -1,8 +1,8 @@
 """On a GPU: ops that reduce over the last dimension (RMSNorm, LayerNorm, softmax,
 log_softmax, residual + RMSNorm of two outputs) through every shape of the row kernel (rows
-of up to 1024 elements one per warp, longer ones one per block of 256 threads, or 128 for
-16-bit rows of up to 2048 held in registers, held or read again by each pass), every dtype, against eager in float64 on the same
-values, forward and every gradient; 3-D, transposed, sliced and per-row broadcast inputs;
+of up to 1024 elements one per warp, longer ones one per block of 256 threads, or of 128
+for 16-bit rows of up to 2048 held in registers; held or read again by each pass), every
+dtype, against eager in float64 on the same values, forward and every gradient; 3-D, transposed, sliced and per-row broadcast inputs;
 two runs, and the two compilers (NVRTC, nvcc), give the same bits; amax's and amin's
 gradient is split evenly between ties; no rows, no work; a weight's gradient summed over the
 rows in the kernel (large shapes, two runs, deterministic mode); the backward that reads the
