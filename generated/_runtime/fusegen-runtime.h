@@ -54,6 +54,12 @@ struct CudaLoop {
   // (nullptr: none is), and on CUDA the blocks that sum them, each into a partial row.
   const bool* summed = nullptr;
   int64_t sum_blocks = 0;
+  // A row op's CUDA kernel that splits long rows over blocks (row_split_chunk) asks for
+  // `bytes` of device memory for its blocks' partial accumulators: scratch(scratch_owner,
+  // bytes), allocated on the launch's stream by the runtime and freed after the launches
+  // are queued (the caching allocator's stream order keeps it until they have run).
+  void* (*scratch)(void* owner, size_t bytes) = nullptr;
+  void* scratch_owner = nullptr;
 };
 using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
@@ -116,6 +122,24 @@ FUSEGEN_HD_CONSTEXPR int row_sum_held_vectors(int storage_bytes, int acc_bytes, 
 constexpr bool row_sums_fit(int64_t length, int storage_bytes, int acc_bytes) {
   return length <= int64_t(row_threads(length)) * row_sum_columns(acc_bytes) &&
          (row_sums_in_warps(storage_bytes) || length > kWarpRowLength);
+}
+// A long row in few rows is split over blocks (fusegen-cuda-rows.cuh, rows_split_kernel):
+// one row per block leaves most SMs idle when there are fewer rows than about
+// kRowSplitWaves blocks per SM (16 rows of 256k elements: 16 blocks). Each of a row's
+// chunks (at least kRowSplitLeast elements, whole 16-byte vectors of the block's threads)
+// is one block's, and each pass over the row is one launch whose blocks write their
+// chunk's accumulators; the next launch combines them in chunk order. Returns a chunk's
+// elements, or 0 for a row one block takes whole. `vector`: elements per access.
+constexpr int kRowSplitWaves = 4;
+constexpr int64_t kRowSplitLeast = 8192;
+constexpr int64_t row_split_chunk(int64_t length, int64_t rows, int sms, int vector) {
+  const int64_t blocks = int64_t(kRowSplitWaves) * sms;
+  if (rows <= 0 || rows >= blocks || length < 2 * kRowSplitLeast) return 0;
+  const int64_t wanted = (blocks + rows - 1) / rows;  // chunks a row
+  const int64_t most = length / kRowSplitLeast;
+  const int64_t chunks = wanted < most ? wanted : most;
+  const int64_t step = int64_t(kRowBlock) * vector;
+  return chunks < 2 ? 0 : ((length + chunks - 1) / chunks + step - 1) / step * step;
 }
 // A row of 16-byte vectors may be held in registers while the kernel makes its passes over
 // it (fusegen-cuda-rows.cuh, RowCache): each thread loads its vectors of every input once,
@@ -258,7 +282,7 @@ constexpr int kResult = -1;
 constexpr int result_output(int i) { return i <= kResult ? kResult - i : -1; }
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 15;
+constexpr int kAbi = 16;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;

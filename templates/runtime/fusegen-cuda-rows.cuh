@@ -17,23 +17,37 @@
 
 #include "fusegen-cuda-common.cuh"
 
+#ifndef __CUDACC_RTC__
+#include <utility>
+#endif
+
 namespace fusegen {
 
 // (kRowBlock threads per block, kWarpRowLength, row_block: fusegen-runtime.h, whose layout
 // needs them.)
 
-// A 16-bit row that a block holds in registers in at most FUSEGEN_ROW_HALF_VECTORS vectors
-// of each input a thread (rows of up to 2048 elements at 2) takes kRowHalfBlock threads, one
-// row a block of that many, not kRowBlock: the row's registers are the same, the threads'
-// own (addresses, accumulators) half as many, so an SM keeps more rows in flight. On an
-// H100, fwd+bwd at 16384 x 2048 in bf16: softmax 0.172 -> 0.155 ms, LayerNorm 0.254 ->
-// 0.238. At 4 (rows of 4096) softmax's forward went from 143 to 122 us but its backward,
-// 93 registers a thread, from 173 to 200 (fwd+bwd 0.313 -> 0.320; LayerNorm's 0.426 ->
-// 0.418). 0: every row longer than a warp's takes kRowBlock threads. A macro, to measure.
+// A 16-bit row that a block holds in registers in at most FUSEGEN_ROW_HALF_FORWARD_VECTORS
+// vectors of each input a thread in a forward (rows of up to 4096 elements at 4),
+// FUSEGEN_ROW_HALF_VECTORS in a backward (2048 at 2), takes kRowHalfBlock threads, one row
+// a block of that many, not kRowBlock: the row's registers are the same, the threads' own
+// (addresses, accumulators) half as many, so an SM keeps more rows in flight. On an H100,
+// fwd+bwd at 16384 x 2048 in bf16: softmax 0.172 -> 0.155 ms, LayerNorm 0.254 -> 0.238.
+// At 4 vectors (rows of 4096) softmax's forward went from 143 to 122 us but its backward,
+// 93 registers a thread, from 173 to 200: so a forward's bound and a backward's. 0: every
+// row longer than a warp's takes kRowBlock threads. Macros, to measure.
+#ifndef FUSEGEN_ROW_HALF_FORWARD_VECTORS
+#define FUSEGEN_ROW_HALF_FORWARD_VECTORS 4
+#endif
 #ifndef FUSEGEN_ROW_HALF_VECTORS
 #define FUSEGEN_ROW_HALF_VECTORS 2
 #endif
 constexpr int kRowHalfBlock = kRowBlock / 2;
+
+// Long rows in few rows split over blocks (row_split_chunk). 0: one block takes each row
+// whole. A macro, to measure.
+#ifndef FUSEGEN_ROW_SPLIT
+#define FUSEGEN_ROW_SPLIT 1
+#endif
 
 // One launch: per operand its data, its byte stride along a row and from row to row, and
 // the output summed over the rows (fusegen-runtime.h: its partial rows instead), or -1.
@@ -372,6 +386,91 @@ __launch_bounds__(row_block(kRowThreads), kSums ? row_sum_blocks_per_sm(sizeof(S
     row_partials<S, kRowThreads, kVec, kColumns>(a, sum);
   }
 }
+
+// The row's values of passes kP .. kUntil - 1 from the partial accumulators of its chunks
+// (part: chunks of kRowSlots<F> each), combined in chunk order.
+template <int kP, int kUntil, typename F, typename A>
+__device__ __forceinline__ void split_row_values(const F& f, const A* part, int chunks,
+                                                 const A* first, A length, A* row) {
+  if constexpr (kP < kUntil) {
+    constexpr int kBegin = F::pass_begin(kP);
+    constexpr int kEnd = F::pass_begin(kP + 1);
+    A acc[kRowSlots<F>];
+#pragma unroll
+    for (int k = kBegin; k < kEnd; ++k) acc[k] = part[k];
+    for (int c = 1; c < chunks; ++c) {
+      A other[kRowSlots<F>];
+#pragma unroll
+      for (int k = kBegin; k < kEnd; ++k) other[k] = part[c * kRowSlots<F> + k];
+      f.template combine<kP>(acc, other);
+    }
+    f.template finish<kP>(first, length, acc, row);
+    split_row_values<kP + 1, kUntil>(f, part, chunks, first, length, row);
+  }
+}
+
+// A long row split over blocks (row_split_chunk): block (c, r) takes elements [c * chunk,
+// (c + 1) * chunk) of row r, one launch per pass. Launch kP < F::kPasses makes pass kP
+// over its chunk and writes the block's accumulators into part (rows x chunks x
+// kRowSlots<F>, their slots of pass kP); launch F::kPasses writes the chunk's outputs.
+// Each first makes the row's values of the earlier passes from every chunk's accumulators,
+// in chunk order: each block of a row holds the same bits, on every run.
+template <typename S, typename F, bool kVector, int kP>
+__global__ void __launch_bounds__(kRowBlock)
+    rows_split_kernel(const RowArgs<F::kInputs + F::kOutputs> a, acc_t<S>* part, int chunks,
+                      int64_t chunk, const F f) {
+  using A = acc_t<S>;
+  constexpr int kN = F::kInputs + F::kOutputs;
+  constexpr int kVec = kRowVec<S, kVector>;
+  const int64_t r = blockIdx.y;
+  const int64_t begin = int64_t(blockIdx.x) * chunk;
+  const int64_t end = begin + chunk < a.length ? begin + chunk : a.length;
+  char* base[kN];
+  row_bases(a, r, base);
+  A first[F::kInputs > 0 ? F::kInputs : 1];
+  row_firsts<F>(base, first);
+  A row[kRowSlots<F>];
+  A* mine = part + r * chunks * kRowSlots<F>;
+  split_row_values<0, kP>(f, mine, chunks, first, static_cast<A>(a.length), row);
+  RowCache<S, F, 0> none;  // (no row is held: read, never written)
+  if constexpr (kP < F::kPasses) {
+    __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
+    A acc[kRowSlots<F>];
+    f.template init<kP>(acc);
+#pragma unroll kRowUnroll
+    for (int64_t j = begin + int64_t(threadIdx.x) * kVec; j < end; j += int64_t(kRowBlock) * kVec) {
+      A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
+      row_inputs<S, F, kVector>(a, base, j, none, 0, x);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        A v[kRowSlots<F>];
+        f.template pass<kP>(x[e], row, static_cast<A>(j + e), v);
+        f.template combine<kP>(acc, v);
+      }
+    }
+    row_combine<kP, kRowBlock>(f, acc, shared);
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int k = F::pass_begin(kP); k < F::pass_begin(kP + 1); ++k)
+        mine[int64_t(blockIdx.x) * kRowSlots<F> + k] = acc[k];
+    }
+  } else {
+    const auto outputs = [&](int64_t j) {
+      A y[kVec][F::kOutputs];
+      row_outputs<S, F, kVector>(f, a, base, j, none, 0, row, y);
+#pragma unroll
+      for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
+    };
+    if constexpr (all_per_row<F>()) {
+      if (blockIdx.x == 0 && threadIdx.x == 0) outputs(0);
+    } else {
+#pragma unroll kRowUnroll
+      for (int64_t j = begin + int64_t(threadIdx.x) * kVec; j < end;
+           j += int64_t(kRowBlock) * kVec)
+        outputs(j);
+    }
+  }
+}
 #endif  // FUSEGEN_DEVICE_CODE
 
 #ifdef FUSEGEN_RTC_HOST
@@ -385,9 +484,30 @@ const KernelRef& rows_kernel_ref(const F& f) {
   };
   return kernel_ref<Name>(f);
 }
+
+template <typename S, typename F, bool kVector, int kP>
+const KernelRef& rows_split_kernel_ref(const F& f) {
+  struct Name {
+    static std::string get([[maybe_unused]] const LaunchDef* def) {
+      return kernel_name("fusegen::rows_split_kernel", TypeName<S>::get(), functor_name<F>(def),
+                         kVector, kP);
+    }
+  };
+  return kernel_ref<Name>(f);
+}
 #endif
 
 #if FUSEGEN_HOST_CODE
+// The launches of a split row (rows_split_kernel): one per pass, then the outputs'.
+template <typename S, typename F, bool kVector, int... kP>
+void launch_split(std::integer_sequence<int, kP...>, const RowArgs<F::kInputs + F::kOutputs>& a,
+                  acc_t<S>* part, int chunks, int64_t chunk, cudaStream_t stream, const F& f) {
+  const Grid grid{static_cast<unsigned>(chunks), static_cast<unsigned>(a.rows)};
+  (launch(FUSEGEN_KERNEL(f, rows_split_kernel, S, F, kVector, kP), grid, kRowBlock, 0, stream, a,
+          part, chunks, chunk, f),
+   ...);
+}
+
 // The launcher of a row op's kernel for kGroup's dtypes (op_kernels.cu.j2): F built by
 // make(zero of the compute type), run in the storage type of `dtype` over the runtime's
 // two-dimensional loop (fusegen-runtime.h, RowCpuKernel). kSums: a backward's, whose loop
@@ -445,12 +565,13 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     using Off = std::false_type;
     using None = std::integral_constant<int, 0>;  // (no row cache)
     using Any = std::integral_constant<int, 8>;  // (held: as many vectors as row_cache_vectors)
-    using HalfMost = std::integral_constant<int, FUSEGEN_ROW_HALF_VECTORS>;
+    using HalfMost = std::integral_constant<int, kSums ? FUSEGEN_ROW_HALF_VECTORS
+                                                        : FUSEGEN_ROW_HALF_FORWARD_VECTORS>;
     const bool warp = row_threads(a.length) == 32;
     // A row that fits the registers of a warp or a block (row_cache_vectors) is held there,
     // in 1, 2, 4 or 8 vectors of each input a thread; a longer one, or one of other strides,
     // is read again by each pass. A summing kernel holds at most row_sum_held_vectors; a
-    // 16-bit row that kRowHalfBlock threads hold (FUSEGEN_ROW_HALF_VECTORS) takes that many.
+    // 16-bit row that kRowHalfBlock threads hold (HalfMost) takes that many.
     constexpr int kMost = row_cache_vectors(row_cached_inputs<F>());
     constexpr int kMostSummed =
         row_sum_held_vectors(sizeof(S), sizeof(acc_t<S>), row_cached_inputs<F>());
@@ -491,6 +612,21 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
         return;
       }
     }
+#if FUSEGEN_ROW_SPLIT
+    const int64_t chunk = loop.scratch == nullptr
+                              ? 0
+                              : row_split_chunk(a.length, a.rows, sm_count(), kVecWidth<S>);
+    if (chunk > 0) {
+      const int chunks = static_cast<int>((a.length + chunk - 1) / chunk);
+      using A = acc_t<S>;
+      const size_t bytes = sizeof(A) * size_t(a.rows) * size_t(chunks) * kRowSlots<F>;
+      A* part = static_cast<A*>(loop.scratch(loop.scratch_owner, bytes));
+      const auto passes = std::make_integer_sequence<int, F::kPasses + 1>{};
+      vector ? launch_split<S, F, true>(passes, a, part, chunks, chunk, stream, f)
+             : launch_split<S, F, false>(passes, a, part, chunks, chunk, stream, f);
+      return;
+    }
+#endif
     if (vector && warp && held(Warp{}, Off{}, Any{})) return;
     if constexpr (sizeof(S) == 2) {
       if (vector && !warp && held(HalfBlock{}, Off{}, HalfMost{})) return;

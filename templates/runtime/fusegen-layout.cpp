@@ -713,6 +713,18 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
     loop.summed = sums.data();
     loop.sum_blocks = sum_blocks;
   }
+  // CUDA: the memory a split row's launches keep their partial accumulators in
+  // (CudaLoop::scratch), held until the launches are queued.
+  struct Scratch {
+    at::TensorOptions options;
+    std::vector<at::Tensor> held;
+  } scratch{options.dtype(at::kByte), {}};
+  loop.scratch = [](void* owner, size_t bytes) -> void* {
+    Scratch& s = *static_cast<Scratch*>(owner);
+    s.held.push_back(at::empty({static_cast<int64_t>(bytes)}, s.options));
+    return s.held.back().data_ptr();
+  };
+  loop.scratch_owner = &scratch;
   if (device == Device::kCpu) {
     std::vector<at::Tensor> summed_into(present.size());
     for (size_t k = 0; k < present.size(); ++k) {

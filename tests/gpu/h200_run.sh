@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|row_half|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|row_half|row_split|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
 # One mode is one device call of 1-7 minutes (H200: rtc 2.5 min, bench about 3, build 1.5,
 # rows 3.5); `all` is more than the 10 minutes a call may run and brings back more than the
 # 8 files a call returns, so split it over calls. The whole CUDA suite is `rtc`, `tests` and
@@ -149,13 +149,26 @@ if [[ $what == row_unroll ]]; then
     done
   done
 fi
-# The 16-bit rows that half a block's threads take (FUSEGEN_ROW_HALF_VECTORS): 2, the default
-# (rows of up to 2048 elements), against 0 (none) and 4 (up to 4096), fusegen's own times.
+# The 16-bit rows that half a block's threads take in a forward
+# (FUSEGEN_ROW_HALF_FORWARD_VECTORS): 4, the default (rows of up to 4096 elements), against
+# 2 (up to 2048, as a backward's) and 0 (none), fusegen's own times.
 if [[ $what == row_half ]]; then
-  for value in 2 0 4; do
-    echo "== FUSEGEN_ROW_HALF_VECTORS=$value" | tee -a "$OUT/row_half.log"
-    with_flags "row-half-$value" "-DFUSEGEN_ROW_HALF_VECTORS=$value" python3 -m fusegen.bench rows \
-      --ops softmax,layernorm --dtypes bf16 --rows 16384 --hidden 2048,4096 --impls fusegen 2>&1 | tee -a "$OUT/row_half.log"
+  for value in 4 2 0; do
+    echo "== FUSEGEN_ROW_HALF_FORWARD_VECTORS=$value" | tee -a "$OUT/row_half.log"
+    with_flags "row-half-$value" "-DFUSEGEN_ROW_HALF_FORWARD_VECTORS=$value" python3 -m fusegen.bench rows \
+      --ops softmax,layernorm,rmsnorm --dtypes bf16 --rows 16384 --hidden 2048,4096 --impls fusegen 2>&1 | tee -a "$OUT/row_half.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
+fi
+# Long rows in few rows split over blocks (FUSEGEN_ROW_SPLIT, row_split_chunk): 1, the
+# default, against 0 (one block a row), fusegen beside eager and Liger on the default build.
+if [[ $what == row_split ]]; then
+  for value in 1 0; do
+    impls=fusegen; [[ $value == 1 ]] && impls=fusegen,eager,liger
+    echo "== FUSEGEN_ROW_SPLIT=$value" | tee -a "$OUT/row_split.log"
+    with_flags "row-split-$value" "-DFUSEGEN_ROW_SPLIT=$value" python3 -m fusegen.bench rows \
+      --ops softmax,layernorm,crossentropy --dtypes bf16,fp32 --rows 16,64 --hidden 65536,262144 \
+      --impls $impls --json "$OUT/row_split_$value.json" 2>&1 | tee -a "$OUT/row_split.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi

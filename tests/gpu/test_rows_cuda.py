@@ -1,12 +1,14 @@
 """On a GPU: ops that reduce over the last dimension (RMSNorm, LayerNorm, softmax,
 log_softmax, residual + RMSNorm of two outputs) through every shape of the row kernel (rows
 of up to 1024 elements one per warp, longer ones one per block of 256 threads, or of 128
-for 16-bit rows of up to 2048 held in registers; held or read again by each pass), every
+for 16-bit rows held in registers, up to 4096 elements in a forward and 2048 in a backward;
+held or read again by each pass), every
 dtype, against eager in float64 on the same values, forward and every gradient; 3-D, transposed, sliced and per-row broadcast inputs;
 two runs, and the two compilers (NVRTC, nvcc), give the same bits; amax's and amin's
 gradient is split evenly between ties; no rows, no work; a weight's gradient summed over the
 rows in the kernel (large shapes, two runs, deterministic mode); the backward that reads the
-row values its forward saved gives the bits of the one that computes them again.
+row values its forward saved gives the bits of the one that computes them again; long rows
+in few rows split over blocks.
 
     PYTHONPATH=. python -m pytest -q -m cuda tests/gpu/test_rows_cuda.py
 """
@@ -30,9 +32,9 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 # Around the warp/block boundary (1024) and a warp's 32 lanes; 1 is a row of one element;
 # 2048: a 16-bit row that a block of 128 threads holds (fusegen-cuda-rows.cuh,
-# kRowHalfBlock); 20000 and 60000 are longer than a block holds in registers
-# (fusegen-runtime.h, row_cache_vectors): read again by each pass, in unrolled loops with a
-# remainder.
+# kRowHalfBlock; 4096 too in a forward); 20000 and 60000 are longer than a block holds in
+# registers (fusegen-runtime.h, row_cache_vectors): read again by each pass, in unrolled
+# loops with a remainder, and split over blocks, ROWS being few (row_split_chunk).
 LENGTHS = [1, 7, 64, 1000, 1024, 1025, 2048, 4096, 8192, 20000, 60000]
 ROWS = 37  # not a multiple of the 8 rows a block of warps takes: the last block is partial
 
@@ -249,6 +251,32 @@ def test_weight_gradients_are_summed_in_the_row_kernel(ops, name, dtype, shape):
     assert len(full) == (name == "layernorm") + whole, summed
     props = torch.cuda.get_device_properties(0)
     assert all(s[0] <= 3 * props.multi_processor_count for s in summed if s != shape), summed
+
+
+def _kernels_of(op, leaves, douts):
+    """The names of the CUDA kernels op's forward and backward launch."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _run(op, leaves, douts)
+    return {e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.parametrize("shape", [(16, 262144), (3, 65539), (200, 20480)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(OPS))
+def test_long_rows_in_few_rows_are_split_over_blocks(ops, name, dtype, shape):
+    """Rows too few to fill the GPU with one block each, and long enough for chunks of 8192
+    elements (fusegen-runtime.h, row_split_chunk), are split over blocks, a launch per pass
+    (rows_split_kernel; 65539: not whole vectors, one element an access): they match eager in
+    float64 on both routes, and two runs give the same bits."""
+    rows, n = shape
+    leaves = _inputs(name, (rows,), n, dtype, seed=5)
+    douts = _douts(name, leaves, dtype)
+    first = _check(name, ops, leaves, douts, dtype, f"{name} {dtype} {shape}")
+    op = _call(ops["nvrtc"][name], name)
+    assert all(torch.equal(a, b) for a, b in zip(first, _run(op, leaves, douts)))
+    kernels = _kernels_of(op, leaves, douts)
+    assert any("rows_split_kernel" in k for k in kernels), kernels
+    assert not any("rows_kernel" in k.replace("rows_split_kernel", "") for k in kernels), kernels
 
 
 def _tied_rows(n: int, sign: float) -> torch.Tensor:
