@@ -202,6 +202,23 @@ __device__ __forceinline__ void row_firsts(char* const* base, A* first) {
     first[i] = F::index(i) ? *reinterpret_cast<const A*>(base[F::kOutputs + i]) : A(0);
 }
 
+// Pass kP's values of the kVec elements from j of a row, combined into acc.
+template <int kP, typename S, typename F, bool kVector, int kIters, int kN>
+__device__ __forceinline__ void row_accumulate(const F& f, const RowArgs<kN>& a, char* const* base,
+                                               int64_t j, const RowCache<S, F, kIters>& c, int t,
+                                               const acc_t<S>* row, acc_t<S>* acc) {
+  using A = acc_t<S>;
+  constexpr int kVec = kRowVec<S, kVector>;
+  A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
+  row_inputs<S, F, kVector>(a, base, j, c, t, x);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    A v[kRowSlots<F>];
+    f.template pass<kP>(x[e], row, static_cast<A>(j + e), v);
+    f.template combine<kP>(acc, v);
+  }
+}
+
 template <int kP, typename S, typename F, int kRowThreads, bool kVector, int kIters, int kN>
 __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, char* const* base,
                                            int lane, const RowCache<S, F, kIters>& c,
@@ -213,14 +230,7 @@ __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, cha
     A acc[kRowSlots<F>];
     f.template init<kP>(acc);
     row_each<kRowThreads, kVec, kIters>(a.length, lane, [&](int t, int64_t j) {
-      A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
-      row_inputs<S, F, kVector>(a, base, j, c, t, x);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        A v[kRowSlots<F>];
-        f.template pass<kP>(x[e], row, static_cast<A>(j + e), v);
-        f.template combine<kP>(acc, v);
-      }
+      row_accumulate<kP, S, F, kVector>(f, a, base, j, c, t, row, acc);
     });
     row_combine<kP, kRowThreads>(f, acc, shared);
     f.template finish<kP>(first, static_cast<A>(a.length), acc, row);
@@ -438,16 +448,8 @@ __global__ void __launch_bounds__(kRowBlock)
     A acc[kRowSlots<F>];
     f.template init<kP>(acc);
 #pragma unroll kRowUnroll
-    for (int64_t j = begin + int64_t(threadIdx.x) * kVec; j < end; j += int64_t(kRowBlock) * kVec) {
-      A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
-      row_inputs<S, F, kVector>(a, base, j, none, 0, x);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        A v[kRowSlots<F>];
-        f.template pass<kP>(x[e], row, static_cast<A>(j + e), v);
-        f.template combine<kP>(acc, v);
-      }
-    }
+    for (int64_t j = begin + int64_t(threadIdx.x) * kVec; j < end; j += int64_t(kRowBlock) * kVec)
+      row_accumulate<kP, S, F, kVector>(f, a, base, j, none, 0, row, acc);
     row_combine<kP, kRowBlock>(f, acc, shared);
     if (threadIdx.x == 0) {
 #pragma unroll
