@@ -131,9 +131,11 @@ struct RowCache {
 
 // body(t, j) for each of a thread's accesses to a row, j its first element, in the order
 // of j: with kIters > 0 (a row cache's vectors, or the summing kernel's columns) the loop
-// is unrolled, so that t names registers or fixed slots.
+// is unrolled, so that t names registers or fixed slots; without, the elements from
+// `begin` to `length` (a split row's chunk: rows_split_kernel).
 template <int kRowThreads, int kVec, int kIters, typename Body>
-__device__ __forceinline__ void row_each(int64_t length, int lane, Body&& body) {
+__device__ __forceinline__ void row_each(int64_t length, int lane, Body&& body,
+                                         int64_t begin = 0) {
   if constexpr (kIters > 0) {
 #pragma unroll
     for (int t = 0; t < kIters; ++t) {
@@ -142,7 +144,7 @@ __device__ __forceinline__ void row_each(int64_t length, int lane, Body&& body) 
     }
   } else {
 #pragma unroll kRowUnroll
-    for (int64_t j = int64_t(lane) * kVec; j < length; j += int64_t(kRowThreads) * kVec)
+    for (int64_t j = begin + int64_t(lane) * kVec; j < length; j += int64_t(kRowThreads) * kVec)
       body(0, j);
   }
 }
@@ -271,6 +273,17 @@ __device__ __forceinline__ void row_store(const RowArgs<kN>& a, char* const* bas
   }
 }
 
+// The outputs of the kVec elements from j of a row, written into their rows.
+template <typename S, typename F, bool kVector, int kIters, int kN>
+__device__ __forceinline__ void row_write(const F& f, const RowArgs<kN>& a, char* const* base,
+                                          int64_t j, const RowCache<S, F, kIters>& c, int t,
+                                          const acc_t<S>* row) {
+  acc_t<S> y[kRowVec<S, kVector>][F::kOutputs];
+  row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
+#pragma unroll
+  for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
+}
+
 // Row r's operands: base[k] is operand k's row.
 template <int kN>
 __device__ __forceinline__ void row_bases(const RowArgs<kN>& a, int64_t r, char** base) {
@@ -337,10 +350,7 @@ __launch_bounds__(row_block(kRowThreads), kSums ? row_sum_blocks_per_sm(sizeof(S
     row_firsts<F>(base, first);
     row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, first, row, shared);
     const auto outputs = [&](int t, int64_t j) {
-      A y[kVec][F::kOutputs];
-      row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
-#pragma unroll
-      for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
+      row_write<S, F, kVector>(f, a, base, j, c, t, row);
     };
     if constexpr (all_per_row<F>()) {
       if (lane == 0) outputs(0, 0);  // (every thread holds the row's values)
@@ -447,9 +457,9 @@ __global__ void __launch_bounds__(kRowBlock)
     __shared__ A shared[kRowBlock / 32][kRowSlots<F>];
     A acc[kRowSlots<F>];
     f.template init<kP>(acc);
-#pragma unroll kRowUnroll
-    for (int64_t j = begin + int64_t(threadIdx.x) * kVec; j < end; j += int64_t(kRowBlock) * kVec)
+    row_each<kRowBlock, kVec, 0>(end, threadIdx.x, [&](int, int64_t j) {
       row_accumulate<kP, S, F, kVector>(f, a, base, j, none, 0, row, acc);
+    }, begin);
     row_combine<kP, kRowBlock>(f, acc, shared);
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -457,19 +467,13 @@ __global__ void __launch_bounds__(kRowBlock)
         mine[int64_t(blockIdx.x) * kRowSlots<F> + k] = acc[k];
     }
   } else {
-    const auto outputs = [&](int64_t j) {
-      A y[kVec][F::kOutputs];
-      row_outputs<S, F, kVector>(f, a, base, j, none, 0, row, y);
-#pragma unroll
-      for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
+    const auto outputs = [&](int, int64_t j) {
+      row_write<S, F, kVector>(f, a, base, j, none, 0, row);
     };
     if constexpr (all_per_row<F>()) {
-      if (blockIdx.x == 0 && threadIdx.x == 0) outputs(0);
+      if (blockIdx.x == 0 && threadIdx.x == 0) outputs(0, 0);
     } else {
-#pragma unroll kRowUnroll
-      for (int64_t j = begin + int64_t(threadIdx.x) * kVec; j < end;
-           j += int64_t(kRowBlock) * kVec)
-        outputs(j);
+      row_each<kRowBlock, kVec, 0>(end, threadIdx.x, outputs, begin);
     }
   }
 }

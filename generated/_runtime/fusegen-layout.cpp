@@ -717,12 +717,12 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   // (CudaLoop::scratch), held until the launches are queued.
   struct Scratch {
     at::TensorOptions options;
-    std::vector<at::Tensor> held;
+    at::Tensor held;
   } scratch{options.dtype(at::kByte), {}};
   loop.scratch = [](void* owner, size_t bytes) -> void* {
     Scratch& s = *static_cast<Scratch*>(owner);
-    s.held.push_back(at::empty({static_cast<int64_t>(bytes)}, s.options));
-    return s.held.back().data_ptr();
+    s.held = at::empty({static_cast<int64_t>(bytes)}, s.options);
+    return s.held.data_ptr();
   };
   loop.scratch_owner = &scratch;
   if (device == Device::kCpu) {

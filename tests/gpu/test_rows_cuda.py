@@ -212,6 +212,13 @@ def test_two_runs_give_the_same_bits(ops, name, dtype, n):
         assert torch.equal(a, b), f"{name} {dtype} rows of {n}, result {k}"
 
 
+def _again_alike(ops, name, leaves, douts, first):
+    """The NVRTC route's op, after checking that a second run gives `first`'s bits."""
+    op = _call(ops["nvrtc"][name], name)
+    assert all(torch.equal(a, b) for a, b in zip(first, _run(op, leaves, douts)))
+    return op
+
+
 def _sums_of(op, leaves, douts):
     """The input shapes of the aten::sum calls of op's backward."""
     leaves = [t.detach().requires_grad_() for t in leaves]
@@ -237,8 +244,7 @@ def test_weight_gradients_are_summed_in_the_row_kernel(ops, name, dtype, shape):
     leaves = _inputs(name, (rows,), n, dtype, seed=4)
     douts = _douts(name, leaves, dtype)
     first = _check(name, ops, leaves, douts, dtype, f"{name} {dtype} {shape}")
-    op = _call(ops["nvrtc"][name], name)
-    assert all(torch.equal(a, b) for a, b in zip(first, _run(op, leaves, douts)))
+    op = _again_alike(ops, name, leaves, douts, first)
     torch.use_deterministic_algorithms(True)
     try:
         assert all(torch.equal(a, b) for a, b in zip(first, _run(op, leaves, douts)))
@@ -272,8 +278,7 @@ def test_long_rows_in_few_rows_are_split_over_blocks(ops, name, dtype, shape):
     leaves = _inputs(name, (rows,), n, dtype, seed=5)
     douts = _douts(name, leaves, dtype)
     first = _check(name, ops, leaves, douts, dtype, f"{name} {dtype} {shape}")
-    op = _call(ops["nvrtc"][name], name)
-    assert all(torch.equal(a, b) for a, b in zip(first, _run(op, leaves, douts)))
+    op = _again_alike(ops, name, leaves, douts, first)
     kernels = _kernels_of(op, leaves, douts)
     assert any("rows_split_kernel" in k for k in kernels), kernels
     assert not any("rows_kernel" in k.replace("rows_split_kernel", "") for k in kernels), kernels
