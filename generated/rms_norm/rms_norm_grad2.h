@@ -230,8 +230,8 @@ FUSEGEN_HD void backward_outputs(double dout, double in_dout, double in_x, doubl
 // over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh).
 template <typename T>
 struct Forward {
+  // Its name in the kernel source.
   static constexpr const char* kName = "fusegen::op_rms_norm_grad2::Forward";
-      // in the kernel source
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -296,8 +296,8 @@ struct Forward {
 // The backward likewise: dout and the 5 inputs it reads in, the 5 gradients out.
 template <typename T>
 struct Backward {
+  // Its name in the kernel source.
   static constexpr const char* kName = "fusegen::op_rms_norm_grad2::Backward";
-      // in the kernel source
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif

@@ -207,7 +207,8 @@ FUSEGEN_HD void backward_outputs(double dout, double in_x, double in_w, double i
 // over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh).
 template <typename T>
 struct Forward {
-  static constexpr const char* kName = "fusegen::op_rms_norm_jvp::Forward";  // in the kernel source
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_rms_norm_jvp::Forward";
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -272,8 +273,8 @@ struct Forward {
 // The backward likewise: dout and the 4 inputs it reads in, the 4 gradients out.
 template <typename T>
 struct Backward {
+  // Its name in the kernel source.
   static constexpr const char* kName = "fusegen::op_rms_norm_jvp::Backward";
-      // in the kernel source
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
