@@ -61,6 +61,8 @@ def _environment(compiled: str | None = None) -> jinja2.Environment:
     env.filters["fmt"] = lambda value, pattern: pattern.format(value)
     env.filters["c_string"] = c_string
     env.filters["c_comment"] = c_comment
+    # a row functor's input (its C name) read by one of `passes` (printer.PrintedPass)
+    env.filters["in_passes"] = lambda name, passes: any(name in p.params for p in passes)
     env.globals["values"] = lambda items: [x.c for x in items]
     env.globals["grads"] = lambda items: [x.grad for x in items]
     return env

@@ -235,6 +235,12 @@ struct Forward {
     constexpr bool kIndex[] = {false, true};
     return kIndex[i];
   }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true};
+    return kInPasses[i];
+  }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
@@ -308,6 +314,12 @@ struct Backward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, true};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {false, true, true};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -383,6 +395,12 @@ struct SavedBackward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, true, true, true};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {false, false, false, false, false};
+    return kInPasses[i];
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                              [[maybe_unused]] T col, T* y) const {
@@ -519,6 +537,12 @@ struct Forward {
     constexpr bool kIndex[] = {false, true};
     return kIndex[i];
   }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true};
+    return kInPasses[i];
+  }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
@@ -592,6 +616,12 @@ struct Backward {
     constexpr bool kIndex[] = {false, false, true};
     return kIndex[i];
   }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {false, true, true};
+    return kInPasses[i];
+  }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
     if constexpr (kP == 0) {
@@ -664,6 +694,12 @@ struct SavedBackward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, true, true, true};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {false, false, false, false, false};
+    return kInPasses[i];
   }
   FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
                              [[maybe_unused]] T col, T* y) const {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|row_half|row_split|row_math|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|row_half|row_split|row_ab|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
 # One mode is one device call of 1-7 minutes (H200: rtc 2.5 min, bench about 3, build 1.5,
 # rows 3.5); `all` is more than the 10 minutes a call may run and brings back more than the
 # 8 files a call returns, so split it over calls. The whole CUDA suite is `rtc`, `tests` and
@@ -172,13 +172,15 @@ if [[ $what == row_split ]]; then
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi
-# The fp16/bf16 row kernels' approximate exp and division (fusegen-math.h, approx_exp and
-# approx_div): the default build against FUSEGEN_APPROX_MATH=0 (expf and IEEE division).
-if [[ $what == row_math ]]; then
-  for value in 1 0; do
-    echo "== FUSEGEN_APPROX_MATH=$value" | tee -a "$OUT/row_math.log"
-    with_flags "row-math-$value" "-DFUSEGEN_APPROX_MATH=$value" python3 -m fusegen.bench rows \
-      --ops softmax,crossentropy --dtypes bf16 --rows 16384 --impls fusegen 2>&1 | tee -a "$OUT/row_math.log"
+# The row kernels' approximate exp and division for fp16/bf16 (fusegen-math.h) and holding
+# only the inputs a pass reads (fusegen-cuda-rows.cuh, row_holds): the default build against
+# one without either (FUSEGEN_APPROX_MATH=0, FUSEGEN_ROW_HOLD_ALL=1), both on the nvcc route.
+if [[ $what == row_ab ]]; then
+  for flags in "" "-DFUSEGEN_APPROX_MATH=0 -DFUSEGEN_ROW_HOLD_ALL=1"; do
+    echo "== NVCC_APPEND_FLAGS=$flags" | tee -a "$OUT/row_ab.log"
+    with_flags "row-ab-$(echo "$flags" | md5sum | cut -c1-8)" "$flags" python3 -m fusegen.bench rows \
+      --ops softmax,layernorm,resnorm,crossentropy --dtypes bf16,fp32 --rows 16384 \
+      --impls fusegen 2>&1 | tee -a "$OUT/row_ab.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi
