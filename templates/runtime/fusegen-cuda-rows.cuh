@@ -80,11 +80,13 @@ FUSEGEN_HD_CONSTEXPR bool row_holds(int i) {
   return !F::index(i) && (kEvery || FUSEGEN_ROW_HOLD_ALL || F::in_passes(i));
 }
 
-// The inputs a row cache holds.
-template <typename F, bool kEvery>
+// The inputs read along the row (not a gather's index or a saved row value). Which rows are
+// held (row_cache_vectors) counts them all, as a summing kernel holds them: the rule the
+// launch shapes were measured on, also where a kernel holds fewer.
+template <typename F>
 FUSEGEN_HD_CONSTEXPR int row_cached_inputs() {
   int n = 0;
-  for (int i = 0; i < F::kInputs; ++i) n += row_holds<F, kEvery>(i) ? 1 : 0;
+  for (int i = 0; i < F::kInputs; ++i) n += F::index(i) ? 0 : 1;
   return n;
 }
 
@@ -604,9 +606,9 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     // in 1, 2, 4 or 8 vectors of each input a thread; a longer one, or one of other strides,
     // is read again by each pass. A summing kernel holds at most row_sum_held_vectors; a
     // 16-bit row that kRowHalfBlock threads hold (HalfMost) takes that many.
-    constexpr int kMost = row_cache_vectors(row_cached_inputs<F, false>());
+    constexpr int kMost = row_cache_vectors(row_cached_inputs<F>());
     constexpr int kMostSummed =
-        row_sum_held_vectors(sizeof(S), sizeof(acc_t<S>), row_cached_inputs<F, true>());
+        row_sum_held_vectors(sizeof(S), sizeof(acc_t<S>), row_cached_inputs<F>());
     const auto held = [&](auto threads, auto sums, auto most) {
       constexpr int64_t kPerVector = int64_t(decltype(threads)::value) * kVecWidth<S>;
       constexpr int kMostHere = decltype(most)::value;
