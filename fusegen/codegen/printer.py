@@ -6,7 +6,13 @@ eager PyTorch operation each, as that operation computes its element: `expf` vs 
 `1.0f/x`, ...), NaN-propagating maximum/minimum, clamp with std::max/std::min's ties. C's
 left-to-right evaluation of `a + b + c` and `a*b*c` is the order eager uses, so operands
 are parenthesised only where the tree nests the other way. The helpers it calls
-(`fusegen::maximum`, ...) live in templates/fusegen.h.
+(`fusegen::maximum`, ...) live in templates/runtime/fusegen-math.h.
+
+In approx mode (float only: a row op's fp16 and bf16 CUDA kernels, its `approx::`
+functions) an exp or a true division of values that vary along the row is fusegen-math.h's
+approximate one, `fusegen::approx_exp(x)` or `fusegen::approx_div(a, b)`: those run once an
+element. One of the row's values alone (RMSNorm's `1.0f/sqrtf(row[0] + in_eps)`) stays
+exact.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from fusegen.errors import SpecError
 from fusegen.ir.spec import OpSpec, Program, straight_line
 
 COMPUTE_TYPES = {"float": float32, "double": float64}
+# A row op's printings are keyed by compute type, and by APPROX for float in approx mode.
+APPROX = "approx"
 LITERAL_SUFFIX = {"float": "f", "double": ""}
 
 # C precedence levels (higher binds tighter).
@@ -47,10 +55,32 @@ _HELPERS = {p.node: p.c.removeprefix("fusegen::") for p in fn.PRIMITIVES
 class CPrinter(_Memo, C99CodePrinter):
     """functions.py's nodes -> C for one compute type."""
 
-    def __init__(self, compute_type: str):
+    def __init__(self, compute_type: str, approx: bool = False, uniform=()):
+        """`uniform`: in approx mode, the names of the symbols that are the same along a
+        row (row values, scalars); print_program adds the temps computed from them."""
         super().__init__({"type_aliases": {real: COMPUTE_TYPES[compute_type]}})
+        if approx and compute_type != "float":
+            raise ValueError("approx mode prints float only")
         self.ctype = compute_type
         self.suffix = LITERAL_SUFFIX[compute_type]
+        self.approx = approx
+        self.uniform = set(uniform)
+        self._varies: dict = {}  # node -> whether it reads a symbol outside uniform
+
+    def doprint(self, expr, *args, **kwargs):
+        if self.approx:
+            for node in dag.postorder([expr]):
+                if node not in self._varies:
+                    self._varies[node] = (node.name not in self.uniform if isinstance(node, sympy.Symbol)
+                                          else any(self._varies[a] for a in node.args))
+        return super().doprint(expr, *args, **kwargs)
+
+    def varies(self, expr) -> bool:
+        """Whether `expr` (printed) reads a value that varies along the row."""
+        return self._varies.get(expr, True)
+
+    def _approximates(self, expr) -> bool:
+        return self.approx and self.varies(expr)
 
     def _handle_UnevaluatedExpr(self, expr):
         # sympy's pass replaces re(...) around UnevaluatedExpr, which fusegen's trees never
@@ -99,6 +129,8 @@ class CPrinter(_Memo, C99CodePrinter):
     # -- structure ---------------------------------------------------------------
     def precedence_of(self, expr) -> int:
         t = type(expr)
+        if self._divides(expr) and self._approximates(expr):
+            return _ATOM  # a call: fusegen::approx_div(a, b)
         if t in _INFIX:
             return _INFIX[t][1]
         if t is fn.Negative or (fn.is_number(expr) and expr.is_extended_negative):
@@ -131,7 +163,32 @@ class CPrinter(_Memo, C99CodePrinter):
         joiner = op if level == _MUL else f" {op} "
         return f"{self.operand(left, level)}{joiner}{self.operand(right, level, right=True)}"
 
-    _print_Plus = _print_Minus = _print_Times = _print_Divide = _infix
+    _print_Plus = _print_Minus = _print_Times = _infix
+
+    def _divides(self, expr) -> bool:
+        """Whether `expr` prints as a true division (`a/b`, `1.0f/x`, `1.0f/sqrtf(x)`)."""
+        t = type(expr)
+        if t in (fn.Divide, fn.Reciprocal, fn.Rsqrt):
+            return True
+        return t is fn.Power and fn.is_number(expr.args[1]) and expr.args[1] in (-2, -1, -0.5)
+
+    def _quotient(self, expr, numerator: str, denominator: str, operand: str | None = None) -> str:
+        """`expr` as numerator / denominator; `operand`: the denominator as the right operand
+        of `/` (parenthesised where it must be), if not the same."""
+        if self._approximates(expr):
+            return f"fusegen::approx_div({numerator}, {denominator})"
+        return f"{numerator}/{operand or denominator}"
+
+    def _over(self, expr, numerator: str, denominator) -> str:
+        """`expr` as numerator / the node `denominator`."""
+        return self._quotient(expr, numerator, self._print(denominator),
+                              self.operand(denominator, _MUL, right=True))
+
+    def _print_Divide(self, expr):
+        if not self._approximates(expr):
+            return self._infix(expr)
+        a, b = expr.args
+        return self._over(expr, self._print(a), b)
     _print_Less = _print_LessEqual = _print_Greater = _print_GreaterEqual = _infix
     _print_Equal = _print_NotEqual = _infix
 
@@ -158,6 +215,8 @@ class CPrinter(_Memo, C99CodePrinter):
 
     def _print_Node(self, expr):
         t = type(expr)
+        if t is fn.Exp and self._approximates(expr):
+            return self._call("fusegen::approx_exp", *expr.args)
         if t in _MATH:
             return self._call(_MATH[t] + self._fsuffix, *expr.args)
         if t in _HELPERS:
@@ -174,10 +233,10 @@ class CPrinter(_Memo, C99CodePrinter):
         return f"({self._print(expr.args[0])})"
 
     def _print_Reciprocal(self, expr):                    # torch.reciprocal: 1 / x
-        return f"{self.literal(1)}/{self.operand(expr.args[0], _MUL, right=True)}"
+        return self._over(expr, self.literal(1), expr.args[0])
 
     def _print_Rsqrt(self, expr):                         # torch.rsqrt: 1 / sqrt(x)
-        return f"{self.literal(1)}/{self._call('sqrt' + self._fsuffix, expr.args[0])}"
+        return self._quotient(expr, self.literal(1), self._call("sqrt" + self._fsuffix, expr.args[0]))
 
     def _print_Power(self, expr):
         """torch.pow. A number exponent follows pow_tensor_scalar: 2, 3 and -2 multiply,
@@ -188,13 +247,15 @@ class CPrinter(_Memo, C99CodePrinter):
             if e in (2, 3, -2):
                 b = self.operand(base, _MUL, right=True)
                 product = "*".join([b] * abs(int(e)))
-                return product if e > 0 else f"{self.literal(1)}/({product})"
+                if e > 0:
+                    return product
+                return self._quotient(expr, self.literal(1), product, f"({product})")
             if e == 0.5:
                 return self._call("sqrt" + self._fsuffix, base)
             if e == -0.5:
-                return f"{self.literal(1)}/{self._call('sqrt' + self._fsuffix, base)}"
+                return self._quotient(expr, self.literal(1), self._call("sqrt" + self._fsuffix, base))
             if e == -1:
-                return f"{self.literal(1)}/{self.operand(base, _MUL, right=True)}"
+                return self._over(expr, self.literal(1), base)
         return self._call("pow" + self._fsuffix, base, exp)
 
     def _print_Clamp(self, expr):
@@ -279,12 +340,15 @@ def _ctype_of(expr, ctype):
     return "bool" if fn.is_condition(expr) else ctype
 
 
-def print_program(program: Program, ctype: str) -> Statements:
-    p = CPrinter(ctype)
-    return Statements(
-        temps=tuple((_ctype_of(e, ctype), s.name, p.doprint(e)) for s, e in program.temps),
-        results=tuple((n, p.doprint(e)) for n, e in program.results),
-    )
+def print_program(program: Program, ctype: str, approx: bool = False, uniform=()) -> Statements:
+    """`approx`, `uniform`: CPrinter's (a temp computed from uniform values alone is one)."""
+    p = CPrinter(ctype, approx, uniform)
+    temps = []
+    for s, e in program.temps:
+        temps.append((_ctype_of(e, ctype), s.name, p.doprint(e)))
+        if approx and not p.varies(e):
+            p.uniform.add(s.name)
+    return Statements(temps=tuple(temps), results=tuple((n, p.doprint(e)) for n, e in program.results))
 
 
 def print_op(spec: OpSpec) -> PrintedOp:
@@ -295,9 +359,13 @@ def print_op(spec: OpSpec) -> PrintedOp:
         tensors = [d.name for d in spec.douts] + [names.value(x) for x in spec.backward_inputs]
         backward = tensors + scalars
         saved = tensors + saved_row_names(spec) + scalars
+        uniform = scalars + saved_row_names(spec)  # the same along a row (and the row values)
 
         def per_type(program, order):
-            return None if program is None else {t: print_rows(program, t, order) for t in COMPUTE_TYPES}
+            if program is None:
+                return None
+            return {**{t: print_rows(program, t, order) for t in COMPUTE_TYPES},
+                    APPROX: print_rows(program, "float", order, approx=uniform)}
 
         return PrintedOp(forward={}, backward={}, forward_rows=per_type(spec.forward_rows, forward),
                          backward_rows=per_type(spec.backward_rows, backward),
@@ -336,11 +404,16 @@ def _params(exprs, order: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
+def print_rows(program, ctype: str, order: list[str], approx=None) -> PrintedRows:
     """A scheduled row program (ir/rows.RowProgram, user names already C names) in C;
-    `order`: the C names it may read, in the order its functions take them."""
+    `order`: the C names it may read, in the order its functions take them. `approx`: None,
+    or the C names that are the same along a row (scalars, saved row values) for the
+    functions of an element in CPrinter's approx mode (a pass's finish, once a row, stays
+    exact)."""
     slots = {rows.row_symbol(k): _slot("row", k) for k in range(len(program.accumulators))}
     p = CPrinter(ctype)
+    exact = approx is None
+    uniform = () if exact else [*approx, *(x.name for x in slots.values())]
     passes = []
     for level in range(program.levels):
         ks = program.level_accumulators(level)
@@ -355,7 +428,7 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
         finish_names = {x.name for x in finish_free}
         passes.append(PrintedPass(
             begin=ks[0], end=ks[-1] + 1, params=_params(elements, order),
-            element=print_program(element, ctype),
+            element=print_program(element, ctype, not exact, uniform),
             init=tuple((f"acc[{k}]", p.doprint(_IDENTITY[program.accumulators[k].kind])) for k in ks),
             combine=tuple((f"acc[{k}]", f"{_COMBINE[program.accumulators[k].kind]}(acc[{k}], other[{k}])")
                           for k in ks),
@@ -365,7 +438,7 @@ def print_rows(program, ctype: str, order: list[str]) -> PrintedRows:
         ))
     results = _cse_program(list(program.results), slots)
     return PrintedRows(tuple(passes), _params([e for _, e in program.results], order),
-                       print_program(results, ctype))
+                       print_program(results, ctype, not exact, uniform))
 
 
 def _cse_program(results, slots) -> Program:

@@ -26,7 +26,7 @@ from fusegen.ir import names
 from fusegen.errors import SpecError
 from fusegen.codegen.escape import c_comment, c_string
 from fusegen.files import templates_dir
-from fusegen.codegen.printer import PrintedOp, saved_row_names
+from fusegen.codegen.printer import APPROX, PrintedOp, saved_row_names
 from fusegen.codegen.wrap import wrap
 from fusegen.ir.limits import MAX_LAUNCHED_OPERANDS
 from fusegen.ir.spec import OpSpec
@@ -61,6 +61,8 @@ def _environment(compiled: str | None = None) -> jinja2.Environment:
     env.filters["fmt"] = lambda value, pattern: pattern.format(value)
     env.filters["c_string"] = c_string
     env.filters["c_comment"] = c_comment
+    # a row functor's input (its C name) read by one of `passes` (printer.PrintedPass)
+    env.filters["in_passes"] = lambda name, passes: any(name in p.params for p in passes)
     env.globals["values"] = lambda items: [x.c for x in items]
     env.globals["grads"] = lambda items: [x.grad for x in items]
     return env
@@ -181,11 +183,18 @@ def _rows_context(spec: OpSpec, printed: PrintedOp) -> dict | None:
                 "index": [False] * len(douts) + [x in spec.index_inputs for x in spec.backward_inputs]
                 + [True] * (len(saved) if read_saved else 0)}
 
+    def printing(key: str) -> dict:
+        return {"ctype": "float" if key == APPROX else key, "forward": printed.forward_rows[key],
+                "backward": printed.backward_rows[key] if printed.backward_rows else None,
+                "saved_backward": printed.saved_backward_rows[key] if printed.saved_backward_rows else None}
+
+    math = [printing(t) for t in COMPUTE_TYPES]
+    approx = printing(APPROX)
     return {
-        "math": [{"ctype": t, "forward": printed.forward_rows[t],
-                  "backward": printed.backward_rows[t] if printed.backward_rows else None,
-                  "saved_backward": printed.saved_backward_rows[t] if printed.saved_backward_rows else None}
-                 for t in COMPUTE_TYPES],
+        "math": math,
+        # fp16 and bf16 on CUDA: float with approximate exp and division (printer.py), where
+        # that printing differs from float's
+        "approx": approx if approx != math[0] else None,
         "forward_x": {names.value(x): f"x[{i}]" for i, x in enumerate(spec.inputs)},
         "backward_x": {n: f"x[{i}]" for i, n in enumerate(douts + backward)},
         "saved_backward_x": {n: f"x[{i}]" for i, n in enumerate(douts + backward + saved)},

@@ -100,6 +100,39 @@ FUSEGEN_HD T sign(T x) {
 }
 
 #ifndef FUSEGEN_CPU_LATER
+// exp and true division as the GPU's approximate instructions compute them, for the fp16
+// and bf16 kernels of a row op (its `approx::` functions, printer.py's approx mode). Those
+// results round to 8 or 11 significant bits, and these differ from expf and IEEE division
+// by a few float ulps, which the rounding hides: exp is ex2.approx of x * log2(e), a
+// relative error of about 2^-22 near 0 that grows with |x| to 2^-16 at the ends of exp's
+// range; division is div.full.f32, 2 ulps over the full range. They are torch.compile's
+// spellings too (Triton's tl.exp and float32 `/`). expf and IEEE division take 8-10
+// instructions each, and at 2 bytes an element a bf16 row kernel was bound by them. The
+// host (tests/'s emulated kernels) computes them exactly, and so does a build with
+// FUSEGEN_APPROX_MATH=0 (a macro, to measure).
+#ifndef FUSEGEN_APPROX_MATH
+#define FUSEGEN_APPROX_MATH 1
+#endif
+FUSEGEN_HD float approx_exp(float x) {
+#if defined(__CUDA_ARCH__) && FUSEGEN_APPROX_MATH
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504f));
+  return y;
+#else
+  return expf(x);
+#endif
+}
+
+FUSEGEN_HD float approx_div(float a, float b) {
+#if defined(__CUDA_ARCH__) && FUSEGEN_APPROX_MATH
+  float y;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+#else
+  return a / b;
+#endif
+}
+
 FUSEGEN_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 FUSEGEN_HD double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 

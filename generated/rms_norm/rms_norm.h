@@ -122,7 +122,8 @@ FUSEGEN_HD void backward_outputs(double dout, double in_x, double in_w, const do
 // over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh).
 template <typename T>
 struct Forward {
-  static constexpr const char* kName = "fusegen::op_rms_norm::Forward";  // in the kernel source
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_rms_norm::Forward";
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -152,6 +153,12 @@ struct Forward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, false};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -187,7 +194,8 @@ struct Forward {
 // The backward likewise: dout and the 2 inputs it reads in, the 2 gradients out.
 template <typename T>
 struct Backward {
-  static constexpr const char* kName = "fusegen::op_rms_norm::Backward";  // in the kernel source
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_rms_norm::Backward";
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -217,6 +225,12 @@ struct Backward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true, true};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {

@@ -230,8 +230,8 @@ FUSEGEN_HD void backward_outputs(double dout, double in_dout, double in_x, doubl
 // over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh).
 template <typename T>
 struct Forward {
+  // Its name in the kernel source.
   static constexpr const char* kName = "fusegen::op_rms_norm_grad2::Forward";
-      // in the kernel source
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -261,6 +261,12 @@ struct Forward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, false, false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true, true, false, false};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -296,8 +302,8 @@ struct Forward {
 // The backward likewise: dout and the 5 inputs it reads in, the 5 gradients out.
 template <typename T>
 struct Backward {
+  // Its name in the kernel source.
   static constexpr const char* kName = "fusegen::op_rms_norm_grad2::Backward";
-      // in the kernel source
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -327,6 +333,12 @@ struct Backward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, false, false, false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true, true, true, true, true};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {

@@ -207,7 +207,8 @@ FUSEGEN_HD void backward_outputs(double dout, double in_x, double in_w, double i
 // over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh).
 template <typename T>
 struct Forward {
-  static constexpr const char* kName = "fusegen::op_rms_norm_jvp::Forward";  // in the kernel source
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_rms_norm_jvp::Forward";
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -237,6 +238,12 @@ struct Forward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, false, true, false};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -272,8 +279,8 @@ struct Forward {
 // The backward likewise: dout and the 4 inputs it reads in, the 4 gradients out.
 template <typename T>
 struct Backward {
+  // Its name in the kernel source.
   static constexpr const char* kName = "fusegen::op_rms_norm_jvp::Backward";
-      // in the kernel source
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -303,6 +310,12 @@ struct Backward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, false, false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true, true, true, true};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {

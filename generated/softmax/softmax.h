@@ -218,7 +218,8 @@ FUSEGEN_HD void saved_backward_outputs(double dout, double in_x, double saved0, 
 // and the row values its backward reads (saved0, saved1), written where the autograd node asks.
 template <typename T>
 struct Forward {
-  static constexpr const char* kName = "fusegen::op_softmax::Forward";  // in the kernel source
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax::Forward";
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -248,6 +249,12 @@ struct Forward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -291,7 +298,8 @@ struct Forward {
 // The backward likewise: dout and the 1 input it reads in, the 1 gradient out.
 template <typename T>
 struct Backward {
-  static constexpr const char* kName = "fusegen::op_softmax::Backward";  // in the kernel source
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax::Backward";
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -321,6 +329,12 @@ struct Backward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -365,8 +379,8 @@ struct Backward {
 // in T) after its other inputs, instead of computing them again.
 template <typename T>
 struct SavedBackward {
+  // Its name in the kernel source.
   static constexpr const char* kName = "fusegen::op_softmax::SavedBackward";
-      // in the kernel source
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -396,6 +410,12 @@ struct SavedBackward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, true, true};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true, true, false};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -427,5 +447,335 @@ struct SavedBackward {
     saved_backward_outputs(x[0], x[1], x[2], x[3], row, y[0]);
   }
 };
+
+// The fp16 and bf16 CUDA kernels' functions and functors: the float ones with fusegen-math.h's
+// approximate exp and division (approx_exp, approx_div), whose few ulps the 16-bit
+// results' rounding hides.
+namespace approx {
+
+// Pass 0 over a row: what one element adds to accumulator 0.
+FUSEGEN_HD void forward_pass0(float in_x, float* v) {
+  v[0] = in_x;
+}
+FUSEGEN_HD void forward_init0(float* acc) {
+  acc[0] = -INFINITY;
+}
+FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
+  acc[0] = fusegen::maximum(acc[0], other[0]);
+}
+FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
+  row[0] = acc[0];
+}
+
+// Pass 1 over a row: what one element adds to accumulator 1.
+FUSEGEN_HD void forward_pass1(float in_x, const float* row, float* v) {
+  v[1] = fusegen::approx_exp(in_x - row[0]);
+}
+FUSEGEN_HD void forward_init1(float* acc) {
+  acc[1] = 0.0f;
+}
+FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+}
+FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
+  row[1] = acc[1];
+}
+
+// The outputs of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void forward_outputs(float in_x, const float* row, float& out, float& saved0,
+    float& saved1) {
+  out = fusegen::approx_div(fusegen::approx_exp(in_x - row[0]), row[1]);
+  saved0 = row[0];
+  saved1 = row[1];
+}
+
+// Pass 0 over a row: what one element adds to accumulator 0.
+FUSEGEN_HD void backward_pass0(float in_x, float* v) {
+  v[0] = in_x;
+}
+FUSEGEN_HD void backward_init0(float* acc) {
+  acc[0] = -INFINITY;
+}
+FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
+  acc[0] = fusegen::maximum(acc[0], other[0]);
+}
+FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
+  row[0] = acc[0];
+}
+
+// Pass 1 over a row: what one element adds to accumulators 1, 2.
+FUSEGEN_HD void backward_pass1(float dout, float in_x, const float* row, float* v) {
+  const float t0 = fusegen::approx_exp(in_x - row[0]);
+  v[1] = t0;
+  v[2] = dout*t0;
+}
+FUSEGEN_HD void backward_init1(float* acc) {
+  acc[1] = 0.0f;
+  acc[2] = 0.0f;
+}
+FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+}
+FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
+  row[1] = acc[1];
+  row[2] = -(1.0f/row[1])*(1.0f/row[1])*acc[2];
+}
+
+// The output of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void backward_outputs(float dout, float in_x, const float* row, float& grad_x) {
+  grad_x = (fusegen::approx_div(dout, row[1]) + row[2])*fusegen::approx_exp(in_x - row[0]);
+}
+
+// Pass 0 over a row: what one element adds to accumulator 0.
+FUSEGEN_HD void saved_backward_pass0(float dout, float in_x, float saved0, float* v) {
+  v[0] = dout*fusegen::approx_exp(in_x - saved0);
+}
+FUSEGEN_HD void saved_backward_init0(float* acc) {
+  acc[0] = 0.0f;
+}
+FUSEGEN_HD void saved_backward_combine0(float* acc, const float* other) {
+  acc[0] = fusegen::row_add(acc[0], other[0]);
+}
+FUSEGEN_HD void saved_backward_finish0(float saved1, float /*n*/, const float* acc, float* row) {
+  row[0] = -(1.0f/saved1)*(1.0f/saved1)*acc[0];
+}
+
+// The output of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void saved_backward_outputs(float dout, float in_x, float saved0, float saved1,
+    const float* row, float& grad_x) {
+  grad_x = (fusegen::approx_div(dout, saved1) + row[0])*fusegen::approx_exp(in_x - saved0);
+}
+
+template <typename T>
+struct Forward {
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax::approx::Forward";
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
+  static constexpr int kInputs = 1;
+  static constexpr int kOutputs = 3;
+  static constexpr int kRows = 2;    // values per row (one per accumulator)
+  static constexpr int kPasses = 2;  // passes over a row before the outputs'
+  // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
+  FUSEGEN_HD static constexpr int pass_begin(int p) {
+    constexpr int kBegin[] = {0, 1, 2};
+    return kBegin[p];
+  }
+  // Whether output k is one value per row (its tensor's last dimension is 1).
+  FUSEGEN_HD static constexpr bool per_row(int k) {
+    constexpr bool kPerRow[] = {false, true, true};
+    return kPerRow[k];
+  }
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false, true, true};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false};
+    return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true};
+    return kInPasses[i];
+  }
+  template <int kP>
+  FUSEGEN_HD void init(T* acc) const {
+    if constexpr (kP == 0) {
+      forward_init0(acc);
+    } else if constexpr (kP == 1) {
+      forward_init1(acc);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
+    if constexpr (kP == 0) {
+      forward_pass0(x[0], v);
+    } else if constexpr (kP == 1) {
+      forward_pass1(x[0], row, v);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void combine(T* acc, const T* other) const {
+    if constexpr (kP == 0) {
+      forward_combine0(acc, other);
+    } else if constexpr (kP == 1) {
+      forward_combine1(acc, other);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
+    if constexpr (kP == 0) {
+      forward_finish0(n, acc, row);
+    } else if constexpr (kP == 1) {
+      forward_finish1(n, acc, row);
+    }
+  }
+  FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                             [[maybe_unused]] T col, T* y) const {
+    forward_outputs(x[0], row, y[0], y[1], y[2]);
+  }
+};
+
+template <typename T>
+struct Backward {
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax::approx::Backward";
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
+  static constexpr int kInputs = 2;
+  static constexpr int kOutputs = 1;
+  static constexpr int kRows = 3;    // values per row (one per accumulator)
+  static constexpr int kPasses = 2;  // passes over a row before the outputs'
+  // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
+  FUSEGEN_HD static constexpr int pass_begin(int p) {
+    constexpr int kBegin[] = {0, 1, 3};
+    return kBegin[p];
+  }
+  // Whether output k is one value per row (its tensor's last dimension is 1).
+  FUSEGEN_HD static constexpr bool per_row(int k) {
+    constexpr bool kPerRow[] = {false};
+    return kPerRow[k];
+  }
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false};
+    return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true};
+    return kInPasses[i];
+  }
+  template <int kP>
+  FUSEGEN_HD void init(T* acc) const {
+    if constexpr (kP == 0) {
+      backward_init0(acc);
+    } else if constexpr (kP == 1) {
+      backward_init1(acc);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
+    if constexpr (kP == 0) {
+      backward_pass0(x[1], v);
+    } else if constexpr (kP == 1) {
+      backward_pass1(x[0], x[1], row, v);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void combine(T* acc, const T* other) const {
+    if constexpr (kP == 0) {
+      backward_combine0(acc, other);
+    } else if constexpr (kP == 1) {
+      backward_combine1(acc, other);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
+    if constexpr (kP == 0) {
+      backward_finish0(n, acc, row);
+    } else if constexpr (kP == 1) {
+      backward_finish1(n, acc, row);
+    }
+  }
+  FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                             [[maybe_unused]] T col, T* y) const {
+    backward_outputs(x[0], x[1], row, y[0]);
+  }
+};
+
+template <typename T>
+struct SavedBackward {
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax::approx::SavedBackward";
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
+  static constexpr int kInputs = 4;
+  static constexpr int kOutputs = 1;
+  static constexpr int kRows = 1;    // values per row (one per accumulator)
+  static constexpr int kPasses = 1;  // passes over a row before the outputs'
+  // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
+  FUSEGEN_HD static constexpr int pass_begin(int p) {
+    constexpr int kBegin[] = {0, 1};
+    return kBegin[p];
+  }
+  // Whether output k is one value per row (its tensor's last dimension is 1).
+  FUSEGEN_HD static constexpr bool per_row(int k) {
+    constexpr bool kPerRow[] = {false};
+    return kPerRow[k];
+  }
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false, true, true};
+    return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true, true, false};
+    return kInPasses[i];
+  }
+  template <int kP>
+  FUSEGEN_HD void init(T* acc) const {
+    if constexpr (kP == 0) {
+      saved_backward_init0(acc);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
+    if constexpr (kP == 0) {
+      saved_backward_pass0(x[0], x[1], x[2], v);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void combine(T* acc, const T* other) const {
+    if constexpr (kP == 0) {
+      saved_backward_combine0(acc, other);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
+    if constexpr (kP == 0) {
+      saved_backward_finish0(x[3], n, acc, row);
+    }
+  }
+  FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                             [[maybe_unused]] T col, T* y) const {
+    saved_backward_outputs(x[0], x[1], x[2], x[3], row, y[0]);
+  }
+};
+
+}  // namespace approx
 
 }  // namespace fusegen::op_softmax

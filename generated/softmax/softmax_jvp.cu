@@ -83,20 +83,28 @@ inline auto forward_cuda_functor([[maybe_unused]] const double* scalars) {
   };
 }
 
+// approx::Forward<T> in the compute type T, with the call's scalars.
+inline auto forward_cuda_approx_functor([[maybe_unused]] const double* scalars) {
+  return [=](auto zero) {
+    using T = decltype(zero);
+    return approx::Forward<T>{};
+  };
+}
+
 void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void forward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   run_rows_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream),
-      forward_cuda_functor(scalars));
+      forward_cuda_approx_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void forward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   run_rows_cuda<DtypeGroup::kBFloat16>(dtype, loop, static_cast<cudaStream_t>(stream),
-      forward_cuda_functor(scalars));
+      forward_cuda_approx_functor(scalars));
 }
 #endif
 
@@ -119,20 +127,28 @@ inline auto backward_cuda_functor([[maybe_unused]] const double* scalars) {
   };
 }
 
+// approx::Backward<T> in the compute type T, with the call's scalars.
+inline auto backward_cuda_approx_functor([[maybe_unused]] const double* scalars) {
+  return [=](auto zero) {
+    using T = decltype(zero);
+    return approx::Backward<T>{};
+  };
+}
+
 void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream);
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_BF16_ONLY)
 void backward_cuda_fp16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   run_rows_cuda<DtypeGroup::kHalf>(dtype, loop, static_cast<cudaStream_t>(stream),
-      backward_cuda_functor(scalars));
+      backward_cuda_approx_functor(scalars));
 }
 #endif
 
 #if !defined(FUSEGEN_WIDE_ONLY) && !defined(FUSEGEN_FP16_ONLY)
 void backward_cuda_bf16(Dtype dtype, const CudaLoop& loop, const double* scalars, void* stream) {
   run_rows_cuda<DtypeGroup::kBFloat16>(dtype, loop, static_cast<cudaStream_t>(stream),
-      backward_cuda_functor(scalars));
+      backward_cuda_approx_functor(scalars));
 }
 #endif
 

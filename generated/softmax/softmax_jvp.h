@@ -343,7 +343,8 @@ FUSEGEN_HD void backward_outputs(double dout, double in_x, double in_t_x, const 
 // over a row, then the outputs of each element (fusegen-rows.h, fusegen-cuda-rows.cuh).
 template <typename T>
 struct Forward {
-  static constexpr const char* kName = "fusegen::op_softmax_jvp::Forward";  // in the kernel source
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax_jvp::Forward";
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -373,6 +374,12 @@ struct Forward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -424,7 +431,8 @@ struct Forward {
 // The backward likewise: dout and the 2 inputs it reads in, the 2 gradients out.
 template <typename T>
 struct Backward {
-  static constexpr const char* kName = "fusegen::op_softmax_jvp::Backward";  // in the kernel source
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax_jvp::Backward";
 #ifdef FUSEGEN_RTC_HOST
   static const RtcSource& source() { return rtc_source(); }
 #endif
@@ -454,6 +462,12 @@ struct Backward {
   FUSEGEN_HD static constexpr bool index(int i) {
     constexpr bool kIndex[] = {false, false, false};
     return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true, true};
+    return kInPasses[i];
   }
   template <int kP>
   FUSEGEN_HD void init(T* acc) const {
@@ -509,5 +523,337 @@ struct Backward {
     backward_outputs(x[0], x[1], x[2], row, y[0], y[1]);
   }
 };
+
+// The fp16 and bf16 CUDA kernels' functions and functors: the float ones with fusegen-math.h's
+// approximate exp and division (approx_exp, approx_div), whose few ulps the 16-bit
+// results' rounding hides.
+namespace approx {
+
+// Pass 0 over a row: what one element adds to accumulator 0.
+FUSEGEN_HD void forward_pass0(float in_x, float* v) {
+  v[0] = in_x;
+}
+FUSEGEN_HD void forward_init0(float* acc) {
+  acc[0] = -INFINITY;
+}
+FUSEGEN_HD void forward_combine0(float* acc, const float* other) {
+  acc[0] = fusegen::maximum(acc[0], other[0]);
+}
+FUSEGEN_HD void forward_finish0(float /*n*/, const float* acc, float* row) {
+  row[0] = acc[0];
+}
+
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3.
+FUSEGEN_HD void forward_pass1(float in_x, float in_t_x, const float* row, float* v) {
+  const float t0 = (in_x == row[0] ? 1.0f : 0.0f);
+  v[1] = in_t_x*t0;
+  v[2] = t0;
+  v[3] = fusegen::approx_exp(in_x - row[0]);
+}
+FUSEGEN_HD void forward_init1(float* acc) {
+  acc[1] = 0.0f;
+  acc[2] = 0.0f;
+  acc[3] = 0.0f;
+}
+FUSEGEN_HD void forward_combine1(float* acc, const float* other) {
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+}
+FUSEGEN_HD void forward_finish1(float /*n*/, const float* acc, float* row) {
+  row[1] = acc[1];
+  row[2] = acc[2];
+  row[3] = acc[3];
+}
+
+// Pass 2 over a row: what one element adds to accumulator 4.
+FUSEGEN_HD void forward_pass2(float in_x, float in_t_x, const float* row, float* v) {
+  v[4] = (in_t_x + (-(row[1]/row[2])))*fusegen::approx_exp(in_x - row[0]);
+}
+FUSEGEN_HD void forward_init2(float* acc) {
+  acc[4] = 0.0f;
+}
+FUSEGEN_HD void forward_combine2(float* acc, const float* other) {
+  acc[4] = fusegen::row_add(acc[4], other[4]);
+}
+FUSEGEN_HD void forward_finish2(float /*n*/, const float* acc, float* row) {
+  row[4] = acc[4];
+}
+
+// The output of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void forward_outputs(float in_x, float in_t_x, const float* row, float& out) {
+  const float t0 = fusegen::approx_exp(in_x - row[0]);
+  out = fusegen::approx_div((in_t_x + (-(row[1]/row[2])))*t0,
+      row[3]) + -row[4]*fusegen::approx_div(fusegen::approx_div(t0, row[3]), row[3]);
+}
+
+// Pass 0 over a row: what one element adds to accumulator 0.
+FUSEGEN_HD void backward_pass0(float in_x, float* v) {
+  v[0] = in_x;
+}
+FUSEGEN_HD void backward_init0(float* acc) {
+  acc[0] = -INFINITY;
+}
+FUSEGEN_HD void backward_combine0(float* acc, const float* other) {
+  acc[0] = fusegen::maximum(acc[0], other[0]);
+}
+FUSEGEN_HD void backward_finish0(float /*n*/, const float* acc, float* row) {
+  row[0] = acc[0];
+}
+
+// Pass 1 over a row: what one element adds to accumulators 1, 2, 3, 4.
+FUSEGEN_HD void backward_pass1(float dout, float in_x, float in_t_x, const float* row, float* v) {
+  const float t0 = (in_x == row[0] ? 1.0f : 0.0f);
+  const float t1 = fusegen::approx_exp(in_x - row[0]);
+  v[1] = in_t_x*t0;
+  v[2] = t0;
+  v[3] = t1;
+  v[4] = dout*t1;
+}
+FUSEGEN_HD void backward_init1(float* acc) {
+  acc[1] = 0.0f;
+  acc[2] = 0.0f;
+  acc[3] = 0.0f;
+  acc[4] = 0.0f;
+}
+FUSEGEN_HD void backward_combine1(float* acc, const float* other) {
+  acc[1] = fusegen::row_add(acc[1], other[1]);
+  acc[2] = fusegen::row_add(acc[2], other[2]);
+  acc[3] = fusegen::row_add(acc[3], other[3]);
+  acc[4] = fusegen::row_add(acc[4], other[4]);
+}
+FUSEGEN_HD void backward_finish1(float /*n*/, const float* acc, float* row) {
+  row[1] = acc[1];
+  row[2] = acc[2];
+  row[3] = acc[3];
+  row[4] = -(1.0f/row[3])*(1.0f/row[3])*acc[4];
+}
+
+// Pass 2 over a row: what one element adds to accumulator 5.
+FUSEGEN_HD void backward_pass2(float in_x, float in_t_x, const float* row, float* v) {
+  v[5] = (in_t_x + (-(row[1]/row[2])))*fusegen::approx_exp(in_x - row[0]);
+}
+FUSEGEN_HD void backward_init2(float* acc) {
+  acc[5] = 0.0f;
+}
+FUSEGEN_HD void backward_combine2(float* acc, const float* other) {
+  acc[5] = fusegen::row_add(acc[5], other[5]);
+}
+FUSEGEN_HD void backward_finish2(float /*n*/, const float* acc, float* row) {
+  row[5] = acc[5];
+}
+
+// Pass 3 over a row: what one element adds to accumulator 6.
+FUSEGEN_HD void backward_pass3(float dout, float in_x, float in_t_x, const float* row, float* v) {
+  const float t0 = dout*(-row[5]);
+  const float t1 = fusegen::approx_exp(in_x - row[0]);
+  const float t2 = fusegen::approx_div(fusegen::approx_div(t1, row[3]), row[3]);
+  v[6] = -t0*fusegen::approx_div(t2, row[3]) + -fusegen::approx_div(t0,
+      row[3])*t2 + -dout*fusegen::approx_div(fusegen::approx_div((in_t_x + (-(row[1]/row[2])))*t1,
+      row[3]), row[3]);
+}
+FUSEGEN_HD void backward_init3(float* acc) {
+  acc[6] = 0.0f;
+}
+FUSEGEN_HD void backward_combine3(float* acc, const float* other) {
+  acc[6] = fusegen::row_add(acc[6], other[6]);
+}
+FUSEGEN_HD void backward_finish3(float /*n*/, const float* acc, float* row) {
+  row[6] = acc[6];
+}
+
+// The outputs of one element, from its inputs and the row's values, in float.
+FUSEGEN_HD void backward_outputs(float dout, float in_x, float in_t_x, const float* row,
+    float& grad_x, float& grad_t_x) {
+  const float t0 = row[4] + fusegen::approx_div(dout, row[3]);
+  const float t1 = fusegen::approx_exp(in_x - row[0]);
+  grad_x = (fusegen::approx_div(fusegen::approx_div(dout*(-row[5]), row[3]),
+      row[3]) + row[6] + t0*(in_t_x + (-(row[1]/row[2]))))*t1;
+  grad_t_x = t0*t1;
+}
+
+template <typename T>
+struct Forward {
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax_jvp::approx::Forward";
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
+  static constexpr int kInputs = 2;
+  static constexpr int kOutputs = 1;
+  static constexpr int kRows = 5;    // values per row (one per accumulator)
+  static constexpr int kPasses = 3;  // passes over a row before the outputs'
+  // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
+  FUSEGEN_HD static constexpr int pass_begin(int p) {
+    constexpr int kBegin[] = {0, 1, 4, 5};
+    return kBegin[p];
+  }
+  // Whether output k is one value per row (its tensor's last dimension is 1).
+  FUSEGEN_HD static constexpr bool per_row(int k) {
+    constexpr bool kPerRow[] = {false};
+    return kPerRow[k];
+  }
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false};
+    return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true};
+    return kInPasses[i];
+  }
+  template <int kP>
+  FUSEGEN_HD void init(T* acc) const {
+    if constexpr (kP == 0) {
+      forward_init0(acc);
+    } else if constexpr (kP == 1) {
+      forward_init1(acc);
+    } else if constexpr (kP == 2) {
+      forward_init2(acc);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
+    if constexpr (kP == 0) {
+      forward_pass0(x[0], v);
+    } else if constexpr (kP == 1) {
+      forward_pass1(x[0], x[1], row, v);
+    } else if constexpr (kP == 2) {
+      forward_pass2(x[0], x[1], row, v);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void combine(T* acc, const T* other) const {
+    if constexpr (kP == 0) {
+      forward_combine0(acc, other);
+    } else if constexpr (kP == 1) {
+      forward_combine1(acc, other);
+    } else if constexpr (kP == 2) {
+      forward_combine2(acc, other);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
+    if constexpr (kP == 0) {
+      forward_finish0(n, acc, row);
+    } else if constexpr (kP == 1) {
+      forward_finish1(n, acc, row);
+    } else if constexpr (kP == 2) {
+      forward_finish2(n, acc, row);
+    }
+  }
+  FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                             [[maybe_unused]] T col, T* y) const {
+    forward_outputs(x[0], x[1], row, y[0]);
+  }
+};
+
+template <typename T>
+struct Backward {
+  // Its name in the kernel source.
+  static constexpr const char* kName = "fusegen::op_softmax_jvp::approx::Backward";
+#ifdef FUSEGEN_RTC_HOST
+  static const RtcSource& source() { return rtc_source(); }
+#endif
+  static constexpr int kInputs = 3;
+  static constexpr int kOutputs = 2;
+  static constexpr int kRows = 7;    // values per row (one per accumulator)
+  static constexpr int kPasses = 4;  // passes over a row before the outputs'
+  // Pass p's accumulators are pass_begin(p) .. pass_begin(p + 1) - 1.
+  FUSEGEN_HD static constexpr int pass_begin(int p) {
+    constexpr int kBegin[] = {0, 1, 5, 6, 7};
+    return kBegin[p];
+  }
+  // Whether output k is one value per row (its tensor's last dimension is 1).
+  FUSEGEN_HD static constexpr bool per_row(int k) {
+    constexpr bool kPerRow[] = {false, false};
+    return kPerRow[k];
+  }
+  // Whether output k is stored in T, not in the op's dtype: a row value the forward saves
+  // for its backward.
+  FUSEGEN_HD static constexpr bool raw(int k) {
+    constexpr bool kRaw[] = {false, false};
+    return kRaw[k];
+  }
+  // Whether input i arrives in T, one value per row: a gather's index (its integers
+  // converted: the op's dtype may not hold them, bf16 has 8 significant bits) or a row
+  // value the forward saved.
+  FUSEGEN_HD static constexpr bool index(int i) {
+    constexpr bool kIndex[] = {false, false, false};
+    return kIndex[i];
+  }
+  // Whether a pass over the row reads input i (the CUDA kernels hold those of a row that
+  // fits in registers; the outputs read the others once).
+  FUSEGEN_HD static constexpr bool in_passes(int i) {
+    constexpr bool kInPasses[] = {true, true, true};
+    return kInPasses[i];
+  }
+  template <int kP>
+  FUSEGEN_HD void init(T* acc) const {
+    if constexpr (kP == 0) {
+      backward_init0(acc);
+    } else if constexpr (kP == 1) {
+      backward_init1(acc);
+    } else if constexpr (kP == 2) {
+      backward_init2(acc);
+    } else if constexpr (kP == 3) {
+      backward_init3(acc);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void pass([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                       [[maybe_unused]] T col, T* v) const {
+    if constexpr (kP == 0) {
+      backward_pass0(x[1], v);
+    } else if constexpr (kP == 1) {
+      backward_pass1(x[0], x[1], x[2], row, v);
+    } else if constexpr (kP == 2) {
+      backward_pass2(x[1], x[2], row, v);
+    } else if constexpr (kP == 3) {
+      backward_pass3(x[0], x[1], x[2], row, v);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void combine(T* acc, const T* other) const {
+    if constexpr (kP == 0) {
+      backward_combine0(acc, other);
+    } else if constexpr (kP == 1) {
+      backward_combine1(acc, other);
+    } else if constexpr (kP == 2) {
+      backward_combine2(acc, other);
+    } else if constexpr (kP == 3) {
+      backward_combine3(acc, other);
+    }
+  }
+  template <int kP>
+  FUSEGEN_HD void finish([[maybe_unused]] const T* x, T n, const T* acc, T* row) const {
+    if constexpr (kP == 0) {
+      backward_finish0(n, acc, row);
+    } else if constexpr (kP == 1) {
+      backward_finish1(n, acc, row);
+    } else if constexpr (kP == 2) {
+      backward_finish2(n, acc, row);
+    } else if constexpr (kP == 3) {
+      backward_finish3(n, acc, row);
+    }
+  }
+  FUSEGEN_HD void operator()([[maybe_unused]] const T* x, [[maybe_unused]] const T* row,
+                             [[maybe_unused]] T col, T* y) const {
+    backward_outputs(x[0], x[1], x[2], row, y[0], y[1]);
+  }
+};
+
+}  // namespace approx
 
 }  // namespace fusegen::op_softmax_jvp

@@ -69,6 +69,13 @@ template <> __device__ __forceinline__ BFloat16 from_acc<BFloat16>(float x) {
 #endif
   return b;
 }
+// Asks for the line at p in L2, holding no register for it (a row kernel's input that only
+// its outputs read, after the passes: fusegen-cuda-rows.cuh).
+__device__ __forceinline__ void prefetch_l2([[maybe_unused]] const void* p) {
+#ifdef __CUDA_ARCH__
+  asm volatile("prefetch.L2 [%0];" ::"l"(p));
+#endif
+}
 #endif  // FUSEGEN_DEVICE_CODE
 
 // kVec elements moved as one 16-byte access (float4 for fp32, 8 x fp16/bf16, 2 x fp64).

@@ -64,8 +64,25 @@ struct RowArgs {
   unsigned summed_bits;
 };
 
-// The inputs a row cache holds: those that are not a gather's index (which arrives in the
-// compute type, one value per row).
+// Whether a row cache (RowCache) holds input i: not a gather's index or a saved row value
+// (which arrive in the compute type, one value per row), and, unless kEvery, one that a
+// pass over the row reads (F::in_passes). The outputs read the others from memory once, so
+// holding them through the passes would only take registers: LayerNorm's forward reads its
+// weight and bias in its outputs alone (bf16 rows of 4096: 109 registers a thread holding
+// all three inputs). A summing kernel (kEvery) holds every input, keeping a weight's vectors
+// from row to row. FUSEGEN_ROW_HOLD_ALL=1 holds every input in every kernel (a macro, to
+// measure).
+#ifndef FUSEGEN_ROW_HOLD_ALL
+#define FUSEGEN_ROW_HOLD_ALL 0
+#endif
+template <typename F, bool kEvery>
+FUSEGEN_HD_CONSTEXPR bool row_holds(int i) {
+  return !F::index(i) && (kEvery || FUSEGEN_ROW_HOLD_ALL || F::in_passes(i));
+}
+
+// The inputs read along the row (not a gather's index or a saved row value). Which rows are
+// held (row_cache_vectors) counts them all, as a summing kernel holds them: the rule the
+// launch shapes were measured on, also where a kernel holds fewer.
 template <typename F>
 FUSEGEN_HD_CONSTEXPR int row_cached_inputs() {
   int n = 0;
@@ -122,10 +139,11 @@ constexpr int kRowVec = kVector ? kVecWidth<S> : 1;
 // A thread's share of a row held in registers (kIters > 0: fusegen-runtime.h,
 // row_cache_vectors): v[t][i] is input i's 16-byte vector at element (t * kRowThreads +
 // lane) * kVec, in the storage type (half the registers of the compute type for 16-bit
-// rows). Inputs of stride 0 along the row and a gather's index are not held: they are one
-// value per row, read where used.
-template <typename S, typename F, int kIters>
+// rows), for the inputs it holds (row_holds<F, kEvery>). Inputs of stride 0 along the row
+// are not held either: they are one value per row, read where used.
+template <typename S, typename F, int kIters, bool kEvery = false>
 struct RowCache {
+  FUSEGEN_HD_CONSTEXPR static bool holds(int i) { return kIters > 0 && row_holds<F, kEvery>(i); }
   Vec<S, kVecWidth<S>> v[kIters > 0 ? kIters : 1][F::kInputs > 0 ? F::kInputs : 1];
 };
 
@@ -150,11 +168,11 @@ __device__ __forceinline__ void row_each(int64_t length, int lane, Body&& body,
 }
 
 // The kVec elements from j of every input, in the compute type: x[e][i] is element j + e of
-// input i (an input of stride 0 along the row is read once), from the row cache c[t] when
-// there is one.
-template <typename S, typename F, bool kVector, int kIters, int kN>
+// input i (an input of stride 0 along the row is read once), from the row cache c[t] where
+// it holds the input.
+template <typename S, typename F, bool kVector, int kIters, bool kEvery, int kN>
 __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* base, int64_t j,
-                                           const RowCache<S, F, kIters>& c, int t,
+                                           const RowCache<S, F, kIters, kEvery>& c, int t,
                                            acc_t<S> (*x)[F::kInputs > 0 ? F::kInputs : 1]) {
   constexpr int kVec = kRowVec<S, kVector>;
 #pragma unroll
@@ -167,11 +185,12 @@ __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* ba
 #pragma unroll
       for (int e = 0; e < kVec; ++e) x[e][i] = value;
     } else {
+      const auto* p = reinterpret_cast<const Vec<S, kVec>*>(base[k] + j * sizeof(S));
       Vec<S, kVec> v;
       if constexpr (kIters > 0) {
-        v = c.v[t][i];
+        v = c.holds(i) ? c.v[t][i] : *p;
       } else {
-        v = *reinterpret_cast<const Vec<S, kVec>*>(base[k] + j * sizeof(S));
+        v = *p;
       }
 #pragma unroll
       for (int e = 0; e < kVec; ++e) x[e][i] = to_acc(v.v[e]);
@@ -181,16 +200,22 @@ __device__ __forceinline__ void row_inputs(const RowArgs<kN>& a, char* const* ba
 
 // A row's vectors loaded into the row cache, every load issued before any pass waits on one
 // (kRowsOnly: not those of an input of one value per column, already there).
-template <typename S, typename F, int kRowThreads, bool kRowsOnly = false, int kIters, int kN>
+template <typename S, typename F, int kRowThreads, bool kRowsOnly = false, int kIters, bool kEvery,
+          int kN>
 __device__ __forceinline__ void row_load(const RowArgs<kN>& a, char* const* base, int lane,
-                                         RowCache<S, F, kIters>& c) {
+                                         RowCache<S, F, kIters, kEvery>& c) {
   if constexpr (kIters > 0) {
     row_each<kRowThreads, kVecWidth<S>, kIters>(a.length, lane, [&](int t, int64_t j) {
 #pragma unroll
       for (int i = 0; i < F::kInputs; ++i) {
         const int k = F::kOutputs + i;
         if (F::index(i) || a.along[k] == 0 || (kRowsOnly && a.next[k] == 0)) continue;
-        c.v[t][i] = *reinterpret_cast<const Vec<S, kVecWidth<S>>*>(base[k] + j * sizeof(S));
+        const char* p = base[k] + j * sizeof(S);
+        if (c.holds(i)) {
+          c.v[t][i] = *reinterpret_cast<const Vec<S, kVecWidth<S>>*>(p);
+        } else if (a.next[k] != 0) {  // (the outputs alone read it: in L2 by then)
+          prefetch_l2(p);
+        }
       }
     });
   }
@@ -205,9 +230,10 @@ __device__ __forceinline__ void row_firsts(char* const* base, A* first) {
 }
 
 // Pass kP's values of the kVec elements from j of a row, combined into acc.
-template <int kP, typename S, typename F, bool kVector, int kIters, int kN>
+template <int kP, typename S, typename F, bool kVector, int kIters, bool kEvery, int kN>
 __device__ __forceinline__ void row_accumulate(const F& f, const RowArgs<kN>& a, char* const* base,
-                                               int64_t j, const RowCache<S, F, kIters>& c, int t,
+                                               int64_t j, const RowCache<S, F, kIters, kEvery>& c,
+                                               int t,
                                                const acc_t<S>* row, acc_t<S>* acc) {
   using A = acc_t<S>;
   constexpr int kVec = kRowVec<S, kVector>;
@@ -221,9 +247,10 @@ __device__ __forceinline__ void row_accumulate(const F& f, const RowArgs<kN>& a,
   }
 }
 
-template <int kP, typename S, typename F, int kRowThreads, bool kVector, int kIters, int kN>
+template <int kP, typename S, typename F, int kRowThreads, bool kVector, int kIters, bool kEvery,
+          int kN>
 __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, char* const* base,
-                                           int lane, const RowCache<S, F, kIters>& c,
+                                           int lane, const RowCache<S, F, kIters, kEvery>& c,
                                            const acc_t<S>* first, acc_t<S>* row,
                                            acc_t<S> (*shared)[kRowSlots<F>]) {
   if constexpr (kP < F::kPasses) {
@@ -241,9 +268,10 @@ __device__ __forceinline__ void row_passes(const F& f, const RowArgs<kN>& a, cha
 }
 
 // The outputs of the kVec elements from j of a row: y[e][k] is output k of element j + e.
-template <typename S, typename F, bool kVector, int kIters, int kN>
+template <typename S, typename F, bool kVector, int kIters, bool kEvery, int kN>
 __device__ __forceinline__ void row_outputs(const F& f, const RowArgs<kN>& a, char* const* base,
-                                            int64_t j, const RowCache<S, F, kIters>& c, int t,
+                                            int64_t j, const RowCache<S, F, kIters, kEvery>& c,
+                                            int t,
                                             const acc_t<S>* row, acc_t<S> (*y)[F::kOutputs]) {
   constexpr int kVec = kRowVec<S, kVector>;
   acc_t<S> x[kVec][F::kInputs > 0 ? F::kInputs : 1];
@@ -274,9 +302,9 @@ __device__ __forceinline__ void row_store(const RowArgs<kN>& a, char* const* bas
 }
 
 // The outputs of the kVec elements from j of a row, written into their rows.
-template <typename S, typename F, bool kVector, int kIters, int kN>
+template <typename S, typename F, bool kVector, int kIters, bool kEvery, int kN>
 __device__ __forceinline__ void row_write(const F& f, const RowArgs<kN>& a, char* const* base,
-                                          int64_t j, const RowCache<S, F, kIters>& c, int t,
+                                          int64_t j, const RowCache<S, F, kIters, kEvery>& c, int t,
                                           const acc_t<S>* row) {
   acc_t<S> y[kRowVec<S, kVector>][F::kOutputs];
   row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
@@ -341,7 +369,7 @@ __launch_bounds__(row_block(kRowThreads), kSums ? row_sum_blocks_per_sm(sizeof(S
   const int64_t first = int64_t(blockIdx.x) * kGroups + threadIdx.x / kRowThreads;
   char* base[kN];
   A row[kRowSlots<F>];
-  RowCache<S, F, kCache> c;
+  RowCache<S, F, kCache, kSums> c;
   if constexpr (!kSums) {
     if (first >= a.rows) return;  // whole warps (kRowThreads 32) or the whole block
     row_bases(a, first, base);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU facts, the seed check, the CUDA tests, the benchmarks. Logs to $OUT.
-#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|row_half|row_split|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
+#   run from the repo root on the GPU machine:  bash tests/gpu/h200_run.sh [check|rtc|tests|bench|gp|build|optim|rope|rows|rows_profile|row_half|row_split|row_ab|dropout|block|compile|narrow|tiles|accumulating|random_width|row_unroll|vector|all]
 # One mode is one device call of 1-7 minutes (H200: rtc 2.5 min, bench about 3, build 1.5,
 # rows 3.5); `all` is more than the 10 minutes a call may run and brings back more than the
 # 8 files a call returns, so split it over calls. The whole CUDA suite is `rtc`, `tests` and
@@ -169,6 +169,18 @@ if [[ $what == row_split ]]; then
     with_flags "row-split-$value" "-DFUSEGEN_ROW_SPLIT=$value" python3 -m fusegen.bench rows \
       --ops softmax,layernorm,crossentropy --dtypes bf16,fp32 --rows 16,64 --hidden 65536,262144 \
       --impls $impls --json "$OUT/row_split_$value.json" 2>&1 | tee -a "$OUT/row_split.log"
+    status=$((status | ${PIPESTATUS[0]}))
+  done
+fi
+# The row kernels' approximate exp and division for fp16/bf16 (fusegen-math.h) and holding
+# only the inputs a pass reads (fusegen-cuda-rows.cuh, row_holds): the default build against
+# one without either (FUSEGEN_APPROX_MATH=0, FUSEGEN_ROW_HOLD_ALL=1), both on the nvcc route.
+if [[ $what == row_ab ]]; then
+  for flags in "" "-DFUSEGEN_APPROX_MATH=0 -DFUSEGEN_ROW_HOLD_ALL=1"; do
+    echo "== NVCC_APPEND_FLAGS=$flags" | tee -a "$OUT/row_ab.log"
+    with_flags "row-ab-$(echo "$flags" | md5sum | cut -c1-8)" "$flags" python3 -m fusegen.bench rows \
+      --ops softmax,layernorm,resnorm,crossentropy --dtypes bf16,fp32 --rows 16384 \
+      --impls fusegen 2>&1 | tee -a "$OUT/row_ab.log"
     status=$((status | ${PIPESTATUS[0]}))
   done
 fi
