@@ -81,6 +81,30 @@ def test_a_gradient_or_loss_curve_further_from_float64_than_eager_fails_the_chec
     assert rows[3]["grad_worst"]["name"] == "loss"
 
 
+def test_the_timed_steps_take_turns_and_a_failing_peer_leaves_the_rounds():
+    """Each round runs every variant in turn, the order rotating, an untimed step before each
+    variant's share of the steps: no variant is timed only at the run's end, after the GPU's
+    clocks have drifted. A variant whose step fails is reported and the others go on."""
+    calls, failures = [], []
+
+    def running(name, fails=False):
+        def step():
+            if fails and len(calls) > 4:
+                raise RuntimeError("out of memory")
+            calls.append(name)
+        return block._Running(name, None, None, step, {"variant": name, "times": []})
+
+    variants = [running("eager"), running("compile"), running("liger", fails=True)]
+    args = type("Args", (), {"rounds": 2, "steps": 3})()
+    block.time_variants(variants, args, "cpu", lambda name, err: failures.append((name, str(err))))
+    # round 1: an untimed step and two timed ones each, from eager (liger's first step fails);
+    # round 2: an untimed step and one timed, from the second variant
+    assert calls == ["eager"] * 3 + ["compile"] * 3 + ["compile"] * 2 + ["eager"] * 2
+    assert [v.name for v in variants] == ["eager", "compile"]
+    assert [len(v.row["times"]) for v in variants] == [3, 3]
+    assert failures == [("liger", "out of memory")]
+
+
 def _nodes(fn) -> list:
     """Every node of the autograd graph from `fn`."""
     seen, todo = [], [fn]

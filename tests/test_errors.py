@@ -81,6 +81,15 @@ def test_wrong_number_of_arguments(corpus_ops, args, kwargs, message):
     assert "fusegen op 'cp_fma'" in text and message in text and "cp_fma(a, b, c)" in text
 
 
+@pytest.mark.parametrize("positional, keywords", [("ab", "c"), ("a", "cb"), ("", "bac")])
+def test_keywords_in_any_order_bind_as_positional_arguments(corpus_ops, positional, keywords):
+    """The trailing parameters by keyword (`op(x, w, eps=1e-6)`) take a placement without a
+    Signature; any mix gives what the positional call gives."""
+    named = {p: torch.full((3,), v) for p, v in zip("abc", (2.0, 3.0, 4.0))}
+    out = corpus_ops["cp_fma"](*(named[p] for p in positional), **{k: named[k] for k in keywords})
+    torch.testing.assert_close(out, torch.full((3,), 10.0))
+
+
 def test_an_unexpected_keyword_is_named_before_a_missing_one(corpus_ops, decorated_fma):
     """`fma(a=, b=, d=)`: the misspelt keyword is the culprit, not the 'c' it left out."""
     for op, who in ((corpus_ops["cp_fma"], "fusegen op 'cp_fma'"), (decorated_fma, "@fused function 'err_fma'")):

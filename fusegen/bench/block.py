@@ -1,7 +1,7 @@
 """One training step of a small Llama-style decoder, five ways: `fusegen bench block`.
 
     fusegen bench block [--layers 4] [--hidden 2048] [--heads 16] [--head-dim 128] [--mlp 5632]
-                        [--vocab 32000] [--batch 4] [--seq 2048] [--steps 10] [--check-steps 20]
+                        [--vocab 32000] [--batch 4] [--seq 2048] [--steps 10] [--rounds 5] [--check-steps 20]
                         [--variants eager,compile,fusegen,fusegen+compile,liger] [--no-compile]
                         [--quick] [--device auto|cuda|cpu] [--json out.json]
 
@@ -49,10 +49,15 @@ same at every step, so that the loss falls and its curve follows the gradients):
 
 Times: CUDA events around each step (perf_counter on a CPU), the median over `--steps`
 steps with the spread (half the interquartile range, % of the median), tokens per second, the
-speed-up over eager, and the peak of allocated CUDA memory during the variant's steps. Before
-them, `--check-steps` steps (the warm-up, compiles included) record each variant's loss
-curve from the same initial weights, each step on a batch of its own (the same batches for
-every variant); the timed steps repeat the first batch.
+speed-up over eager, and the peak of allocated CUDA memory during the variant's check steps
+(beyond what the models built before it hold). Before them, `--check-steps` steps (the
+warm-up, compiles included) record each variant's loss curve from the same initial weights,
+each step on a batch of its own (the same batches for every variant); the timed steps repeat
+the first batch. Every variant's model stays resident until the end, and the timed steps run
+in `--rounds` rounds of every variant in turn (the order rotating; an untimed step before
+each variant's share, so that the host is ahead of the GPU as in training): a drift of the
+GPU's clocks over the run, or a slow spell of the host, falls on every variant alike instead
+of on the ones timed last.
 
 Two checks, both against the eager model in float64 from the same weights (the rule torch's
 own benchmark suite uses against a float64 reference: no worse than eager's rounding, give
@@ -324,9 +329,24 @@ def _sync(device: str):
         torch.cuda.synchronize()
 
 
-def run_variant(name: str, kernels: Kernels, cfg: Config, weights: dict, data: list, args, device: str) -> dict:
-    """One variant: the loss curve of `check_steps` steps from `weights` (the warm-up), one
-    batch of `data` each, then `steps` timed steps on the first."""
+@dataclass
+class _Running:
+    """A variant between its check steps and its gradient check: its model, its step, and
+    its row as far as measured."""
+
+    name: str
+    model: nn.Module
+    forward: Callable
+    step: Callable  # one training step on the first batch
+    row: dict
+
+
+def start_variant(name: str, kernels: Kernels, cfg: Config, weights: dict, data: list, args,
+                  device: str) -> _Running:
+    """One variant's model from `weights` and the loss curve of `check_steps` steps (the
+    warm-up), one batch of `data` each; its peak memory is counted from the memory in use
+    before its model was built (other variants' models stay resident until their checks)."""
+    base = torch.cuda.memory_allocated() if device == "cuda" else 0
     with torch.device(device):  # built where it runs: no host-side initialization of weights overwritten next
         model = Decoder(cfg, kernels).to(device=device, dtype=weights["embed.weight"].dtype)
     model.load_state_dict(weights)
@@ -347,16 +367,39 @@ def run_variant(name: str, kernels: Kernels, cfg: Config, weights: dict, data: l
     _sync(device)
     first_s = time.perf_counter() - started
     losses = torch.stack([first] + [step(*b) for b in data[1:]]).float().tolist()
-    times = _timed(lambda: step(*data[0]), args.steps, device)
-    peak = torch.cuda.max_memory_allocated() if device == "cuda" else None  # before the check's pass
-    model.load_state_dict(weights)
-    grads = gradients(forward, model, data[0])
-    row = {"variant": name, "ms": statistics.median(times), "min": min(times), "max": max(times),
-           "spread_pct": spread_pct(times), "samples": len(times), "first_step_s": first_s,
-           "tokens_per_s": cfg.batch * cfg.seq / (statistics.median(times) / 1e3), "optimizer": kind,
-           "losses": losses, "grads": grads}
-    if peak is not None:
-        row["peak_gib"] = peak / 2**30
+    _sync(device)
+    row = {"variant": name, "first_step_s": first_s, "optimizer": kind, "losses": losses, "times": []}
+    if device == "cuda":
+        row["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return _Running(name, model, forward, lambda: step(*data[0]), row)
+
+
+def time_variants(running: list, args, device: str, failed: Callable) -> None:
+    """The timed steps, `--rounds` rounds of every variant in turn, the order rotating each
+    round: one untimed step (so that the host runs ahead of the GPU, as in training), then
+    the variant's share of `--steps`. A drift of the GPU's clocks over the run falls on every
+    variant alike, not on the ones timed last. A variant whose step fails leaves the rounds
+    (`failed` reports it)."""
+    rounds = max(1, min(args.rounds, args.steps))
+    for i in range(rounds):
+        share = args.steps // rounds + (i < args.steps % rounds)
+        for v in running[i % len(running):] + running[:i % len(running)]:
+            try:
+                v.row["times"] += _timed(v.step, share, device, untimed=1)
+            except Exception as err:  # a peer failing (OOM, a Triton error): reported, the rest go on
+                running.remove(v)
+                failed(v.name, err)
+
+
+def finish_variant(v: _Running, cfg: Config, weights: dict, data: list) -> dict:
+    """The variant's row: its times' statistics and its gradients of the first batch from
+    the initial weights."""
+    row, times = v.row, v.row.pop("times")
+    v.model.load_state_dict(weights)
+    grads = gradients(v.forward, v.model, data[0])
+    row.update({"ms": statistics.median(times), "min": min(times), "max": max(times),
+                "spread_pct": spread_pct(times), "samples": len(times),
+                "tokens_per_s": cfg.batch * cfg.seq / (statistics.median(times) / 1e3), "grads": grads})
     return row
 
 
@@ -399,10 +442,12 @@ def grad_errors(grads: dict, ref: dict) -> dict:
     return {k: float((g - ref[k]).norm() / ref[k].norm().clamp_min(1e-300)) for k, g in grads.items()}
 
 
-def _timed(step, steps: int, device: str) -> list[float]:
-    """Milliseconds of each step: CUDA events recorded around every step and read after the
-    last one (one synchronization, so that the host runs ahead as in training), or
-    perf_counter on a CPU."""
+def _timed(step, steps: int, device: str, untimed: int = 0) -> list[float]:
+    """Milliseconds of each of `steps` steps after `untimed` more: CUDA events recorded
+    around every step and read after the last one (one synchronization, so that the host
+    runs ahead as in training), or perf_counter on a CPU."""
+    for _ in range(untimed):
+        step()
     if device != "cuda":
         times = []
         for _ in range(steps):
@@ -412,7 +457,6 @@ def _timed(step, steps: int, device: str) -> list[float]:
         return times
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(steps)]
-    torch.cuda.synchronize()
     for start, end in events:
         start.record()
         step()
@@ -429,7 +473,8 @@ def _release(device: str):
 def run(cfg: Config, dtype, wanted, args, device: str) -> dict:
     configure_compile(False, 1)
     result = {"device": device_info(device), "config": asdict(cfg), "dtype": dtype_name(dtype),
-              "liger_kernel": _version("liger-kernel"), "steps": args.steps, "check_steps": args.check_steps,
+              "liger_kernel": _version("liger-kernel"), "steps": args.steps,
+              "rounds": max(1, min(args.rounds, args.steps)), "check_steps": args.check_steps,
               "lr": args.lr, "grad_multiplier": GRAD_MULTIPLIER, "grad_floor": GRAD_FLOOR[dtype],
               "loss_floor": LOSS_FLOOR[dtype],
               "rows": [], "skipped": []}
@@ -456,6 +501,13 @@ def run(cfg: Config, dtype, wanted, args, device: str) -> dict:
     ref = reference(cfg, weights, data, args, device)
     result["float64_losses"] = ref["losses"]
     _release(device)
+    running = []
+
+    def failed(name: str, err: Exception):
+        if name in ("eager", "fusegen"):
+            raise err
+        skipped.append({"variant": name, "reason": failure(err)})
+
     for name in VARIANTS:
         if name not in wanted:
             skipped.append({"variant": name, "reason": "not in --variants"})
@@ -465,20 +517,21 @@ def run(cfg: Config, dtype, wanted, args, device: str) -> dict:
             continue
         print(f"  {name} ...", flush=True)
         try:
-            row = run_variant(name, kernels[name](), cfg, weights, data, args, device)
-            row["grad_errors"] = grad_errors(row.pop("grads"), ref["grads"])
-            rows.append(row)
+            running.append(start_variant(name, kernels[name](), cfg, weights, data, args, device))
         except LookupError as err:  # a peer that is not here: its reason
             skipped.append({"variant": name, "reason": str(err).strip("'\"")})
         except Exception as err:  # a peer failing (OOM, a Triton or compile error): reported, the run goes on
-            if name in ("eager", "fusegen"):
-                raise
-            skipped.append({"variant": name, "reason": failure(err)})
-        if name in COMPILED:  # dynamo's cache holds the compiled step: let its memory go
-            torch._dynamo.reset()
+            failed(name, err)
         _release(device)
-        if args.json:  # after each variant: a run cut short keeps what it measured
-            write_text(args.json, json.dumps(result, indent=1) + "\n")
+    print(f"  timing {len(running)} variants in {result['rounds']} rounds ...", flush=True)
+    time_variants(running, args, device, failed)
+    for v in running:
+        row = finish_variant(v, cfg, weights, data)
+        row["grad_errors"] = grad_errors(row.pop("grads"), ref["grads"])
+        rows.append(row)
+    del running
+    torch._dynamo.reset()  # dynamo's cache holds the compiled steps: let their memory go
+    _release(device)
     _check(result)
     if args.json:
         write_text(args.json, json.dumps(result, indent=1) + "\n")
@@ -549,7 +602,8 @@ def report(result: dict) -> None:
                  f"{r['loss_vs_float64']:.1e} {'ok' if r['loss_ok'] else 'over'}" if "loss_ok" in r else "-",
                  f"{r['first_step_s']:.1f}"]
         lines.append(line)
-    table(f"one training step (forward, backward, AdamW), median of {result['steps']} steps", columns, lines)
+    table(f"one training step (forward, backward, AdamW), median of {result['steps']} steps"
+          f" in {result.get('rounds', 1)} rounds of every variant in turn", columns, lines)
     for s in result["skipped"]:
         print(f"skipped  {s['variant']}: {s['reason']}")
     if "fusegen_build_s" in result:
@@ -566,6 +620,8 @@ def main(argv=None) -> int:
     for field in ("layers", "hidden", "heads", "head_dim", "mlp", "vocab", "batch", "seq"):
         p.add_argument(f"--{field.replace('_', '-')}", type=int, help="default: the device's configuration")
     p.add_argument("--steps", type=int, help=f"timed steps after the check steps (default: {STEPS})")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="the timed steps run in this many rounds of every variant in turn")
     p.add_argument("--check-steps", type=int, default=20,
                    help="steps from the initial weights whose losses are compared with eager's (the warm-up)")
     p.add_argument("--lr", type=float, default=1e-3)

@@ -1,7 +1,7 @@
 """Where a decoder block's training step spends its GPU time: torch.profiler's kernels of
 `fusegen bench block`'s model, one table per variant, grouped by kind of work.
 
-    python3 tests/gpu/block_profile.py [--variants eager,compile,fusegen] [--steps 5] [--top 25]
+    python3 tests/gpu/block_profile.py [--variants eager,compile,fusegen] [--steps 5] [--top 25] [--quick]
 
 Each variant warms up (compiles included), then `--steps` steps run under the profiler; the
 table gives each kernel's total time per step and its count per step, and a summary per group
@@ -42,7 +42,7 @@ def group_of(name: str) -> str:
 
 
 def profile_variant(name: str, args) -> tuple[dict, float]:
-    cfg = block.CUDA_CONFIG
+    cfg = block.QUICK_CONFIG if args.quick else block.CUDA_CONFIG
     dtype = torch.bfloat16
     kernels = {"eager": block.EAGER, "compile": block.EAGER}.get(name)
     if kernels is None:
@@ -106,6 +106,7 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default="eager,compile,fusegen")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--quick", action="store_true", help="`fusegen bench block --quick`'s smaller model")
     args = parser.parse_args(argv)
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     summaries = {}
