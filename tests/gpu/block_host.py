@@ -31,7 +31,7 @@ def main(argv=None) -> int:
                        vocab=args.hidden, batch=1, seq=args.rows)
     fused, eager = block.fusegen_kernels(), block.EAGER
     with torch.device(device):
-        model = block.Decoder(cfg, eager).to(dtype=dtype)
+        model = block.Decoder(cfg, eager).to(device=device, dtype=dtype)
 
     def leaf(*shape):
         return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
