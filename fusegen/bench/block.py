@@ -381,7 +381,7 @@ def time_variants(running: list, args, device: str, failed: Callable) -> None:
     variant alike, not on the ones timed last. A variant whose step fails leaves the rounds
     (`failed` reports it)."""
     rounds = max(1, min(args.rounds, args.steps))
-    for i in range(rounds):
+    for i in range(rounds if running else 0):
         share = args.steps // rounds + (i < args.steps % rounds)
         for v in running[i % len(running):] + running[:i % len(running)]:
             try:
