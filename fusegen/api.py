@@ -31,7 +31,7 @@ import torch
 from fusegen.pytorch import autograd as _autograd
 from fusegen.build import builder as _build
 from fusegen.pytorch import decompose as _decompose
-from fusegen.pytorch.binding import bind
+from fusegen.pytorch.binding import bind, place
 from fusegen.build import index as _index
 from fusegen.build import keys as _keys
 from fusegen.ir import names
@@ -301,16 +301,11 @@ class FusedOp:
         return _autograd.call(self.name, *as_tensors(args, self._tensors))
 
     def _with_keywords(self, args: tuple, kwargs: dict) -> tuple:
-        """The arguments in the parameters' order. The common call, `op(x, w, eps=1e-6)`, names
-        exactly the parameters after the positional ones: it is placed without binding a
-        Signature (15-25 us a call, as much as the op's own host time); anything else binds,
-        which reports what is wrong."""
-        rest = self.params[len(args):]
-        if len(rest) == len(kwargs):
-            try:
-                return args + tuple(kwargs[p] for p in rest)
-            except KeyError:
-                pass
+        """The arguments in the parameters' order: placed directly where they can be, else
+        bound (which reports what is wrong)."""
+        placed = place(self.params, args, kwargs)
+        if placed is not None:
+            return placed
         return bind(self._signature, args, kwargs, f"fusegen op '{self.name}'", self.name)
 
     def __repr__(self):

@@ -367,7 +367,6 @@ def start_variant(name: str, kernels: Kernels, cfg: Config, weights: dict, data:
     _sync(device)
     first_s = time.perf_counter() - started
     losses = torch.stack([first] + [step(*b) for b in data[1:]]).float().tolist()
-    _sync(device)
     row = {"variant": name, "first_step_s": first_s, "optimizer": kind, "losses": losses, "times": []}
     if device == "cuda":
         row["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30

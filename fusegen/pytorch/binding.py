@@ -22,3 +22,17 @@ def bind(signature: inspect.Signature, args, kwargs, who: str, name: str) -> tup
         raise TypeError(f"{who}: {err}; {expected}") from None
     bound.apply_defaults()
     return tuple(bound.arguments[p] for p in params)
+
+
+def place(params, args: tuple, kwargs: dict):
+    """The arguments in `params`' order when the keywords name exactly the parameters after
+    the positional ones (the common `op(x, w, eps=1e-6)`), placed without binding a
+    Signature (15-25 us a call, as much as an op's own host time); None otherwise, for
+    `bind` to place or report."""
+    rest = params[len(args):]
+    if len(rest) != len(kwargs):
+        return None
+    try:
+        return args + tuple(kwargs[p] for p in rest)
+    except KeyError:
+        return None

@@ -10,12 +10,11 @@ costs more than eager's, and whether its forward or its backward does.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
 from fusegen.bench import block
-from fusegen.bench.core import host_us
+from fusegen.bench.core import host_median_us
 
 
 def main(argv=None) -> int:
@@ -55,7 +54,7 @@ def main(argv=None) -> int:
         return run
 
     def us(fn):
-        return statistics.median(host_us(fn, device, args.calls) for _ in range(5))
+        return host_median_us(fn, device, args.calls, repeats=5)
 
     print(f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
           f"{args.rows} x {args.hidden} {dtype}: host us per call (median of 5 x {args.calls})")
