@@ -22,6 +22,46 @@ _BINARY = {p.node: fn.eager(p) for p in fn.PRIMITIVES if not p.tensor_args}
 _TENSOR_FUNCTIONS = {p.node: fn.eager(p) for p in fn.PRIMITIVES if p.tensor_args}
 
 
+_X, _RESULT, _GRAD = sympy.symbols("x result grad")
+
+
+def _result_gradient(p: fn.Primitive):
+    """The derivative (derivatives.yaml's formula, the table's `backward`) of a one-argument
+    elementwise primitive whose formula reads its result, in _X, _RESULT and _GRAD; None for
+    any other. (A row reduction's result is one value a row: saving it is the cheap side.)"""
+    if p.backward is None or p.node.nargs != sympy.FiniteSet(1) or p.node in fn.REDUCTION_NAMES.values():
+        return None
+    formulas = [f for _, f in p.backward((_X,), _RESULT, _GRAD)]  # none for detach
+    return formulas[0] if formulas and _RESULT in formulas[0].free_symbols else None
+
+
+# The primitives evaluate(recompute_results=True) wraps in _Recomputed, with their derivative.
+_RESULT_GRADIENTS = {p.node: f for p in fn.PRIMITIVES if (f := _result_gradient(p)) is not None}
+
+
+class _Recomputed(torch.autograd.Function):
+    """An elementwise primitive whose backward recomputes its result from its input and
+    applies the table's formula (eager's), instead of autograd saving the result. Under
+    torch.compile a saved result (sigmoid's, exp's, tanh's) reaches the backward through a
+    detach, which AOTAutograd's partitioner counts as materialized: it keeps the full-size
+    float32 tensor of a 16-bit op's float math (written by the forward, read by the
+    backward) rather than recompute it from the 16-bit input that the backward reads
+    anyway. Saving the input leaves the choice to the partitioner."""
+
+    @staticmethod
+    def forward(ctx, x, node):
+        ctx.node = node
+        ctx.save_for_backward(x)
+        return _TENSOR_FUNCTIONS[node](x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        values = {_X: x, _RESULT: _TENSOR_FUNCTIONS[ctx.node](x), _GRAD: grad}
+        (dx,) = evaluate([_RESULT_GRADIENTS[ctx.node]], values, x.shape, x.dtype, x.device)
+        return dx, None
+
+
 def promoted_dtype(tensors) -> torch.dtype:
     """torch's promotion over the tensors, as the runtime computes it (dimensioned tensors
     before 0-dim ones)."""
@@ -45,10 +85,17 @@ def index_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[torch.Tensor]:
+def evaluate(exprs, values: dict[str, object], shape, dtype, device,
+             recompute_results: bool = False, stored: torch.dtype | None = None) -> list[torch.Tensor]:
     """Each expression evaluated with torch ops over `values` (symbol -> tensor of `dtype`,
-    or Python float), broadcast to `shape`."""
+    or Python float), broadcast to `shape`. With `recompute_results`, the primitives whose
+    derivative reads their result recompute it in the backward (_Recomputed). With
+    `stored` (the outputs' dtype, narrower than `dtype`), an output that other outputs
+    read (`h = x + r; (h, norm(h))`) is read as stored, rounded to `stored`: as the same
+    statements compute in eager PyTorch, and as the kernels' backward reads a saved
+    output; the backward then needs that output in `stored`, not in `dtype`."""
     memo: dict = {}
+    shared = {e for e in exprs if not (isinstance(e, sympy.Symbol) or fn.is_number(e))} if stored else ()
 
     def tensor(v):
         if isinstance(v, torch.Tensor):
@@ -89,9 +136,13 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device) -> list[tor
                 it = iter(rest)
                 bounds = [None if v is None else next(it) for v in bounds]
             result = _TENSOR_FUNCTIONS[fn.Clamp](tensor(x), *bounds)
+        elif recompute_results and type(node) in _RESULT_GRADIENTS:
+            result = _Recomputed.apply(tensor(value(node.args[0])), type(node))
         else:
             f = _TENSOR_FUNCTIONS[type(node)]
             result = f(*(tensor(value(x)) for x in node.args))
+        if node in shared and isinstance(result, torch.Tensor) and result.dtype == dtype:
+            result = result.to(stored).to(dtype)
         memo[node] = result
         return result
 

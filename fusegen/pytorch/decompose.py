@@ -14,6 +14,16 @@ op (`FUSEGEN_COMPILE`, read when fusegen is imported; `DEFAULT` when unset):
   documented difference from the fused kernels, an unchosen `where` branch, then follows
   eager (NaN) instead. Eager calls keep the generated kernels.
 
+  Two choices keep a 16-bit op's float math out of the saved activations, which
+  AOTAutograd's partitioner would otherwise write in the forward and read in the
+  backward as float32 tensors of the input's size (composite.evaluate): a primitive
+  whose derivative reads its result (sigmoid, exp, tanh) recomputes it from its input
+  in the backward, with the same formula (derivatives.yaml's, the primitive table's);
+  and an output that other outputs read (`h = x + r; (h, norm(h))`) is read as stored,
+  rounded to the op's dtype, as the same statements compute in eager PyTorch and as the
+  kernels' backward reads the saved output (docs/benchmarks.md, the decoder block's
+  compiled step).
+
 How (both call paths, one mechanism): a Python-dispatcher kernel at the Autograd key of
 `<name>` and `<name>_backward` (`OpOverload.py_impl`). The C++ dispatcher consults Python
 kernels only while the Python dispatcher is enabled, which AOTAutograd does for every
@@ -121,7 +131,7 @@ def _install(op_name: str):
     def kernel(*args):
         if mode(base) == DECOMPOSE and _compiling():
             from fusegen.pytorch.derivatives import composite_outputs
-            return composite_outputs(autograd._info(op_name), args)
+            return composite_outputs(autograd._info(op_name), args, compiled=True)
         return overload._op_dk(autograd_key, *args)
 
     overload.py_impl(autograd_key)(kernel)

@@ -388,25 +388,31 @@ def _composite_forward(info: OpInfo, args):
     return composite_outputs(info, args)
 
 
-def composite_outputs(info: OpInfo, args):
+def composite_outputs(info: OpInfo, args, compiled: bool = False):
     """The op's outputs computed by eager torch ops of its expression (the op's own
     arguments and result: a backward op's requested gradients as a list), in float for a
-    16-bit op as its kernels compute: differentiable by autograd to any order, and what
-    torch.compile traces in "decompose" mode."""
+    16-bit op as its kernels compute: differentiable by autograd to any order. `compiled`:
+    the form torch.compile traces in "decompose" mode, whose backward AOTAutograd's
+    partitioner plans (composite.evaluate's recompute_results, and a forward's outputs
+    read by others as stored)."""
     tensors, scalars, mask = _split(info, args)
     values = _values(info, tensors, scalars)
     exprs = list(info.outputs) if mask is None else [e for e, m in zip(info.outputs, mask) if m]
     # A 0-d CPU tensor may come with CUDA tensors (as in eager): the result is on theirs.
     device = next((t.device for t in tensors if t.dim() > 0), tensors[0].device)
-    out = _evaluate(exprs, values, _shape(tensors), tensors, device)
+    out = _evaluate(exprs, values, _shape(tensors), tensors, device, compiled, stored=compiled and not info.backward)
     return out if info.backward else _results(info.joined, info.several, out)
 
 
-def _evaluate(exprs, values: dict, shape, tensors, device) -> list[torch.Tensor]:
+def _evaluate(exprs, values: dict, shape, tensors, device, recompute_results: bool = False,
+              stored: bool = False) -> list[torch.Tensor]:
     """The expressions over `values` in the op's compute dtype (float32 for a 16-bit op),
-    each rounded to the op's dtype once, at the end, as the kernels store their outputs."""
+    each rounded to the op's dtype once, at the end, as the kernels store their outputs
+    (and where `stored`, before other outputs read it: composite.evaluate)."""
     dtype = composite.promoted_dtype(tensors)
-    outs = composite.evaluate(exprs, values, shape, composite.compute_dtype(dtype), device)
+    compute = composite.compute_dtype(dtype)
+    outs = composite.evaluate(exprs, values, shape, compute, device, recompute_results,
+                              stored=dtype if stored and dtype != compute else None)
     return [o if o.dtype == dtype else o.to(dtype) for o in outs]
 
 
