@@ -174,6 +174,33 @@ def test_a_16_bit_op_saves_no_float_tensor_of_its_size(ops, name, shapes, eager)
         assert (g.double() - w).norm() <= 1e-2 * w.norm()
 
 
+@pytest.mark.slow
+def test_inductor_saves_the_decoder_block_in_16_bits():
+    """A bf16 decoder layer of fusegen's ops (`fusegen bench block`'s model) through
+    Inductor's own graph passes, which drop a float -> bf16 -> float round trip as
+    pointless: its forward saves no float32 tensor of the activations' size for the
+    backward (the loss, one value a row and the attention's logsumexp may be float32), as
+    torch.compile of the eager model saves none: not sigmoid's result, not the residual
+    sum."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from fusegen.bench import block
+    saved = []
+
+    def inner(gm, example_inputs, **kwargs):
+        if not saved:  # the forward comes first
+            out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+            saved.extend(n.meta["val"] for n in out if isinstance(n, torch.fx.Node))
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+    cfg = block.Config(layers=1, hidden=256, heads=4, head_dim=64, mlp=512, vocab=1024, batch=2, seq=64)
+    model = block.Decoder(cfg, block.fusegen_kernels()).to(torch.bfloat16)
+    model.load_state_dict(block.initial_weights(cfg, torch.bfloat16, "cpu"))
+    compiled = torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))
+    compiled(*block.batch(cfg, "cpu")).backward()
+    activation = cfg.batch * cfg.seq * cfg.hidden
+    assert saved and not [tuple(t.shape) for t in saved if t.dtype == torch.float32 and t.numel() >= activation]
+
+
 def test_the_backward_op_decomposes_too(ops):
     x, dout = torch.randn(2, 7, dtype=torch.float64).unbind()
     backward = torch.ops.fusegen.cf_gelu_dec_backward

@@ -93,9 +93,16 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device,
     `stored` (the outputs' dtype, narrower than `dtype`), an output that other outputs
     read (`h = x + r; (h, norm(h))`) is read as stored, rounded to `stored`: as the same
     statements compute in eager PyTorch, and as the kernels' backward reads a saved
-    output; the backward then needs that output in `stored`, not in `dtype`."""
+    output; the backward then needs that output in `stored`, not in `dtype`. Such an
+    output that is one primitive of the op's tensors and numbers (`x + r`) is computed
+    on them in `stored`: the same bits (ATen computes a 16-bit op in float and rounds
+    once), and Inductor keeps a 16-bit sum where torch 2.11's joint-graph pass
+    `pointless_convert` drops a float -> 16-bit -> float round trip as pointless."""
     memo: dict = {}
-    shared = {e for e in exprs if not (isinstance(e, sympy.Symbol) or fn.is_number(e))} if stored else ()
+    tensors = {s for s, v in values.items() if isinstance(v, torch.Tensor)} - fn.index_symbols(exprs)
+    shared = {e for e in exprs if not (isinstance(e, sympy.Symbol) or fn.is_number(e))} if stored else set()
+    narrow = {e for e in shared if any(a in tensors for a in e.args)
+              and all(a in tensors or fn.is_number(a) or a in values for a in e.args)}
 
     def tensor(v):
         if isinstance(v, torch.Tensor):
@@ -149,9 +156,14 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device,
     # Children before parents, so that value() finds every argument computed and never
     # recurses: an op's tree may be hundreds of nodes deep (a @fused body of many lines).
     for node in dag.postorder(exprs):
-        value(node)
+        if node in narrow:  # its arguments in `stored` while it computes, then read in `dtype`
+            wide = {a: memo[a] for a in node.args if a in tensors}
+            memo.update({a: t.to(stored) for a, t in wide.items()})
+            memo[node] = value(node).to(dtype)
+            memo.update(wide)
+        else:
+            value(node)
     out = []
-    tensors = {s for s, v in values.items() if isinstance(v, torch.Tensor)} - fn.index_symbols(exprs)
     row_shape = tuple(shape[:-1]) + (1,) if len(shape) else ()
     for e in exprs:
         v = tensor(value(e)).to(dtype)
