@@ -100,7 +100,8 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device,
     `pointless_convert` drops a float -> 16-bit -> float round trip as pointless."""
     memo: dict = {}
     tensors = {s for s, v in values.items() if isinstance(v, torch.Tensor)} - fn.index_symbols(exprs)
-    shared = {e for e in exprs if not (isinstance(e, sympy.Symbol) or fn.is_number(e))} if stored else set()
+    shared = {e for e in exprs if stored and not (isinstance(e, sympy.Symbol) or fn.is_number(e))
+              and any(o != e and o.has(e) for o in exprs)}
     narrow = {e for e in shared if any(a in tensors for a in e.args)
               and all(a in tensors or fn.is_number(a) or a in values for a in e.args)}
 
