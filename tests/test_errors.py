@@ -74,20 +74,42 @@ def test_backward_op_output_mask_of_the_wrong_length(corpus_ops, mask):
     ((f, f, f), {"a": f}, "multiple values for argument 'a'"),
     ((f, f, f), {"d": f}, "unexpected keyword argument 'd'"),
 ])
-def test_wrong_number_of_arguments(corpus_ops, args, kwargs, message):
+@pytest.mark.parametrize("decorated", [False, True])
+def test_wrong_number_of_arguments(corpus_ops, decorated_fma, args, kwargs, message, decorated):
+    op, who, name = ((decorated_fma, "@fused function 'err_fma'", "err_fma") if decorated
+                     else (corpus_ops["cp_fma"], "fusegen op 'cp_fma'", "cp_fma"))
     with pytest.raises(TypeError) as info:
-        corpus_ops["cp_fma"](*args, **kwargs)
+        op(*args, **kwargs)
     text = str(info.value)
-    assert "fusegen op 'cp_fma'" in text and message in text and "cp_fma(a, b, c)" in text
+    assert who in text and message in text and f"{name}(a, b, c)" in text
 
 
+@pytest.mark.parametrize("decorated", [False, True])
 @pytest.mark.parametrize("positional, keywords", [("ab", "c"), ("a", "cb"), ("", "bac")])
-def test_keywords_in_any_order_bind_as_positional_arguments(corpus_ops, positional, keywords):
+def test_keywords_in_any_order_bind_as_positional_arguments(corpus_ops, decorated_fma, positional, keywords,
+                                                            decorated):
     """The trailing parameters by keyword (`op(x, w, eps=1e-6)`) take a placement without a
-    Signature; any mix gives what the positional call gives."""
+    Signature (binding.place); any mix gives what the positional call gives."""
     named = {p: torch.full((3,), v) for p, v in zip("abc", (2.0, 3.0, 4.0))}
-    out = corpus_ops["cp_fma"](*(named[p] for p in positional), **{k: named[k] for k in keywords})
+    op = decorated_fma if decorated else corpus_ops["cp_fma"]
+    out = op(*(named[p] for p in positional), **{k: named[k] for k in keywords})
     torch.testing.assert_close(out, torch.full((3,), 10.0))
+
+
+def test_fused_positional_only_and_keyword_only_parameters_keep_their_rules():
+    """A @fused function's `/` and `*` parameters are bound by Python's rules, not placed."""
+    import fusegen
+
+    @fusegen.fused(name="err_kinds")
+    def kinds(a, /, b, *, c):
+        return a * b + c
+
+    x = torch.full((3,), 2.0)
+    torch.testing.assert_close(kinds(x, b=x, c=x), torch.full((3,), 6.0))
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        kinds(x, x, x)
+    with pytest.raises(TypeError, match="'a' parameter is positional only"):
+        kinds(a=x, b=x, c=x)
 
 
 def test_an_unexpected_keyword_is_named_before_a_missing_one(corpus_ops, decorated_fma):

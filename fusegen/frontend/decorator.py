@@ -43,6 +43,7 @@ import torch
 
 from fusegen import api
 from fusegen.pytorch import decompose as _decompose
+from fusegen.pytorch.binding import place
 from fusegen.api import Request
 from fusegen.frontend import statements
 from fusegen.frontend.parse import dotted_name
@@ -166,6 +167,11 @@ class FusedFunction:
         functools.update_wrapper(self, fn)
         self.eager = fn
         self._signature = signature
+        self._names = tuple(signature.parameters)
+        # place() fills parameters by position then by name: not for positional-only or
+        # keyword-only ones, whose rules bind() applies
+        self._placeable = all(p.kind == p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+        self._order = None
         self._request = request
         self._op = api.cached(request)
         if self._op is None:
@@ -182,8 +188,12 @@ class FusedFunction:
         return self._op
 
     def __call__(self, *args, **kwargs):
-        values = dict(zip(self._signature.parameters, api.bind(
-            self._signature, args, kwargs, f"@fused function '{self.__name__}'", self.__name__)))
+        # Every parameter given (no default applies): placed without binding the Signature,
+        # 10 us of a call (binding.place); else bound, which applies defaults or reports.
+        names = self._names
+        values = place(names, args, kwargs) if self._placeable and len(args) <= len(names) else None
+        if values is None:
+            values = api.bind(self._signature, args, kwargs, f"@fused function '{self.__name__}'", self.__name__)
         op = self._op
         if op is None:
             if torch.compiler.is_compiling():  # a build cannot be traced; torch.compile builds first
@@ -191,7 +201,10 @@ class FusedFunction:
                                    "is tracing it; call "
                                    "fusegen.build_pending() before compiling")
             op = self.op
-        return op(*(values[p] for p in op.params))  # FusedOp: numbers, autograd, torch.func
+        order = self._order
+        if order is None:  # the op's parameters by their place in the function's
+            order = self._order = tuple(names.index(p) for p in op.params)
+        return op(*(values[i] for i in order))  # FusedOp: numbers, autograd, torch.func
 
     def __repr__(self):
         return f"<@fused {self.eager.__module__}.{self.eager.__qualname__}>"
