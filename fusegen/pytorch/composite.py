@@ -102,8 +102,9 @@ def evaluate(exprs, values: dict[str, object], shape, dtype, device,
     tensors = {s for s, v in values.items() if isinstance(v, torch.Tensor)} - fn.index_symbols(exprs)
     shared = {e for e in exprs if stored and not (isinstance(e, sympy.Symbol) or fn.is_number(e))
               and any(o != e and o.has(e) for o in exprs)}
+    scalars = {s for s, v in values.items() if not isinstance(v, torch.Tensor)}
     narrow = {e for e in shared if any(a in tensors for a in e.args)
-              and all(a in tensors or fn.is_number(a) or a in values for a in e.args)}
+              and all(a in tensors or a in scalars or fn.is_number(a) for a in e.args)}
 
     def tensor(v):
         if isinstance(v, torch.Tensor):
