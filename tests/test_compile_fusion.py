@@ -151,9 +151,9 @@ def _resnorm(op):
     ("resnorm", [(8, 64), (8, 64), (64,)], _resnorm_eager),
 ])
 def test_a_16_bit_op_saves_no_float_tensor_of_its_size(ops, name, shapes, eager):
-    """A bf16 op computes in float; under Inductor's partitioner its forward saves for the
-    backward no float32 tensor of the input's size (one value a row may be float32), where
-    eager's decomposition of the same arithmetic saves none either."""
+    """A bf16 op computes in float; under the min-cut partitioner (Inductor's) its forward
+    saves no float32 tensor of the input's size for the backward (one value a row may be
+    float32), and its gradients are float64's within bf16 rounding."""
     saved = []
 
     def forward_graph(gm, _):
@@ -163,8 +163,8 @@ def test_a_16_bit_op_saves_no_float_tensor_of_its_size(ops, name, shapes, eager)
 
     backend = aot_autograd(fw_compiler=forward_graph, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
                            partition_fn=min_cut_rematerialization_partition)
-    g = torch.Generator().manual_seed(0)
-    exact = [torch.randn(s, generator=g, dtype=torch.float64).requires_grad_(True) for s in shapes]
+    gen = torch.Generator().manual_seed(0)
+    exact = [torch.randn(s, generator=gen, dtype=torch.float64).requires_grad_(True) for s in shapes]
     low = [t.detach().bfloat16().requires_grad_(True) for t in exact]
     op = ops[name] if name == "glu" else _resnorm(ops[name])
     got = _forward_backward(torch.compile(op, backend=backend, fullgraph=True), low)
@@ -177,8 +177,8 @@ def test_a_16_bit_op_saves_no_float_tensor_of_its_size(ops, name, shapes, eager)
 @pytest.mark.slow
 def test_inductor_saves_the_decoder_block_in_16_bits():
     """A bf16 decoder layer of fusegen's ops (`fusegen bench block`'s model) through
-    Inductor's own graph passes, which drop a float -> bf16 -> float round trip as
-    pointless: its forward saves no float32 tensor of the activations' size for the
+    Inductor's own graph passes (torch 2.11's drop a float -> bf16 -> float round trip as
+    pointless): its forward saves no float32 tensor of the activations' size for the
     backward (the loss, one value a row and the attention's logsumexp may be float32), as
     torch.compile of the eager model saves none: not sigmoid's result, not the residual
     sum."""
