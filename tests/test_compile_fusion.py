@@ -22,7 +22,7 @@ from functorch.compile import make_boxed_func, min_cut_rematerialization_partiti
 from torch._dynamo.backends.common import aot_autograd
 
 import fusegen
-from fusegen.pytorch import decompose
+from fusegen.pytorch import composite, decompose
 from fusegen.errors import SpecError
 from helpers import forward_backward
 
@@ -199,6 +199,28 @@ def test_inductor_saves_the_decoder_block_in_16_bits():
     compiled(*block.batch(cfg, "cpu")).backward()
     activation = cfg.batch * cfg.seq * cfg.hidden
     assert saved and not [tuple(t.shape) for t in saved if t.dtype == torch.float32 and t.numel() >= activation]
+
+
+@pytest.mark.parametrize("node", sorted(composite._RESULT_GRADIENTS, key=lambda n: n.__name__),
+                         ids=lambda n: n.__name__)
+def test_recomputed_primitives_are_eager_under_autograd_and_torch_func(node):
+    """Each primitive that recomputes its result: eager's values and first and second
+    derivatives, forward mode, and vmap of its gradient."""
+    f = composite._TENSOR_FUNCTIONS[node]
+
+    def recomputed(x):
+        return composite._Recomputed.apply(x, node)
+
+    x = (torch.rand(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 0.5 + 0.5)
+    x.requires_grad_(True)
+    torch.testing.assert_close(recomputed(x), f(x))
+    torch.autograd.gradcheck(recomputed, (x,))
+    torch.autograd.gradgradcheck(recomputed, (x,))
+    tangent = torch.randn_like(x)
+    for got, want in zip(torch.func.jvp(recomputed, (x,), (tangent,)), torch.func.jvp(f, (x,), (tangent,))):
+        torch.testing.assert_close(got, want)
+    per_row = torch.func.vmap(torch.func.grad(lambda row: recomputed(row).sum()))
+    torch.testing.assert_close(per_row(x), torch.func.vmap(torch.func.grad(lambda row: f(row).sum()))(x))
 
 
 def test_the_backward_op_decomposes_too(ops):

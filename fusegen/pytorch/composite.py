@@ -46,20 +46,35 @@ class _Recomputed(torch.autograd.Function):
     detach, which AOTAutograd's partitioner counts as materialized: it keeps the full-size
     float32 tensor of a 16-bit op's float math (written by the forward, read by the
     backward) rather than recompute it from the 16-bit input that the backward reads
-    anyway. Saving the input leaves the choice to the partitioner."""
+    anyway. Saving the input leaves the choice to the partitioner. The Jacobian is
+    diagonal, so forward mode applies the same formula to the tangent; torch.func's vmap
+    runs through it as through the eager ops (generate_vmap_rule)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x, node):
-        ctx.node = node
-        ctx.save_for_backward(x)
+    def forward(x, node):
         return _TENSOR_FUNCTIONS[node](x)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.node = inputs
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+
+    @staticmethod
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        values = {_X: x, _RESULT: _TENSOR_FUNCTIONS[ctx.node](x), _GRAD: grad}
-        (dx,) = evaluate([_RESULT_GRADIENTS[ctx.node]], values, x.shape, x.dtype, x.device)
-        return dx, None
+        return _derivative(ctx.node, ctx.saved_tensors[0], grad), None
+
+    @staticmethod
+    def jvp(ctx, tangent, _):
+        return _derivative(ctx.node, ctx.saved_tensors[0], tangent)
+
+
+def _derivative(node, x, grad):
+    """The table's derivative of `node` at `x`, times `grad`, its result recomputed."""
+    values = {_X: x, _RESULT: _TENSOR_FUNCTIONS[node](x), _GRAD: grad}
+    return evaluate([_RESULT_GRADIENTS[node]], values, x.shape, x.dtype, x.device)[0]
 
 
 def promoted_dtype(tensors) -> torch.dtype:
