@@ -31,7 +31,7 @@ import torch
 from fusegen.pytorch import autograd as _autograd
 from fusegen.build import builder as _build
 from fusegen.pytorch import decompose as _decompose
-from fusegen.pytorch.binding import bind, place
+from fusegen.pytorch.binding import arguments, bind
 from fusegen.build import index as _index
 from fusegen.build import keys as _keys
 from fusegen.ir import names
@@ -301,12 +301,7 @@ class FusedOp:
         return _autograd.call(self.name, *as_tensors(args, self._tensors))
 
     def _with_keywords(self, args: tuple, kwargs: dict) -> tuple:
-        """The arguments in the parameters' order: placed directly where they can be, else
-        bound (which reports what is wrong)."""
-        placed = place(self.params, args, kwargs)
-        if placed is not None:
-            return placed
-        return bind(self._signature, args, kwargs, f"fusegen op '{self.name}'", self.name)
+        return arguments(self.params, self._signature, args, kwargs, f"fusegen op '{self.name}'", self.name)
 
     def __repr__(self):
         return f"FusedOp(torch.ops.fusegen.{self.name}: {self.entry.text})"

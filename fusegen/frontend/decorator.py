@@ -43,7 +43,7 @@ import torch
 
 from fusegen import api
 from fusegen.pytorch import decompose as _decompose
-from fusegen.pytorch.binding import place
+from fusegen.pytorch.binding import arguments
 from fusegen.api import Request
 from fusegen.frontend import statements
 from fusegen.frontend.parse import dotted_name
@@ -168,9 +168,11 @@ class FusedFunction:
         self.eager = fn
         self._signature = signature
         self._names = tuple(signature.parameters)
-        # place() fills parameters by position then by name: not for positional-only or
-        # keyword-only ones, whose rules bind() applies
-        self._placeable = all(p.kind == p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+        # binding.place fills parameters by position then by name: not positional-only or
+        # keyword-only ones, whose rules only bind applies
+        placeable = all(p.kind == p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+        self._placed = self._names if placeable else None
+        self._who = f"@fused function '{self.__name__}'"
         self._order = None
         self._request = request
         self._op = api.cached(request)
@@ -188,12 +190,7 @@ class FusedFunction:
         return self._op
 
     def __call__(self, *args, **kwargs):
-        # Every parameter given (no default applies): placed without binding the Signature,
-        # 10 us of a call (binding.place); else bound, which applies defaults or reports.
-        names = self._names
-        values = place(names, args, kwargs) if self._placeable and len(args) <= len(names) else None
-        if values is None:
-            values = api.bind(self._signature, args, kwargs, f"@fused function '{self.__name__}'", self.__name__)
+        values = arguments(self._placed, self._signature, args, kwargs, self._who, self.__name__)
         op = self._op
         if op is None:
             if torch.compiler.is_compiling():  # a build cannot be traced; torch.compile builds first
@@ -203,7 +200,7 @@ class FusedFunction:
             op = self.op
         order = self._order
         if order is None:  # the op's parameters by their place in the function's
-            order = self._order = tuple(names.index(p) for p in op.params)
+            order = self._order = tuple(self._names.index(p) for p in op.params)
         return op(*(values[i] for i in order))  # FusedOp: numbers, autograd, torch.func
 
     def __repr__(self):
