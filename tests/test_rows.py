@@ -236,9 +236,9 @@ def _reference(name, xs, dout):
 ])
 def test_weight_gradients_are_summed_in_the_row_kernel(name, shape, column):
     """A weight's gradient (an input of one value per column) is summed over the rows by the
-    backward's own loop, not written at the (rows, H) shape for ATen's sum: the same values
-    as eager in float64, of the weight's shape, and no aten::sum for it (LayerNorm's bias,
-    whose gradient is dout's, is still summed by ATen)."""
+    backward's own loop, not written at the (rows, H) shape for ATen's sum, and so is
+    LayerNorm's bias's (dout itself, an input of that loop): the same values as eager in
+    float64, of the inputs' shapes, and no aten::sum."""
     g = torch.Generator().manual_seed(3)
     xs = [torch.randn(column if x in COLUMNS else shape, generator=g, dtype=D).requires_grad_()
           for x in op(name).spec.inputs]
@@ -247,7 +247,37 @@ def test_weight_gradients_are_summed_in_the_row_kernel(name, shape, column):
     for x, a, b in zip(xs, got, _reference(name, xs, dout)):
         assert a.shape == x.shape and a.dtype == x.dtype
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-    assert name != "rms_norm" or "aten::sum" not in ran
+    assert "aten::sum" not in ran
+
+
+BIASED = "x * torch.rsqrt((x*x).mean(-1, keepdim=True) + eps) * w - b + c / 4"
+
+
+@pytest.mark.parametrize("needs", ["xwbc", "xb", "wb", "bc"])  # bc: no kernel runs, ATen sums
+@pytest.mark.parametrize("c_shape", [(6, 10), (10,)])
+def test_a_gradient_of_dout_alone_is_summed_in_the_row_kernel_that_runs(needs, c_shape):
+    """A gradient of dout alone (`- b`: -dout; `c / 4`: dout / 4) of an input of one value
+    per column is dout summed over the rows by the backward's loop, where that loop runs for
+    another gradient, with the steps applied to the sum; one of the full shape is dout's
+    steps as before, never the sum (two such inputs of different shapes each get theirs)."""
+    o = fusegen.fuse(BIASED, name="rows_biased", scalars=["eps"])
+    g = torch.Generator().manual_seed(8)
+    shapes = {"x": (6, 10), "w": (10,), "b": (10,), "c": c_shape}
+    xs = [torch.randn(shapes[n], generator=g, dtype=D).requires_grad_(n in needs) for n in o.spec.inputs]
+    wanted = [x for x in xs if x.requires_grad]
+    dout = torch.randn(6, 10, generator=g, dtype=D)
+    y = o(*xs, eps=EPS)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = torch.autograd.grad(y, wanted, dout)
+    ref = [x.detach().requires_grad_(x.requires_grad) for x in xs]
+    x, w, b, c = ref
+    want = torch.autograd.grad(x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w - b + c / 4,
+                               [t for t in ref if t.requires_grad], dout)
+    for a, e, t in zip(got, want, wanted):
+        assert a.shape == t.shape
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+    summed = sum(e.name == "aten::sum" for e in prof.events())
+    assert summed == (0 if needs != "bc" else 1 + (c_shape == (10,)))
 
 
 @pytest.mark.parametrize("column", [(13, 1), (13, 40)])
