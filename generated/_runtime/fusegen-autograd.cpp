@@ -122,12 +122,13 @@ KernelRequest kernel_request(const OpDef& def, Needs&& needs) {
 }
 
 // The gradients of `def`'s inputs for which needs(i) holds, into grads[i], from the kernel
-// outputs kernel_request asks for or from eager ops on dout. `call(mask)` runs the
-// backward kernel (through the dispatcher, or directly: first_order_grads) and returns the
-// requested outputs.
-template <typename Needs, typename Call>
-void gradients_of(const OpDef& def, const at::Tensor& dout, c10::ArrayRef<InputMeta> meta,
-                  Needs&& needs, Call&& call, variable_list& grads) {
+// outputs kernel_request asks for or from eager ops on dout_of(i) (dout, or its sum over
+// the rows where the kernel made it: first_order_grads). `call(mask)` runs the backward
+// kernel (through the dispatcher, or directly: first_order_grads) and returns the
+// requested outputs; dout_of is asked after it.
+template <typename Needs, typename Call, typename DoutOf>
+void gradients_of(const OpDef& def, c10::ArrayRef<InputMeta> meta, Needs&& needs, Call&& call,
+                  DoutOf&& dout_of, variable_list& grads) {
   const KernelRequest request = kernel_request(def, needs);
   std::vector<at::Tensor> computed(def.num_kernel_grads);
   if (request.run) {
@@ -136,21 +137,30 @@ void gradients_of(const OpDef& def, const at::Tensor& dout, c10::ArrayRef<InputM
       if (request.mask[k]) computed[k] = out[next++];
     }
   }
-  std::vector<at::Tensor> from_dout(def.num_inputs);  // by the first input with the same steps
+  // by the first input with the same steps of the same dout
+  std::vector<at::Tensor> from_dout(def.num_inputs);
+  std::vector<at::Tensor> source(def.num_inputs);
   for (int i = 0; i < def.num_inputs; ++i) {
     if (!needs(i)) continue;
     const GradDef& g = def.grads[i];
     at::Tensor full = g.output >= 0 ? computed[g.output] : at::Tensor();
     if (!full.defined() && g.num_steps >= 0) {
+      source[i] = dout_of(i);
       for (int j = 0; j < i && !full.defined(); ++j) {
-        if (from_dout[j].defined() && def.grads[j].steps == g.steps &&
-            def.grads[j].num_steps == g.num_steps)
+        if (from_dout[j].defined() && source[j].is_same(source[i]) &&
+            def.grads[j].steps == g.steps && def.grads[j].num_steps == g.num_steps)
           full = from_dout[j];
       }
-      if (!full.defined()) full = from_dout[i] = apply_steps(g, dout);
+      if (!full.defined()) full = from_dout[i] = apply_steps(g, source[i]);
     }
     if (full.defined()) grads[i] = reduce_to_input(meta[i], full);
   }
+}
+
+template <typename Needs, typename Call>
+void gradients_of(const OpDef& def, const at::Tensor& dout, c10::ArrayRef<InputMeta> meta,
+                  Needs&& needs, Call&& call, variable_list& grads) {
+  gradients_of(def, meta, needs, call, [&](int) { return dout; }, grads);
 }
 
 // The node pointer of this torch's autograd graph: std::shared_ptr<Node> up to torch 2.12
@@ -462,31 +472,50 @@ bool complete_douts(variable_list& douts) {
   return true;
 }
 
-// Per kernel output of a row op's backward (mask: those requested), whether its kernel sums
-// it over the rows (run_rows, summed): when every input that takes it, and needs it, is one
-// value per column (its sizes 1 but the last, the rows' length: a weight of shape (H,) or
-// (1, H)), as a weight's gradient is: the kernel adds it up as it computes it, where a
-// gradient at the broadcast shape would be written and read again by ATen's sum. On CUDA
-// only where the op's kernels sum (not an auxiliary op's: backward_accumulates).
+// Whether a row op's input i is one value per column: its sizes 1 but the last, the rows'
+// length (the broadcast shape's last dimension: the inputs' largest), as a weight of shape
+// (H,) or (1, H) is.
+bool per_column(c10::ArrayRef<InputMeta> meta, int i) {
+  c10::SymInt length = 1;
+  for (const InputMeta& m : meta) {
+    if (!m.sizes.empty() && m.sizes.back() > length) length = m.sizes.back();
+  }
+  const InputMeta& m = meta[i];
+  if (m.sizes.empty() || m.sizes.back() != length) return false;
+  return std::all_of(m.sizes.begin(), m.sizes.end() - 1,
+                     [](const c10::SymInt& d) { return d == 1; });
+}
+
+// Whether input i's gradient is steps of dout alone (a bias's: dout itself) and the input
+// one value per column: then the kernel that runs anyway can sum dout over the rows, and
+// the steps apply to that sum (they are linear).
+template <typename Needs>
+bool dout_summed_for(const OpDef& def, c10::ArrayRef<InputMeta> meta, Needs&& needs, int i) {
+  const GradDef& g = def.grads[i];
+  return needs(i) && g.output < 0 && g.num_steps >= 0 && per_column(meta, i);
+}
+
+// Per kernel output of a row op's backward (mask: those requested), then for dout (the
+// backward's input 0), whether its kernel sums it over the rows (run_rows, summed): an
+// output when every input that takes it, and needs it, is one value per column
+// (per_column), as a weight's gradient is; dout when an input's gradient is steps of it
+// (dout_summed_for), as a bias's is. The kernel adds it up as it computes it, where a
+// gradient at the broadcast shape would be written and read again by ATen's sum (dout,
+// read again). On CUDA only where the op's kernels sum (not an auxiliary op's:
+// backward_accumulates).
 template <typename Needs>
 std::vector<bool> row_sums(const OpDef& def, c10::ArrayRef<InputMeta> meta, Needs&& needs,
                            const std::vector<bool>& mask, bool cuda) {
   std::vector<bool> summed;
   if (!def.rows || (cuda && !def.backward_accumulates)) return summed;
-  c10::SymInt length = 1;  // the broadcast shape's last dimension: the inputs' largest
-  for (const InputMeta& m : meta) {
-    if (!m.sizes.empty() && m.sizes.back() > length) length = m.sizes.back();
-  }
-  const auto per_column = [&](const InputMeta& m) {
-    if (m.sizes.empty() || m.sizes.back() != length) return false;
-    return std::all_of(m.sizes.begin(), m.sizes.end() - 1,
-                       [](const c10::SymInt& d) { return d == 1; });
-  };
   summed.assign(mask.begin(), mask.end());
+  bool dout = false;
   for (int i = 0; i < def.num_inputs; ++i) {
     const int k = def.grads[i].output;
-    if (needs(i) && k >= 0 && !per_column(meta[i])) summed[k] = false;
+    if (needs(i) && k >= 0 && !per_column(meta, i)) summed[k] = false;
+    dout = dout || dout_summed_for(def, meta, needs, i);
   }
+  summed.push_back(dout);
   return summed;
 }
 
@@ -529,7 +558,8 @@ variable_list first_order_grads(const Op& op, variable_list douts, std::vector<a
     return grads;
   }
 #endif
-  gradients_of(def, dout, meta, needs, [&](const std::vector<bool>& mask) {
+  at::Tensor dout_sum;  // (the direct call of a row op: dout summed over the rows, row_sums)
+  const auto call = [&](const std::vector<bool>& mask) {
     BackwardArgs a;
     a.tensors.reserve(douts.size() + saved.size());
     a.tensors.insert(a.tensors.end(), douts.begin(), douts.end());  // (dout: read after this)
@@ -541,7 +571,8 @@ variable_list first_order_grads(const Op& op, variable_list douts, std::vector<a
       const bool cuda = device_arg(a.named(def)).tensor.is_cuda();
       const std::vector<bool> summed =
           given.empty() ? row_sums(def, meta, needs, mask, cuda) : std::vector<bool>();
-      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a, given, summed, &saved_rows);
+      return run_backward(op, cuda ? Device::kCuda : Device::kCpu, a, given, summed, &saved_rows,
+                          &dout_sum);
     }
     torch::jit::Stack stack;
     a.push(stack);
@@ -549,7 +580,11 @@ variable_list first_order_grads(const Op& op, variable_list douts, std::vector<a
     if (!at::GradMode::is_enabled()) below_autograd.emplace();
     op.backward_op->callBoxed(stack);
     return std::move(stack.back()).toTensorVector();
-  }, grads);
+  };
+  const auto dout_of = [&](int i) {
+    return dout_sum.defined() && dout_summed_for(def, meta, needs, i) ? dout_sum : dout;
+  };
+  gradients_of(def, meta, needs, call, dout_of, grads);
   if (split.active()) join_halves(split, meta, whole, given, def, grads);
   return grads;
 }

@@ -8,10 +8,10 @@
 // stride, 16-byte aligned, whose length splits into 16-byte vectors (kVector), move 16
 // bytes per access, and such a row that fits is held in registers (RowCache): loaded once,
 // its loads all in flight together; a longer row is read again by each pass, from L1 or
-// L2. A backward whose outputs include a weight's gradient (summed over the rows:
+// L2. A backward that sums a weight's or a bias's gradient over the rows (RowSum:
 // fusegen-runtime.h) runs a grid of a few blocks per SM instead, striding over the rows: a
 // thread's columns are the same on every row, so it sums them in its own slots of shared
-// memory, and each block writes one partial row.
+// memory, and each block writes one partial row of each sum.
 #ifndef FUSEGEN_CUDA_ROWS_CUH_
 #define FUSEGEN_CUDA_ROWS_CUH_
 
@@ -49,8 +49,10 @@ constexpr int kRowHalfBlock = kRowBlock / 2;
 #define FUSEGEN_ROW_SPLIT 1
 #endif
 
-// One launch: per operand its data, its byte stride along a row and from row to row, and
-// the output summed over the rows (fusegen-runtime.h: its partial rows instead), or -1.
+// One launch: per operand its data (none for a summed output), its byte stride along a row
+// and from row to row, and the sums over the rows (fusegen-runtime.h, RowSum: each block
+// writes its partial row of each). A sum picks its operands by bits, since tests of k ==
+// summed are folded into an indexed access that moves arrays to local memory.
 template <int kN>
 struct RowArgs {
   char* p[kN];
@@ -58,10 +60,8 @@ struct RowArgs {
   int64_t next[kN];
   int64_t length;
   int64_t rows;
-  int summed;
-  // 1 << summed (0: none), set by the host: the kernel picks the summed output by it, since
-  // tests of k == summed are folded into an indexed access that moves arrays to local memory
-  unsigned summed_bits;
+  int num_sums;
+  RowSum sums[kMaxRowSums];
 };
 
 // Whether a row cache (RowCache) holds input i: not a gather's index or a saved row value
@@ -326,32 +326,35 @@ __device__ __forceinline__ int row_sum_slot(int t, int lane, int e) {
   return (t * kVec + e) * kRowThreads + lane;
 }
 
-// A block's sums of the summed output (RowArgs::summed), into its partial row: in warp mode
-// its warps' sums added in warp order, so the bits do not depend on timing. sum[g]: the
-// sums of the rows group g took, each at its column's row_sum_slot.
+// A block's sums (RowArgs::sums), each into its partial row: in warp mode its warps' sums
+// added in warp order, so the bits do not depend on timing. sum[g]: the sums of the rows
+// group g took, sum s from s * kColumns / kMaxRowSums, each at its column's row_sum_slot.
 template <typename S, int kRowThreads, int kVec, int kColumns, int kN>
 __device__ __forceinline__ void row_partials(const RowArgs<kN>& a,
                                              const acc_t<S> (*sum)[kColumns]) {
   using A = acc_t<S>;
   constexpr int kBlock = row_block(kRowThreads);
   constexpr int kGroups = row_groups(kRowThreads);
-  char* partial = a.p[a.summed] + int64_t(blockIdx.x) * a.next[a.summed];
-  const int64_t along = a.along[a.summed];
   __syncthreads();
-  for (int c = threadIdx.x; c < a.length; c += kBlock) {
-    const int slot = row_sum_slot<kRowThreads, kVec>(c / (kRowThreads * kVec),
-                                                     c / kVec % kRowThreads, c % kVec);
-    A v = sum[0][slot];
+  for (int s = 0; s < a.num_sums; ++s) {
+    A* partial = reinterpret_cast<A*>(a.sums[s].data + int64_t(blockIdx.x) * a.sums[s].next);
+    const int from = s * (kColumns / kMaxRowSums);
+    for (int c = threadIdx.x; c < a.length; c += kBlock) {
+      const int slot = from + row_sum_slot<kRowThreads, kVec>(c / (kRowThreads * kVec),
+                                                              c / kVec % kRowThreads, c % kVec);
+      A v = sum[0][slot];
 #pragma unroll
-    for (int g = 1; g < kGroups; ++g) v = v + sum[g][slot];
-    *reinterpret_cast<A*>(partial + c * along) = v;
+      for (int g = 1; g < kGroups; ++g) v = v + sum[g][slot];
+      partial[c] = v;
+    }
   }
 }
 
 // One row per warp or block (kRowThreads), or, when kSums, a grid of CudaLoop::sum_blocks
-// blocks striding over the rows, each thread summing the summed output at its columns (at
-// most row_sum_columns of them: the rows' length fits, row_sums_fit) in shared memory,
-// which row_partials writes at the end. kCache > 0: each row is loaded into registers once
+// blocks striding over the rows, each thread adding each sum's operands (RowArgs::sums) at
+// its columns (at most row_sum_columns of them, shared by the sums: the rows' length fits,
+// row_sums_fit) into shared memory, which row_partials writes at the end. kCache > 0: each
+// row is loaded into registers once
 // (RowCache), kCache vectors of each input a thread, as many as the row needs, since the
 // registers held set how many rows an SM keeps in flight; a summing kernel keeps an input
 // of one value per column (a weight) there from row to row.
@@ -388,23 +391,23 @@ __launch_bounds__(row_block(kRowThreads), kSums ? row_sum_blocks_per_sm(sizeof(S
   } else {
     // A thread's columns: its cached vectors', or row_sum_columns (in shared memory: with its
     // 32 sums in registers the float32 kernel of 16-byte rows took 104-128 registers, here
-    // 70-74; ptxas -v for sm_90, RMSNorm's backward).
+    // 70-74; ptxas -v for sm_90, RMSNorm's backward). Sum s takes the slots from s *
+    // kRegion (two sums: rows of at most half the columns, row_sums_fit).
     constexpr int kSumIters = kCache > 0 ? kCache : row_sum_columns(sizeof(A)) / kVec;
-    constexpr int kColumns = kRowThreads * kSumIters * kVec;
+    constexpr int kColumns = kRowThreads * row_sum_columns(sizeof(A));
+    constexpr int kRegion = kColumns / kMaxRowSums;
     static_assert(kSumIters * kVec <= row_sum_columns(sizeof(A)), "a thread's sums fit");
     __shared__ A sum[kGroups][kColumns];
     A(*mine)[kColumns] = sum + threadIdx.x / kRowThreads;
+    row_each<kRowThreads, kVec, kSumIters>(a.length, lane, [&](int t, int64_t) {
+      for (int s = 0; s < a.num_sums; ++s) {
 #pragma unroll
-    for (int t = 0; t < kSumIters; ++t) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) mine[0][row_sum_slot<kRowThreads, kVec>(t, lane, e)] = A(0);
-    }
-    for (int64_t r = first; r < a.rows; r += int64_t(gridDim.x) * kGroups) {
-      row_bases(a, r, base);
-#pragma unroll
-      for (int k = 0; k < F::kOutputs; ++k) {  // (its partial row: row_partials)
-        if (a.summed_bits >> k & 1) base[k] = nullptr;  // row_store skips it
+        for (int e = 0; e < kVec; ++e)
+          mine[0][s * kRegion + row_sum_slot<kRowThreads, kVec>(t, lane, e)] = A(0);
       }
+    });
+    for (int64_t r = first; r < a.rows; r += int64_t(gridDim.x) * kGroups) {
+      row_bases(a, r, base);  // (a summed output's is null: row_store skips it)
       if (r == first) {
         row_load<S, F, kRowThreads>(a, base, lane, c);
       } else {  // (an input of one value per column, a weight, stays in the cache)
@@ -413,21 +416,29 @@ __launch_bounds__(row_block(kRowThreads), kSums ? row_sum_blocks_per_sm(sizeof(S
       A first[F::kInputs > 0 ? F::kInputs : 1];
       row_firsts<F>(base, first);
       row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, first, row, shared);
-      // (the thread's kSumIters accesses, unrolled: t names its sums' slots; the summed
-      // output by its bit, RowArgs::summed_bits)
+      // (the thread's kSumIters accesses, unrolled: t names its sums' slots; each sum's
+      // operands by their bits, RowSum)
       row_each<kRowThreads, kVec, kSumIters>(a.length, lane, [&](int t, int64_t j) {
+        A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
         A y[kVec][F::kOutputs];
-        row_outputs<S, F, kVector>(f, a, base, j, c, t, row, y);
+        row_inputs<S, F, kVector>(a, base, j, c, t, x);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) f(x[e], row, static_cast<A>(j + e), y[e]);
 #pragma unroll
         for (int k = 0; k < F::kOutputs; ++k) row_store<S, F, kVector>(a, base, j, k, y);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          A v = A(0);
+        for (int s = 0; s < kMaxRowSums; ++s) {
+          if (s >= a.num_sums) break;
 #pragma unroll
-          for (int k = 0; k < F::kOutputs; ++k) {
-            if (a.summed_bits >> k & 1) v += y[e][k];
+          for (int e = 0; e < kVec; ++e) {
+            A v = A(0);
+#pragma unroll
+            for (int k = 0; k < F::kOutputs; ++k) {
+              if (a.sums[s].outputs >> k & 1) v += y[e][k];
+            }
+            if (F::kInputs > 0 && a.sums[s].dout) v += x[e][0];
+            mine[0][s * kRegion + row_sum_slot<kRowThreads, kVec>(t, lane, e)] += v;
           }
-          mine[0][row_sum_slot<kRowThreads, kVec>(t, lane, e)] += v;
         }
       });
     }
@@ -554,24 +565,20 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     using F = std::remove_const_t<decltype(f)>;
     constexpr int kN = F::kInputs + F::kOutputs;
     RowArgs<kN> a;
-    a.summed = -1;
-    a.summed_bits = 0;
     for (int k = 0; k < kN; ++k) {
       a.p[k] = loop.data[k];
       a.along[k] = loop.strides[k];
       a.next[k] = loop.strides[loop.num_operands + k];
-      if (loop.summed != nullptr && loop.summed[k]) {  // (one: the runtime's)
-        a.summed = k;
-        a.summed_bits = 1u << k;
-      }
     }
+    a.num_sums = loop.num_sums;  // (at most kMaxRowSums: the runtime's)
+    for (int s = 0; s < kMaxRowSums; ++s) a.sums[s] = s < loop.num_sums ? loop.sums[s] : RowSum{};
     a.length = loop.sizes[0];
     a.rows = loop.sizes[1];
     // 16-byte accesses: every operand of unit stride along its rows (or one value per row),
     // its rows 16-byte aligned, and rows that split into vectors (the sums are not S).
     bool vector = a.length % kVecWidth<S> == 0;
     for (int k = 0; k < kN; ++k) {
-      if (a.p[k] == nullptr || a.along[k] == 0 || k == a.summed) continue;
+      if (a.p[k] == nullptr || a.along[k] == 0) continue;
       vector = vector && a.along[k] == int64_t(sizeof(S)) &&
                reinterpret_cast<std::uintptr_t>(a.p[k]) % 16 == 0 && a.next[k] % 16 == 0;
     }
@@ -631,7 +638,7 @@ void run_rows_cuda(Dtype dtype, const CudaLoop& loop, cudaStream_t stream, Make&
     };
     if constexpr (kSums) {
       // (where row_sums_fit: fusegen-layout.cpp)
-      if (a.summed >= 0) {
+      if (a.num_sums > 0) {
         using Sum = std::true_type;
         using SumMost = std::integral_constant<int, kMostSummed>;
         if constexpr (row_sums_in_warps(sizeof(S))) {

@@ -480,12 +480,14 @@ c10::SymDimVector row_shape(const std::string& name, const Args& args) {
 // a row's slices); one that does not is copied to its contiguous layout first. Outputs are
 // new contiguous tensors of the broadcast shape, or of that shape with a last dimension of 1
 // for an output of one value per row (per_row); given[k], when defined, is written instead.
-// summed[k] (optional, per output: a backward's gradient of an input of one value per
-// column, called directly by autograd) asks for it summed over the rows in the kernel
-// instead (fusegen-runtime.h, CudaLoop::summed): then it is a tensor of one value per
-// column (the rows' length), in the compute type (float for fp16, bf16 and fp32), which the
-// caller casts. On CUDA only the first asked for, and only where the kernel keeps the sums
-// in registers (row_sums_fit); the others, and all on Meta, have the broadcast shape.
+// summed (optional, per output, then for dout, args' first: a backward called directly by
+// autograd, for the gradient of an input of one value per column, a weight's or a bias's)
+// asks for it summed over the rows in the kernel (fusegen-runtime.h, RowSum): a summed
+// output is then a tensor of one value per column (the rows' length), in the compute type
+// (float for fp16, bf16 and fp32), which the caller casts; dout's sum, of the same kind,
+// goes to *dout_sum. On CUDA at most kMaxRowSums, the first asked for, as many as the
+// kernel keeps (row_sums_fit); the outputs not summed there, and all on Meta, have the
+// broadcast shape, and dout's sum is left undefined.
 struct RowStrides {
   int64_t along;  // bytes from one element of a row to the next
   int64_t next;   // bytes from one row to the next
@@ -529,7 +531,7 @@ constexpr int64_t kCpuRowRanges = 64;
 // (`sums`: the row of the compute type it is added to) is summed per range into a partial
 // row, and the partial rows are added in range order, so neither does its sum.
 void run_rows_cpu(RowCpuKernel cpu, Dtype dtype, const CudaLoop& loop, const double* scalars,
-                  const std::vector<at::Tensor>& sums) {
+                  const std::vector<at::Tensor>& sums) {  // (one per loop.sums)
   const int64_t length = loop.sizes[0];
   const int64_t rows = loop.sizes[1];
   const int64_t per_range = std::max((rows + kCpuRowRanges - 1) / kCpuRowRanges,
@@ -541,9 +543,8 @@ void run_rows_cpu(RowCpuKernel cpu, Dtype dtype, const CudaLoop& loop, const dou
   }
   const int count = loop.num_operands;
   std::vector<at::Tensor> partials(sums.size());
-  for (size_t k = 0; k < sums.size(); ++k) {
-    if (sums[k].defined()) partials[k] = at::zeros({ranges, length}, sums[k].options());
-  }
+  for (size_t s = 0; s < sums.size(); ++s)
+    partials[s] = at::zeros({ranges, length}, sums[s].options());
   at::Tensor bytes = at::empty({ranges}, at::TensorOptions().dtype(at::kByte));
   const char* first = static_cast<const char*>(bytes.const_data_ptr());
   at::TensorIterator iter = at::TensorIterator::nullary_op(bytes);
@@ -552,23 +553,23 @@ void run_rows_cpu(RowCpuKernel cpu, Dtype dtype, const CudaLoop& loop, const dou
       const int64_t r = range * per_range;
       const int64_t sizes[2] = {length, std::min(per_range, rows - r)};
       c10::SmallVector<char*, 16> d(count);
-      for (int k = 0; k < count; ++k) {
-        const bool summed = static_cast<size_t>(k) < partials.size() && partials[k].defined();
-        char* partial = summed ? static_cast<char*>(partials[k].data_ptr()) : nullptr;
-        d[k] = summed                    ? partial + range * length * loop.strides[k]
-               : loop.data[k] == nullptr ? nullptr
-                                         : loop.data[k] + r * loop.strides[count + k];
+      for (int k = 0; k < count; ++k)
+        d[k] = loop.data[k] == nullptr ? nullptr : loop.data[k] + r * loop.strides[count + k];
+      c10::SmallVector<RowSum, kMaxRowSums> into(loop.sums, loop.sums + loop.num_sums);
+      for (size_t s = 0; s < partials.size(); ++s) {
+        into[s].data = static_cast<char*>(partials[s].data_ptr()) +
+                       range * length * static_cast<int64_t>(partials[s].element_size());
       }
       CudaLoop part = loop;
       part.numel = sizes[0] * sizes[1];
       part.sizes = sizes;
       part.data = d.data();
+      part.sums = into.data();
       cpu(dtype, part, scalars);
     }
   }, /*grain_size=*/1);
-  for (size_t k = 0; k < partials.size(); ++k) {
-    if (!partials[k].defined()) continue;
-    for (int64_t range = 0; range < ranges; ++range) sums[k].add_(partials[k][range]);
+  for (size_t s = 0; s < partials.size(); ++s) {
+    for (int64_t range = 0; range < ranges; ++range) sums[s].add_(partials[s][range]);
   }
 }
 
@@ -576,7 +577,8 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
                                  const std::vector<bool>& present, const bool* per_row,
                                  RowCpuKernel cpu, CudaKernel cuda, const double* scalars,
                                  const std::vector<at::Tensor>& given,
-                                 const std::vector<bool>& summed = {}) {
+                                 const std::vector<bool>& summed = {},
+                                 at::Tensor* dout_sum = nullptr) {
   const at::ScalarType dtype = check_args(name, args);
   const c10::Device on = device_arg(args).tensor.device();
 #ifdef FUSEGEN_WITH_CUDA
@@ -585,30 +587,45 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
 #endif
   const c10::SymDimVector shape = row_shape(name, args);
   const at::TensorOptions options = device_arg(args).tensor.options().dtype(dtype);
-  // Per operand: an output summed over the rows (bool, not vector<bool>: the kernel reads
-  // an array of them).
+  // The operands summed over the rows (outputs k, then present.size() for dout) and the
+  // tensors they are summed into (CPU: zeros the loop adds to; CUDA: the partial rows' sum,
+  // below).
   const at::TensorOptions sum_options = options.dtype(acc_dtype(dtype));
   const int storage_bytes = static_cast<int>(options.dtype().itemsize());
-  c10::SmallVector<bool, 16> sums(present.size() + args.size(), false);
-  bool any_sum = false;
+  const size_t num_outputs = present.size();
+  std::vector<size_t> sum_of;
+  std::vector<at::Tensor> sum_into;
+  std::vector<bool> sums(num_outputs, false);  // per output: summed
+  if (dout_sum != nullptr) *dout_sum = at::Tensor();
   if (device != Device::kMeta && !summed.empty()) {
     const bool cpu = device == Device::kCpu;
-    // CUDA: where row_sums_fit (fusegen-runtime.h says which rows, and why).
+    for (size_t k = 0; k < summed.size(); ++k) {
+      if (summed[k] && (k < num_outputs ? present[k] : k == num_outputs && dout_sum != nullptr))
+        sum_of.push_back(k);
+    }
+    // CUDA: as many of the first as row_sums_fit (fusegen-runtime.h says which rows, and why).
     const int acc_bytes = static_cast<int>(sum_options.dtype().itemsize());
-    const bool fits =
-        cpu || row_sums_fit(shape.back().expect_int(), storage_bytes, acc_bytes);
-    for (size_t k = 0; k < present.size(); ++k) {
-      sums[k] = fits && present[k] && summed[k] && (cpu || !any_sum);  // CUDA: the first
-      any_sum = any_sum || sums[k];
+    const int64_t length = shape.back().expect_int();
+    size_t take = cpu ? sum_of.size() : std::min<size_t>(sum_of.size(), kMaxRowSums);
+    while (!cpu && take > 0 &&
+           !row_sums_fit(length, storage_bytes, acc_bytes, static_cast<int>(take)))
+      --take;
+    sum_of.resize(take);
+    for (size_t k : sum_of) {
+      sum_into.push_back(cpu ? at::zeros({length}, sum_options) : at::empty({length}, sum_options));
+      if (k < num_outputs) {
+        sums[k] = true;
+      } else {
+        *dout_sum = sum_into.back();
+      }
     }
   }
-  std::vector<at::Tensor> outputs(present.size());
-  for (size_t k = 0; k < present.size(); ++k) {
+  const bool any_sum = !sum_of.empty();
+  std::vector<at::Tensor> outputs(num_outputs);
+  for (size_t k = 0; k < num_outputs; ++k) {
     if (!present[k]) continue;
-    if (sums[k]) {  // CPU: zeros the loop adds to; CUDA: the partial rows' sum (below)
-      const int64_t length = shape.back().expect_int();
-      outputs[k] = device == Device::kCpu ? at::zeros({length}, sum_options)
-                                          : at::empty({length}, sum_options);
+    if (sums[k]) {
+      outputs[k] = sum_into[std::find(sum_of.begin(), sum_of.end(), k) - sum_of.begin()];
       continue;
     }
     if (k < given.size() && given[k].defined()) {
@@ -643,16 +660,14 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   }
   const int64_t numel = rows * length;
   if (numel == 0) {
-    for (size_t k = 0; k < present.size(); ++k) {
-      if (sums[k]) outputs[k].zero_();  // (CUDA: no rows, no partial rows to sum)
-    }
+    for (at::Tensor& t : sum_into) t.zero_();  // (CUDA: no rows, no partial rows to sum)
     return outputs;
   }
   std::vector<at::Tensor> inputs = kernel_inputs(args, dtype, on);
   std::vector<RowStrides> strides;
   std::vector<char*> data;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (given, its contiguous stand-in)
-  std::vector<at::Tensor> partials(present.size());  // CUDA: a summed output's, per block
+  std::vector<at::Tensor> partials;  // CUDA: per sum, a partial row per block
   int64_t sum_blocks = 0;
 #ifdef FUSEGEN_WITH_CUDA
   if (device == Device::kCuda && any_sum) {  // a few waves of blocks striding over the rows
@@ -661,19 +676,25 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
                                    int64_t(rtc_sm_count()) * row_sum_blocks_per_sm(storage_bytes));
   }
 #endif
-  for (size_t k = 0; k < present.size(); ++k) {
+  std::vector<RowSum> row_sums;
+  for (size_t s = 0; s < sum_of.size(); ++s) {
+    const size_t k = sum_of[s];
+    RowSum sum{0u, false, static_cast<char*>(sum_into[s].data_ptr()), 0};
+    if (k < num_outputs) {
+      sum.outputs = 1u << k;
+    } else {
+      sum.dout = true;
+    }
+    if (device != Device::kCpu) {
+      partials.push_back(at::empty({sum_blocks, length}, sum_options));
+      sum.data = static_cast<char*>(partials.back().data_ptr());
+      sum.next = length * static_cast<int64_t>(partials.back().element_size());
+    }
+    row_sums.push_back(sum);
+  }
+  for (size_t k = 0; k < num_outputs; ++k) {
     RowStrides rs{0, 0};
-    if (sums[k]) {
-      const int64_t size = static_cast<int64_t>(outputs[k].element_size());
-      if (device == Device::kCpu) {
-        data.push_back(static_cast<char*>(outputs[k].data_ptr()));
-        rs = {size, 0};
-      } else {
-        partials[k] = at::empty({sum_blocks, length}, sum_options);
-        data.push_back(static_cast<char*>(partials[k].data_ptr()));
-        rs = {size, size * length};
-      }
-    } else if (present[k]) {
+    if (present[k] && !sums[k]) {  // (a summed one: no row of it is written, its RowSum adds it)
       c10::IntArrayRef out_shape = outputs[k].sizes();
       if (!row_strides(outputs[k], out_shape, rs) ||
           outputs[k].dim() != static_cast<int64_t>(concrete.size())) {
@@ -710,7 +731,8 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   const int64_t sizes[2] = {length, rows};
   CudaLoop loop{numel, 2, count, sizes, loop_strides.data(), data.data()};
   if (any_sum) {
-    loop.summed = sums.data();
+    loop.sums = row_sums.data();
+    loop.num_sums = static_cast<int>(row_sums.size());
     loop.sum_blocks = sum_blocks;
   }
   // CUDA: the memory a split row's launches keep their partial accumulators in
@@ -726,11 +748,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   };
   loop.scratch_owner = &scratch;
   if (device == Device::kCpu) {
-    std::vector<at::Tensor> summed_into(present.size());
-    for (size_t k = 0; k < present.size(); ++k) {
-      if (sums[k]) summed_into[k] = outputs[k];
-    }
-    run_rows_cpu(cpu, kernel_dtype(dtype), loop, scalars, summed_into);
+    run_rows_cpu(cpu, kernel_dtype(dtype), loop, scalars, sum_into);
   } else {
 #ifdef FUSEGEN_WITH_CUDA
     cuda(kernel_dtype(dtype), loop, scalars, c10::cuda::getCurrentCUDAStream().stream());
@@ -743,9 +761,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   // The blocks' partial rows summed in a fixed order: ATen's reduction of one shape on one
   // device takes the same steps on every run (no atomics).
   const int64_t blocks_dim[] = {0};
-  for (size_t k = 0; k < partials.size(); ++k) {
-    if (partials[k].defined()) at::sum_out(outputs[k], partials[k], blocks_dim);
-  }
+  for (size_t s = 0; s < partials.size(); ++s) at::sum_out(sum_into[s], partials[s], blocks_dim);
   return outputs;
 }
 
@@ -993,12 +1009,14 @@ std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardAr
 
 // The backward on one device: the gradients selected by output_mask, in order, at the
 // broadcast shape (the autograd Function sums them to each input's shape); a row op's
-// `summed` ones (run_rows) summed over the rows already. An op that
-// draws random numbers regenerates its forward's from the state given last.
+// `summed` ones (run_rows) summed over the rows already, and dout's sum (for a bias) in
+// *dout_sum. An op that draws random numbers regenerates its forward's from the state
+// given last.
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given,
                                      const std::vector<bool>& summed,
-                                     const at::Tensor* saved_rows) {
+                                     const at::Tensor* saved_rows,
+                                     at::Tensor* dout_sum) {
   const OpDef& def = *op.def;
   const OpDef& cpu = device == Device::kCpu ? cpu_kernels_of(op) : def;  // its CPU kernels
   Args args = a.named(def);
@@ -1007,12 +1025,12 @@ std::vector<at::Tensor> run_backward(const Op& op, Device device, const Backward
     for (const at::Tensor& view : views) args.push_back({"saved row values", view, false, true});
     return requested(run_rows(op.backward_name, device, args, a.mask, nullptr,
                               cpu.saved_backward_rows_cpu, def.saved_backward_cuda,
-                              a.scalars.data(), given, summed));
+                              a.scalars.data(), given, summed, dout_sum));
   }
   if (def.rows) {  // gradients at the broadcast shape: none is one value per row
     return requested(run_rows(op.backward_name, device, args, a.mask, nullptr,
                               cpu.backward_rows_cpu, def.backward_cuda, a.scalars.data(), given,
-                              summed));
+                              summed, dout_sum));
   }
   Random random;  // (Meta: no kernel runs, only the linear layout matters)
   if (def.num_random > 0 && device != Device::kMeta) {

@@ -124,9 +124,9 @@ FUSEGEN_CPU_TARGETS void row_passes(const F& f, char* const* in, const int64_t* 
 }
 
 // The loop over loop.sizes[1] rows of loop.sizes[0] elements: operand k's element (j, r)
-// at data[k] + j * strides[k] + r * strides[num_operands + k] (bytes); outputs first. An
-// output summed over the rows (CudaLoop::summed) is added to its row of the compute type,
-// row after row: a fixed order.
+// at data[k] + j * strides[k] + r * strides[num_operands + k] (bytes); outputs first. Each
+// sum over the rows (CudaLoop::sums: a summed output has no data) is added to its row of
+// the compute type, row after row: a fixed order.
 template <typename S, typename F>
 FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
   using A = typename Host<S>::acc;
@@ -161,16 +161,21 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
         f(xe, row, static_cast<A>(j + e), ye);
         for (int k = 0; k < kOut; ++k) y[k][e] = ye[k];
       }
+      for (int s = 0; s < loop.num_sums; ++s) {  // (each operand it names, in order)
+        const RowSum& sum = loop.sums[s];
+        A* into = reinterpret_cast<A*>(sum.data) + j;
+        for (int k = 0; k <= kOut; ++k) {
+          if (!(k < kOut ? sum.outputs >> k & 1 : kIn > 0 && sum.dout)) continue;
+          const A* v = k < kOut ? y[k] : xp[0];
+          for (int64_t e = 0; e < m; ++e) into[e] += v[e];
+        }
+      }
       for (int k = 0; k < kOut; ++k) {
         if (base[k] == nullptr || (F::per_row(k) && j > 0)) continue;
         const int64_t count = F::per_row(k) ? 1 : m;
         char* out = base[k] + j * col[k];
         if (F::raw(k)) {  // (one value per row, in the compute type)
           *reinterpret_cast<A*>(out) = y[k][0];
-          continue;
-        }
-        if (loop.summed != nullptr && loop.summed[k]) {  // (its row of A: step[k] is 0)
-          for (int64_t e = 0; e < count; ++e) *reinterpret_cast<A*>(out + e * col[k]) += y[k][e];
           continue;
         }
         if (col[k] == static_cast<int64_t>(sizeof(S))) {  // (a loop GCC vectorizes)

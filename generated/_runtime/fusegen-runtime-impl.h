@@ -199,13 +199,15 @@ Random saved_random(const std::string& op, const at::Tensor& state, c10::Device 
 // reads, into it (one tensor, the values side by side in its last dimension).
 std::vector<at::Tensor> run_forward(const Op& op, Device device, const ForwardArgs& a,
                                     bool sampled = false, at::Tensor* saved_rows = nullptr);
-// summed (a row op's, per kernel output): sum it over the rows in the kernel (run_rows).
+// summed (a row op's, per kernel output, then for dout): sum it over the rows in the
+// kernel (run_rows), dout into *dout_sum.
 // saved_rows (a row op with OpDef::num_saved_rows, called by its autograd node): the row
 // values its forward saved (run_forward), which saved_backward_* read.
 std::vector<at::Tensor> run_backward(const Op& op, Device device, const BackwardArgs& a,
                                      const std::vector<at::Tensor>& given = {},
                                      const std::vector<bool>& summed = {},
-                                     const at::Tensor* saved_rows = nullptr);
+                                     const at::Tensor* saved_rows = nullptr,
+                                     at::Tensor* dout_sum = nullptr);
 
 // The kernel's operands for one step of TensorIterator's loop: `present[k]` says whether
 // output k of the kernel is one of the iterator's outputs (a requested gradient); absent

@@ -42,6 +42,7 @@ using CpuKernel = void (*)(Dtype dtype, char* const* data, const int64_t* stride
 // has coalesced its dimensions); otherwise sizes[ndim] (dimension 0 the fastest) and
 // strides[d * num_operands + k], operand k's byte stride along dimension d.
 constexpr int kMaxDims = 25;  // at::MAX_DIMS, so no dimension count ATen allows is refused
+struct RowSum;  // (a row op's sums over the rows: below)
 struct CudaLoop {
   int64_t numel;
   int ndim;
@@ -50,9 +51,10 @@ struct CudaLoop {
   const int64_t* strides;
   char* const* data;
   const Random* random = nullptr;  // an op that draws random numbers: its state
-  // A row op's backward (below): per operand, whether it is an output summed over the rows
-  // (nullptr: none is), and on CUDA the blocks that sum them, each into a partial row.
-  const bool* summed = nullptr;
+  // A row op's backward (below): the sums over the rows it makes (RowSum; none when
+  // num_sums is 0), and on CUDA the blocks that make them, each into a partial row.
+  const RowSum* sums = nullptr;
+  int num_sums = 0;
   int64_t sum_blocks = 0;
   // A row op's CUDA kernel that splits long rows over blocks (row_split_chunk) asks for
   // `bytes` of device memory for its blocks' partial accumulators: scratch(scratch_owner,
@@ -68,13 +70,22 @@ using CudaKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* sca
 // rows} and strides[k] along a row, strides[num_operands + k] from one row to the next
 // (0 for an operand broadcast over that dimension), on the CPU as on CUDA.
 //
-// An output marked `summed` (the gradient of an input of one value per column, a weight's)
-// is summed over the rows into values of the compute type (float for fp16, bf16 and fp32,
-// double for fp64) instead of written per row: on the CPU into one row of them (zeros at
-// first), which the loop adds to in row order; on CUDA (one output per launch) each of
-// sum_blocks blocks writes the sums of the rows it takes into its own row of them
-// (strides[k] apart along it, strides[num_operands + k] from one block's to the next),
-// which the runtime then sums in a fixed order. No atomics: the same bits on every run.
+// A row op's backward may sum over the rows (CudaLoop::sums) the gradient of an input of
+// one value per column: a weight's (an output of the kernel, which then writes no row of
+// it: its data pointer is null) or a bias's (dout itself, the kernel's input 0). Each
+// RowSum adds the operands it names into values of the compute type (float for fp16,
+// bf16 and fp32, double for fp64), one per column: on the CPU into one row of them at
+// `data` (zeros at first), which the loop adds to in row order; on CUDA (at most
+// kMaxRowSums a launch) each of sum_blocks blocks writes the sums of the rows it takes
+// into its own row of them (`next` bytes from one block's to the next), which the runtime
+// then sums in a fixed order. No atomics: the same bits on every run.
+struct RowSum {
+  unsigned outputs;  // bit k: output k
+  bool dout;         // input 0: the incoming gradient (of an op of one output)
+  char* data;
+  int64_t next;
+};
+constexpr int kMaxRowSums = 2;
 using RowCpuKernel = void (*)(Dtype dtype, const CudaLoop& loop, const double* scalars);
 
 // The CUDA row kernel's shape (fusegen-cuda-rows.cuh), which the runtime's layout needs
@@ -94,9 +105,10 @@ FUSEGEN_HD_CONSTEXPR int row_block(int row_threads) {
 FUSEGEN_HD_CONSTEXPR int row_groups(int row_threads) {
   return row_block(row_threads) / row_threads;
 }
-// Summing an output over the rows, a thread keeps the sums of its columns (the same ones on
-// every row) in its slots of the block's shared memory: row_sum_columns of them at most,
-// 128 bytes (32 floats, 16 doubles; a 16-byte vector's elements divide it), 32 KiB a block,
+// Summing over the rows, a thread keeps the sums of its columns (the same ones on every
+// row) in its slots of the block's shared memory: row_sum_columns of them at most, 128
+// bytes (32 floats, 16 doubles; a 16-byte vector's elements divide it), 32 KiB a block,
+// shared by the launch's sums (two sums: half of it each, so rows half as long),
 // with row_sum_blocks_per_sm resident blocks per SM: two for float32 and float64 rows,
 // three for 16-bit rows. A row that fits is held in registers (as in the other row
 // kernels), row_sum_held_vectors of each of its `inputs` (those read along the row) a
@@ -113,14 +125,16 @@ FUSEGEN_HD_CONSTEXPR int row_sum_blocks_per_sm(int storage_bytes) {
 // Whether rows a warp takes are summed in the kernel (the launcher builds no 16-bit warp
 // summing kernels).
 FUSEGEN_HD_CONSTEXPR bool row_sums_in_warps(int storage_bytes) { return storage_bytes >= 4; }
-FUSEGEN_HD_CONSTEXPR int row_sum_columns(int acc_bytes) { return 32 * 4 / acc_bytes; }
+FUSEGEN_HD_CONSTEXPR int row_sum_columns(int acc_bytes, int sums = 1) {
+  return 32 * 4 / acc_bytes / sums;
+}
 constexpr int kRowSumHeldBytes = 64;
 FUSEGEN_HD_CONSTEXPR int row_sum_held_vectors(int storage_bytes, int acc_bytes, int inputs) {
   return storage_bytes >= 4 ? row_sum_columns(acc_bytes) * storage_bytes / 16
                             : kRowSumHeldBytes / 16 / (inputs > 0 ? inputs : 1);
 }
-constexpr bool row_sums_fit(int64_t length, int storage_bytes, int acc_bytes) {
-  return length <= int64_t(row_threads(length)) * row_sum_columns(acc_bytes) &&
+constexpr bool row_sums_fit(int64_t length, int storage_bytes, int acc_bytes, int sums = 1) {
+  return length <= int64_t(row_threads(length)) * row_sum_columns(acc_bytes, sums) &&
          (row_sums_in_warps(storage_bytes) || length > kWarpRowLength);
 }
 // A long row in few rows is split over blocks (fusegen-cuda-rows.cuh, rows_split_kernel):
@@ -282,7 +296,7 @@ constexpr int kResult = -1;
 constexpr int result_output(int i) { return i <= kResult ? kResult - i : -1; }
 
 // The layout of OpDef: an op compiled against another layout is refused (register_op).
-constexpr int kAbi = 16;
+constexpr int kAbi = 17;
 
 // Outputs of one op at most (fusegen/ir/limits.py, MAX_OUTPUTS).
 constexpr int kMaxOutputs = 8;
