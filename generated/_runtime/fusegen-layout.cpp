@@ -521,17 +521,17 @@ bool row_strides(const at::Tensor& t, c10::IntArrayRef shape, RowStrides& out) {
 }
 
 // Ranges of rows the CPU loop runs at most: enough to spread over the threads, few enough
-// that a summed output's partial rows (one per range) stay small.
+// that a sum's partial rows (one per range) stay small.
 constexpr int64_t kCpuRowRanges = 64;
 
 // The CPU row loop with its rows split over threads: fixed ranges of rows (they depend on
 // the shape alone), handed out by TensorIterator::for_each over one byte per range
 // (libtorch's parallel backend: this unit has no OpenMP), each run as a loop of its own.
-// Rows are independent, so the split changes no bit; an output summed over the rows
-// (`sums`: the row of the compute type it is added to) is summed per range into a partial
-// row, and the partial rows are added in range order, so neither does its sum.
+// Rows are independent, so the split changes no bit; each sum over the rows (loop.sums, and
+// in `sums` the row of the compute type it is added to) is made per range into a partial
+// row, and the partial rows are added in range order, so neither does a sum.
 void run_rows_cpu(RowCpuKernel cpu, Dtype dtype, const CudaLoop& loop, const double* scalars,
-                  const std::vector<at::Tensor>& sums) {  // (one per loop.sums)
+                  const std::vector<at::Tensor>& sums) {
   const int64_t length = loop.sizes[0];
   const int64_t rows = loop.sizes[1];
   const int64_t per_range = std::max((rows + kCpuRowRanges - 1) / kCpuRowRanges,
@@ -676,7 +676,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
                                    int64_t(rtc_sm_count()) * row_sum_blocks_per_sm(storage_bytes));
   }
 #endif
-  std::vector<RowSum> row_sums;
+  std::vector<RowSum> loop_sums;
   for (size_t s = 0; s < sum_of.size(); ++s) {
     const size_t k = sum_of[s];
     RowSum sum{0u, false, static_cast<char*>(sum_into[s].data_ptr()), 0};
@@ -690,7 +690,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
       sum.data = static_cast<char*>(partials.back().data_ptr());
       sum.next = length * static_cast<int64_t>(partials.back().element_size());
     }
-    row_sums.push_back(sum);
+    loop_sums.push_back(sum);
   }
   for (size_t k = 0; k < num_outputs; ++k) {
     RowStrides rs{0, 0};
@@ -731,8 +731,8 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   const int64_t sizes[2] = {length, rows};
   CudaLoop loop{numel, 2, count, sizes, loop_strides.data(), data.data()};
   if (any_sum) {
-    loop.sums = row_sums.data();
-    loop.num_sums = static_cast<int>(row_sums.size());
+    loop.sums = loop_sums.data();
+    loop.num_sums = static_cast<int>(loop_sums.size());
     loop.sum_blocks = sum_blocks;
   }
   // CUDA: the memory a split row's launches keep their partial accumulators in
