@@ -161,7 +161,7 @@ FUSEGEN_CPU_TARGETS void rows_cpu(const CudaLoop& loop, const F& f) {
         f(xe, row, static_cast<A>(j + e), ye);
         for (int k = 0; k < kOut; ++k) y[k][e] = ye[k];
       }
-      for (int s = 0; s < loop.num_sums; ++s) {  // (each operand it names, in order)
+      for (int s = 0; s < loop.num_sums; ++s) {  // (the outputs it names, then dout)
         const RowSum& sum = loop.sums[s];
         A* into = reinterpret_cast<A*>(sum.data) + j;
         for (int k = 0; k <= kOut; ++k) {

@@ -51,7 +51,7 @@ constexpr int kRowHalfBlock = kRowBlock / 2;
 
 // One launch: per operand its data (none for a summed output), its byte stride along a row
 // and from row to row, and the sums over the rows (fusegen-runtime.h, RowSum: each block
-// writes its partial row of each). A sum picks its operands by bits, since tests of k ==
+// writes its partial row of each). A sum picks its outputs by bits, since tests of k ==
 // summed are folded into an indexed access that moves arrays to local memory.
 template <int kN>
 struct RowArgs {
@@ -417,7 +417,7 @@ __launch_bounds__(row_block(kRowThreads), kSums ? row_sum_blocks_per_sm(sizeof(S
       row_firsts<F>(base, first);
       row_passes<0, S, F, kRowThreads, kVector>(f, a, base, lane, c, first, row, shared);
       // (the thread's kSumIters accesses, unrolled: t names its sums' slots; each sum's
-      // operands by their bits, RowSum)
+      // outputs by their bits, RowSum)
       row_each<kRowThreads, kVec, kSumIters>(a.length, lane, [&](int t, int64_t j) {
         A x[kVec][F::kInputs > 0 ? F::kInputs : 1];
         A y[kVec][F::kOutputs];
