@@ -596,6 +596,7 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
   std::vector<size_t> sum_of;
   std::vector<at::Tensor> sum_into;
   std::vector<bool> sums(num_outputs, false);  // per output: summed
+  std::vector<at::Tensor> outputs(num_outputs);
   if (dout_sum != nullptr) *dout_sum = at::Tensor();
   if (device != Device::kMeta && !summed.empty()) {
     const bool cpu = device == Device::kCpu;
@@ -615,19 +616,15 @@ std::vector<at::Tensor> run_rows(const std::string& name, Device device, const A
       sum_into.push_back(cpu ? at::zeros({length}, sum_options) : at::empty({length}, sum_options));
       if (k < num_outputs) {
         sums[k] = true;
+        outputs[k] = sum_into.back();
       } else {
         *dout_sum = sum_into.back();
       }
     }
   }
   const bool any_sum = !sum_of.empty();
-  std::vector<at::Tensor> outputs(num_outputs);
   for (size_t k = 0; k < num_outputs; ++k) {
-    if (!present[k]) continue;
-    if (sums[k]) {
-      outputs[k] = sum_into[std::find(sum_of.begin(), sum_of.end(), k) - sum_of.begin()];
-      continue;
-    }
+    if (!present[k] || sums[k]) continue;
     if (k < given.size() && given[k].defined()) {
       outputs[k] = given[k];
       continue;

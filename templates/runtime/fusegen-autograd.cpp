@@ -472,48 +472,45 @@ bool complete_douts(variable_list& douts) {
   return true;
 }
 
-// Whether a row op's input i is one value per column: its sizes 1 but the last, the rows'
-// length (the broadcast shape's last dimension: the inputs' largest), as a weight of shape
-// (H,) or (1, H) is.
-bool per_column(c10::ArrayRef<InputMeta> meta, int i) {
+// A row op's rows' length: the broadcast shape's last dimension, the inputs' largest.
+c10::SymInt row_length(c10::ArrayRef<InputMeta> meta) {
   c10::SymInt length = 1;
   for (const InputMeta& m : meta) {
     if (!m.sizes.empty() && m.sizes.back() > length) length = m.sizes.back();
   }
-  const InputMeta& m = meta[i];
+  return length;
+}
+
+// Whether an input of a row op is one value per column: its sizes 1 but the last, the
+// rows' length, as a weight of shape (H,) or (1, H) is.
+bool per_column(const InputMeta& m, const c10::SymInt& length) {
   if (m.sizes.empty() || m.sizes.back() != length) return false;
   return std::all_of(m.sizes.begin(), m.sizes.end() - 1,
                      [](const c10::SymInt& d) { return d == 1; });
 }
 
-// Whether input i's gradient is steps of dout alone (a bias's: dout itself) and the input
-// one value per column: then the kernel that runs anyway can sum dout over the rows, and
-// the steps apply to that sum (they are linear).
-template <typename Needs>
-bool dout_summed_for(const OpDef& def, c10::ArrayRef<InputMeta> meta, Needs&& needs, int i) {
-  const GradDef& g = def.grads[i];
-  return needs(i) && g.output < 0 && g.num_steps >= 0 && per_column(meta, i);
-}
-
 // Per kernel output of a row op's backward (mask: those requested), then for dout (the
 // backward's input 0), whether its kernel sums it over the rows (run_rows, summed): an
 // output when every input that takes it, and needs it, is one value per column
-// (per_column), as a weight's gradient is; dout when an input's gradient is steps of it
-// (dout_summed_for), as a bias's is. The kernel adds it up as it computes it, where a
-// gradient at the broadcast shape would be written and read again by ATen's sum (dout,
-// read again). On CUDA only where the op's kernels sum (not an auxiliary op's:
-// backward_accumulates).
+// (per_column), as a weight's gradient is; dout when such an input's gradient is steps of
+// dout alone, as a bias's is (the steps, linear, then apply to the sum). The kernel adds
+// it up as it computes it, where a gradient at the broadcast shape would be written and
+// read again by ATen's sum (dout, read again). On CUDA only where the op's kernels sum
+// (not an auxiliary op's: backward_accumulates).
 template <typename Needs>
 std::vector<bool> row_sums(const OpDef& def, c10::ArrayRef<InputMeta> meta, Needs&& needs,
                            const std::vector<bool>& mask, bool cuda) {
   std::vector<bool> summed;
   if (!def.rows || (cuda && !def.backward_accumulates)) return summed;
+  const c10::SymInt length = row_length(meta);
   summed.assign(mask.begin(), mask.end());
   bool dout = false;
   for (int i = 0; i < def.num_inputs; ++i) {
-    const int k = def.grads[i].output;
-    if (needs(i) && k >= 0 && !per_column(meta, i)) summed[k] = false;
-    dout = dout || dout_summed_for(def, meta, needs, i);
+    if (!needs(i)) continue;
+    const GradDef& g = def.grads[i];
+    const bool column = per_column(meta[i], length);
+    if (g.output >= 0 && !column) summed[g.output] = false;
+    dout = dout || (g.output < 0 && g.num_steps >= 0 && column);
   }
   summed.push_back(dout);
   return summed;
@@ -581,8 +578,8 @@ variable_list first_order_grads(const Op& op, variable_list douts, std::vector<a
     op.backward_op->callBoxed(stack);
     return std::move(stack.back()).toTensorVector();
   };
-  const auto dout_of = [&](int i) {
-    return dout_sum.defined() && dout_summed_for(def, meta, needs, i) ? dout_sum : dout;
+  const auto dout_of = [&](int i) {  // (asked for gradients of dout alone: row_sums' rule)
+    return dout_sum.defined() && per_column(meta[i], row_length(meta)) ? dout_sum : dout;
   };
   gradients_of(def, meta, needs, call, dout_of, grads);
   if (split.active()) join_halves(split, meta, whole, given, def, grads);
